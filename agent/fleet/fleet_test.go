@@ -41,6 +41,7 @@ var (
 	idStormB    = jid("storm-b")
 	idStormC    = jid("storm-c")
 	idStormD    = jid("storm-d")
+	idRefused   = jid("refused")
 )
 
 // TestRunOnceEndToEnd: enroll, heartbeat, claim, building, run through the
@@ -730,5 +731,51 @@ func TestStoppedBeforeStartReleasesLease(t *testing.T) {
 	}
 	if j, _ := s.Job(idUnstarted); j.Stage != coord.StageQueued || j.Holder != "" || j.Attempts != 0 {
 		t.Fatalf("stub job %+v", j)
+	}
+}
+
+// TestLeaseHeldWhileTheFinalReportIsRetried: found by the chaos harness. The
+// coordinator refuses reports (503 on /fleet/fail) for longer than the lease's
+// time to live while every other call works: the job's final report is
+// retried meanwhile, and the lease must stay held — renewed — until it gets
+// through. Before the fix the renewer stopped when the pipeline did, the
+// lease lapsed under a live, connected factory, the reaper handed the job on,
+// and the fail came back 409: the failed job's lease was freed by the reaper,
+// not by its /fleet/fail.
+func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
+	// The factory counts its lease from the coordinator's Date header less a
+	// second (the header's resolution), then stops a second before that: the
+	// lease must outlast both.
+	ttl := 3 * time.Second
+	s := startStub(t, coord.Options{LeaseTTL: ttl, ReapEvery: 20 * time.Millisecond, MaxBackoff: time.Millisecond})
+	w := newWorld(t, "app")
+	s.submit(t, idRefused, "app", "script: exit 3\nretry: { max: 2 }")
+	s.SetFaults(1, 0, coord.RouteFail) // every fail refused, until the reaper would have acted twice over
+	go func() {
+		for s.Stats().Routes[coord.RouteFail].Status["503"] == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(2 * ttl)
+		s.SetFaults(0, 0)
+	}()
+	f := newFactory(t, s, w, "patient", func(_ *config.Config, p *Parts) {
+		p.Budgets.FinalReport = time.Minute
+	})
+	res, err := f.runOnce(t, ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome.Reason != job.ReasonEngineFailed || res.Report != "delivered" || res.Fenced || res.Stage != job.Inbox {
+		t.Fatalf("result %+v (the lease lapsed while the report was retried?)\n%s", res, f.Logs.String())
+	}
+	j, _ := s.Job(idRefused)
+	if j.LeaseEpoch != 1 || j.Stage != coord.StageQueued || j.Reason != string(job.ReasonEngineFailed) {
+		t.Fatalf("job %+v", j)
+	}
+	if k := kinds(s.Events(idRefused)); slices.Contains(k, "reaped") {
+		t.Fatalf("the reaper took the lease while its report was retried: %v", k)
+	}
+	if s.Stats().Routes[coord.RouteFail].Status["503"] == 0 {
+		t.Fatal("no fail was refused")
 	}
 }

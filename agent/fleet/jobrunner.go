@@ -88,22 +88,29 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 	jobCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lease := NewJobLease(r.Client, c, r.LeaseRenew, cancel, r.clock(), log)
-	// The renewer runs from now until the final report, which it must not
-	// outlive (a renewal after it would be refused).
+	// The renewer runs from now until the final report is settled: the lease
+	// is held while the report is out, so that a report the coordinator is
+	// slow to take (503s, a restart) cannot outlive it — were it to lapse,
+	// the reaper would hand the finished job to another factory, and a
+	// failed job's lease would wait for the reaper instead of being freed
+	// by its /fleet/fail. It renews on its own context (a stopped job's
+	// report still holds the lease), and ends the moment the report settles
+	// (JobLease.End: a renewal refused after the terminal report is no loss).
 	var wg sync.WaitGroup
-	lctx, stopLease := context.WithCancel(jobCtx)
+	lctx, stopLease := context.WithCancel(context.WithoutCancel(jobCtx))
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		lease.Run(lctx)
 	}()
 	end := func() {
+		r.finish(ctx, log, c, lease, res)
+		lease.End()
 		stopLease()
 		wg.Wait()
 		if res.Err == nil {
 			res.Err = lease.AuthErr()
 		}
-		r.finish(ctx, log, c, lease, res)
 	}
 
 	j, err := r.parse(c)

@@ -32,6 +32,7 @@ type JobLease struct {
 	expiry   time.Time // local clock
 	margin   time.Duration
 	state    *job.StopError // set once fenced or lost
+	ended    bool           // the job's final report settled: no more renewals
 	authErr  error
 	renewals int
 	failures int
@@ -85,7 +86,10 @@ func (l *JobLease) setExpiry(exp time.Time) {
 		if l.every > 0 {
 			l.log.Warn("lease renewal interval is too long for the lease's time to live; renewing more often", "every", l.every, "ttl", ttl.Round(time.Millisecond))
 		}
-		l.every = max(ttl/3, 100*time.Millisecond)
+		// A third of the time to live, or less when the margin leaves less
+		// room (a short lease): never so long that the deadline passes
+		// before the first renewal is tried.
+		l.every = max(min(ttl/3, room), 50*time.Millisecond)
 	}
 }
 
@@ -141,8 +145,21 @@ func (l *JobLease) Renewals() int {
 // stops the job.
 func (l *JobLease) Fence(detail string) error { return l.stop(job.ReasonFenced, detail) }
 
+// End says the job's final report has settled: the lease is over (the
+// coordinator ended it with the report, or will refuse it anyway). Renewals
+// stop, and one refused after this is not taken as a loss.
+func (l *JobLease) End() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = true
+}
+
 func (l *JobLease) stop(reason job.Reason, detail string) error {
 	l.mu.Lock()
+	if l.ended && l.state == nil {
+		l.mu.Unlock()
+		return &job.StopError{Reason: reason, Detail: detail}
+	}
 	if l.state == nil {
 		l.state = &job.StopError{Reason: reason, Detail: detail}
 		l.log.Warn("lease gone: stopping the job", "reason", reason, "detail", detail)
@@ -179,11 +196,14 @@ func (l *JobLease) Run(ctx context.Context) {
 func (l *JobLease) renewUntil(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		l.mu.Lock()
-		st := l.state
+		st, ended := l.state, l.ended
 		deadline := l.expiry.Add(-l.margin)
 		l.mu.Unlock()
 		if st != nil {
 			return st
+		}
+		if ended {
+			return &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report settled"}
 		}
 		if ctx.Err() != nil {
 			return stopCause(ctx)
