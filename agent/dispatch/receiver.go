@@ -399,8 +399,8 @@ func (r *Receiver) receive(ctx context.Context, client *azservicebus.Client, att
 }
 
 // handle acts on one message holding one slot: dead-letter it, or accept the
-// job and settle by the outcome table; an accepted job goes to the Handler,
-// which keeps the slot until it returns.
+// job and settle by the outcome table; an accepted job goes to the Handler
+// (which keeps the slot until it returns) before its message is completed.
 func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.ReceivedMessage) {
 	handedOver := false
 	defer func() {
@@ -429,12 +429,18 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 		acc.EnqueuedTime = *msg.EnqueuedTime
 		r.metrics.Lag(acc.Lag)
 	}
-	r.settle(ctx, s, msg, o.Settle(), nil, log)
 	r.metrics.Message(o)
 	if o != OutcomeAccepted {
+		r.settle(ctx, s, msg, o.Settle(), nil, log)
 		log.Info("dispatch message settled", "outcome", string(o), "settle", string(o.Settle()), "err", errString(r.clean(err)))
 		return
 	}
+	// The lease is this factory's from the accept on, and only the job's
+	// runner records and renews it: hand the job over first, then complete
+	// the message beside it (complete-on-claim). A settlement can hang on a
+	// broken link for up to SettleTimeout; were the job to wait for it, its
+	// lease would go unrenewed (and lapse, with a TTL below that) and a
+	// factory killed meanwhile would not know it held the job.
 	log.Info("job accepted from the broker", "lag", acc.Lag, "epoch", acc.LeaseEpoch)
 	acc.Message = m
 	acc.DeliveryCount = msg.DeliveryCount
@@ -445,6 +451,7 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 		defer r.opts.Slots.Release()
 		r.opts.Handler(context.WithoutCancel(ctx), acc)
 	}()
+	r.settle(ctx, s, msg, o.Settle(), nil, log)
 }
 
 func (r *Receiver) settle(ctx context.Context, s settler, msg *azservicebus.ReceivedMessage, how Settlement, inv *invalid, log *slog.Logger) {

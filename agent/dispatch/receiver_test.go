@@ -15,17 +15,19 @@ import (
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 )
 
-// A message is accepted, completed at once (before the job starts: the
-// complete is in the peer's log when the Handler runs), and handed over with
-// the message's fields and the dispatch lag.
+// A message is accepted, handed over with the message's fields and the
+// dispatch lag, and completed at once: while the job runs (complete-on-claim;
+// the job does not wait for the settlement, see
+// TestAcceptedJobStartsBeforeItsMessageIsSettled).
 func TestAcceptThenComplete(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := newRig(t, rigOptions{blockJobs: true})
 	r.publish(job("j1", "fa"))
 	got := r.nextJob()
-	evs := r.events() // read inside the handover: complete-on-claim means it is already settled
-	if count(evs, disposition("j1", "complete")) != 1 {
-		t.Fatalf("the message was not completed before the Handler ran:\n%s", dump(evs))
+	r.waitEvent(disposition("j1", "complete")) // the job is still running: it waits on r.release
+	if evs := r.events(); count(evs, disposition("j1", "complete")) != 1 {
+		t.Fatalf("the message was not completed once:\n%s", dump(evs))
 	}
+	r.release <- struct{}{}
 	want := job("j1", "fa")
 	m := got.Message
 	if m.JobID != want.JobID || m.Repo != want.Repo || m.ProductID != want.ProductID || m.Priority != 5 ||
@@ -124,6 +126,7 @@ func TestUnavailableAbandonsThenAccepts(t *testing.T) {
 	if got.Message.JobID != "j1" || got.DeliveryCount != 2 {
 		t.Fatalf("got %s delivery %d, want j1 delivery 2", got.Message.JobID, got.DeliveryCount)
 	}
+	r.waitEvent(disposition("j1", "complete")) // completed beside the running job
 	evs := r.events()
 	if count(evs, disposition("j1", "abandon")) != 1 || count(evs, disposition("j1", "complete")) != 1 ||
 		count(evs, func(e sbpeertest.Event) bool {
@@ -247,6 +250,7 @@ func TestPeerKilledThenRestarted(t *testing.T) {
 	r.waitHealth(true)
 	r.publish(job("j1", "fa"))
 	running := r.nextJob()
+	r.waitEvent(disposition("j1", "complete")) // settled while the job runs
 
 	r.peer.Kill()
 	h := r.waitHealth(false)
