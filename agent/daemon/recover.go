@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/agent/fleet"
@@ -111,9 +112,28 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 
 	// 3. Does this factory still hold the lease? Only then may origin's WIP
 	// ref move (another factory may be working from it otherwise).
-	held, fenced := d.confirmLease(ctx, log, r)
+	lease, fenced := d.confirmLease(ctx, log, r)
 	if fleet.IsAuth(d.fatalErr()) {
 		return
+	}
+	held := lease != nil
+	if held {
+		// Hold the lease from here until the report settles: a report the
+		// coordinator is slow to take (503s, a restart) must not outlive
+		// it, or the reaper, not the fail, frees it (found by the chaos
+		// harness).
+		var wg sync.WaitGroup
+		lctx, stop := context.WithCancel(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lease.Run(lctx)
+		}()
+		defer func() {
+			lease.End()
+			stop()
+			wg.Wait()
+		}()
 	}
 
 	// 4. Push the WIP ref: a compare-and-swap against what origin has now.
@@ -175,20 +195,23 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 // coordinator takes it, fenced on 409/404. Anything else (the coordinator is
 // unreachable) is neither: the WIP ref stays local and the report is
 // spooled.
-func (d *Daemon) confirmLease(ctx context.Context, log *slog.Logger, r jobstate.Record) (held, fenced bool) {
+func (d *Daemon) confirmLease(ctx context.Context, log *slog.Logger, r jobstate.Record) (lease *fleet.JobLease, fenced bool) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err := d.agent.Client.Renew(cctx, r.ID, r.LeaseEpoch)
+	le, err := d.agent.Client.Renew(cctx, r.ID, r.LeaseEpoch)
 	switch {
 	case err == nil:
-		return true, false
+		cl := &fleet.Claim{Job: fleet.Job{ID: r.ID, Repo: r.Repo}, LeaseEpoch: r.LeaseEpoch, LeaseExpiresAt: le.ExpiresAt, LocalExpiry: le.LocalExpiry}
+		// Nothing runs under this lease any more: were it lost, there is no
+		// job to stop (the report that follows is fenced or not on its own).
+		return fleet.NewJobLease(d.agent.Client, cl, d.cfg.LeaseRenew, func(error) {}, nil, log), false
 	case fleet.IsFenced(err), errors.Is(err, fleet.ErrGone):
 		log.Info("the orphan's lease is no longer this factory's", "err", err)
-		return false, true
+		return nil, true
 	case fleet.IsAuth(err):
 		d.fail(err)
-		return false, false
+		return nil, false
 	}
 	log.Warn("cannot confirm the orphan's lease; its WIP stays local", "err", err)
-	return false, false
+	return nil, false
 }

@@ -145,3 +145,44 @@ func TestRecoverOrphanFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Found by the chaos harness (seed 259266473103113): a recovered orphan's
+// /fleet/fail met a window in which the coordinator refused reports (503)
+// while every other call worked. Recovery had confirmed the lease with one
+// renewal and then stopped renewing while the fail was retried, so the lease
+// lapsed under a live, connected factory and the reaper, not the fail, freed
+// it (the fail came back 409). Recovery now holds the lease until its report
+// settles.
+func TestRecoverHoldsTheLeaseWhileTheFailIsRetried(t *testing.T) {
+	// The factory counts its lease from the Date header less a second and
+	// gives it up a second before that: the lease must outlast both.
+	ttl := 3 * time.Second
+	r := newRig(t, rigOptions{leaseTTL: ttl, parts: func(p *fleet.Parts) {
+		b := fastBudgets()
+		b.FinalReport = time.Minute
+		p.Budgets = &b
+	}})
+	id := testenv.ID("orphan-patient")
+	r.submit(id, "app", r.quick(id))
+	gone := r.orphan(id)
+	r.stub.SetFaults(1, 0, coord.RouteFail) // every fail refused ...
+	go func() {
+		for r.stub.Stats().Routes[coord.RouteFail].Status["503"] == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(2 * ttl) // ... for twice the lease's time to live
+		r.stub.SetFaults(0, 0)
+	}()
+	r.start()
+	r.waitFor("the orphan recovered", func() bool { return slices.Contains(r.status().Recovered, id) })
+	<-gone
+	if k := r.kinds(id); !slices.Contains(k, "fail:queued") || slices.Contains(k, "reaped") {
+		t.Fatalf("the reaper took the orphan's lease while its fail was retried: %v", k)
+	}
+	if r.stub.Stats().Routes[coord.RouteFail].Status["503"] == 0 {
+		t.Fatal("no fail was refused")
+	}
+	if err := r.drain(); err != nil {
+		t.Fatal(err)
+	}
+}
