@@ -167,6 +167,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, c who) {
 			writeErr(w, http.StatusInternalServerError, err.Error())
 			return
 		}
+		s.call(Call{Route: RouteClaim, JobID: nj.ID, Factory: c.factory, Epoch: nj.LeaseEpoch, JobEpoch: nj.LeaseEpoch, Stage: nj.Stage, Attempts: nj.Attempts, Status: http.StatusOK})
 		writeJSON(w, http.StatusOK, claimAnswer{Job: nj, LeaseEpoch: nj.LeaseEpoch, LeaseExpiresAt: nj.LeaseExpiresAt})
 		return
 	}
@@ -194,7 +195,9 @@ func (s *Server) handleAccept(w http.ResponseWriter, r *http.Request, c who) {
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
 		return
 	}
+	holder := ""
 	j, code, msg := s.mutate(req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
+		holder = j.Holder
 		if !Runnable(j, now) {
 			return http.StatusConflict, fmt.Sprintf("job %s is %s, not queued and due", j.ID, j.Stage), nil
 		}
@@ -203,8 +206,10 @@ func (s *Server) handleAccept(w http.ResponseWriter, r *http.Request, c who) {
 	})
 	switch code {
 	case 0:
+		s.call(Call{Route: RouteAccept, JobID: j.ID, Factory: c.factory, Epoch: j.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: http.StatusOK})
 		writeJSON(w, http.StatusOK, claimAnswer{Job: j, LeaseEpoch: j.LeaseEpoch, LeaseExpiresAt: j.LeaseExpiresAt})
 	case http.StatusConflict:
+		s.call(Call{Route: RouteAccept, JobID: j.ID, Factory: c.factory, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: http.StatusConflict})
 		s.fenced(w, j, RouteAccept, c.factory, 0, msg)
 	default:
 		writeErr(w, code, msg)
@@ -236,7 +241,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, c who) {
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
 		return
 	}
+	holder := ""
 	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
+		holder = j.Holder
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
 			return http.StatusConflict, why, nil
 		}
@@ -246,10 +253,14 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, c who) {
 		j.LeaseExpiresAt = now.Add(s.o.LeaseTTL)
 		return 0, "", nil
 	})
+	rc := Call{Route: RouteRenew, JobID: j.ID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: code}
 	switch code {
 	case 0:
+		rc.Status = http.StatusOK
+		s.call(rc)
 		writeJSON(w, http.StatusOK, map[string]any{"leaseExpiresAt": j.LeaseExpiresAt})
 	case http.StatusConflict:
+		s.call(rc)
 		s.fenced(w, j, RouteRenew, c.factory, req.LeaseEpoch, msg)
 	default:
 		writeErr(w, code, msg)
@@ -261,7 +272,9 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
 		return
 	}
+	holder := ""
 	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
+		holder = j.Holder
 		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // already released
 		}
@@ -275,10 +288,14 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 		j.Last = &LastReport{Kind: "release", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: StageQueued}
 		return 0, "", []Event{{JobID: j.ID, Kind: "released", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
+	rc := Call{Route: RouteRelease, JobID: j.ID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: code, Resend: code == http.StatusOK}
 	switch code {
 	case 0, http.StatusOK:
+		rc.Status = http.StatusOK
+		s.call(rc)
 		writeJSON(w, http.StatusOK, map[string]string{"stage": j.Stage})
 	case http.StatusConflict:
+		s.call(rc)
 		s.fenced(w, j, RouteRelease, c.factory, req.LeaseEpoch, msg)
 	default:
 		writeErr(w, code, msg)
@@ -312,7 +329,9 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		return
 	}
 	shipped := false
+	holder := ""
 	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
+		holder = j.Holder
 		if l := j.Last; l != nil && l.Kind == "patch" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && l.Stage == req.Stage {
 			return http.StatusOK, "", nil // a re-sent report
 		}
@@ -340,13 +359,17 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		j.Last = &LastReport{Kind: "patch", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: req.Stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "stage", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
+	rc := Call{Route: RoutePatch, JobID: j.ID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: req.Stage, Reason: req.Reason, Attempts: j.Attempts, Status: code, Resend: code == http.StatusOK}
 	switch code {
 	case 0, http.StatusOK:
+		rc.Status = http.StatusOK
+		s.call(rc)
 		if shipped {
 			s.unblock()
 		}
 		writeJSON(w, http.StatusOK, j)
 	case http.StatusConflict:
+		s.call(rc)
 		s.fenced(w, j, RoutePatch, c.factory, req.LeaseEpoch, msg)
 	default:
 		writeErr(w, code, msg)
@@ -375,7 +398,9 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 		writeErr(w, http.StatusBadRequest, "reason is required")
 		return
 	}
+	holder := ""
 	j, code, msg := s.mutate(req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
+		holder = j.Holder
 		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // a re-sent report
 		}
@@ -392,10 +417,14 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 		j.Last = &LastReport{Kind: "fail", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "fail", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: stage, Detail: req.Reason}}
 	})
+	rc := Call{Route: RouteFail, JobID: req.JobID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Reason: req.Reason, Attempts: j.Attempts, Status: code, Resend: code == http.StatusOK}
 	switch code {
 	case 0, http.StatusOK:
+		rc.Status = http.StatusOK
+		s.call(rc)
 		writeJSON(w, http.StatusOK, map[string]string{"stage": j.Stage})
 	case http.StatusConflict:
+		s.call(rc)
 		s.fenced(w, j, RouteFail, c.factory, req.LeaseEpoch, msg)
 	default:
 		writeErr(w, code, msg)

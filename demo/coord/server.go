@@ -56,6 +56,10 @@ type Options struct {
 	// Publisher, when set, makes the stub publish a targeted dispatch
 	// message per queued job (publish.go); it runs from Start to Close.
 	Publisher *Publisher
+	// OnCall, if set, sees every answered lease call (claim, accept, renew,
+	// release, PATCH, fail) before its answer is written: an audit of
+	// fencing (audit.go).
+	OnCall func(Call)
 }
 
 // Server is the stub: an http.Handler over the store.

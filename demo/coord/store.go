@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/aqfleet/aq/internal/atomicfile"
 )
 
 // errConflict: the job's revision moved between read and write (CAS lost).
@@ -79,31 +80,7 @@ func (s *store) persistLocked() error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(s.file)
-	tmp, err := os.CreateTemp(dir, ".coord-state-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), s.file); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.WriteFile(s.file, b, 0o600)
 }
 
 func cloneJob(j *Job) Job {
