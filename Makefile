@@ -10,7 +10,7 @@ LDFLAGS  := -s -w -X $(PKG)/internal/version.Version=$(VERSION) \
             -X $(PKG)/internal/version.Date=$(DATE)
 BENCHTIME ?= 1s
 
-.PHONY: all build install test fmtcheck vet tidycheck unit race selftest bench demo clean sbpeer
+.PHONY: all build install test fmtcheck vet tidycheck unit race selftest bench demo chaos clean sbpeer
 
 all: build
 
@@ -59,6 +59,12 @@ bench: sbpeer
 ## demo: the README's first command — build, then run aq's main job offline
 demo: build sbpeer
 	./$(BIN) demo
+
+## chaos: the full multi-host chaos run (320 jobs, 4 factories, seeded faults);
+## writes docs/RELIABILITY.md. SEED=n replays a run. The reduced run is in make test.
+SEED ?= 0
+chaos: sbpeer
+	$(GO) run ./chaos/cmd/chaos --seed $(SEED) --out docs/RELIABILITY.md
 
 clean:
 	rm -rf bin

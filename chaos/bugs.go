@@ -1,0 +1,45 @@
+package chaos
+
+// bugsFound lists the bugs chaos runs found and how each was fixed (the
+// report prints them). Each has a regression test that fails without its fix.
+var bugsFound = []Bug{
+	{
+		Title: "A failed job's lease lapsed while its /fleet/fail was retried",
+		Where: "agent/fleet/jobrunner.go, agent/fleet/lease.go",
+		Cause: "the lease renewer stopped when the pipeline did, before the final report; under a window of 503s on the " +
+			"report path the fail was retried (correctly) for longer than the lease's time to live, the reaper took the lease " +
+			"from a live, connected factory, and the fail came back 409 — the lease was freed by the reaper, not by the fail",
+		Fix: "the renewer runs on its own context until the final report settles (JobLease.End); a renewal refused after " +
+			"the report is not taken as a loss",
+		Regression: "agent/fleet TestLeaseHeldWhileTheFinalReportIsRetried",
+	},
+	{
+		Title: "An accepted broker job waited for its message's settlement before it started",
+		Where: "agent/dispatch/receiver.go",
+		Cause: "complete-on-claim completed the message before handing the job over; with the broker peer killed right " +
+			"after an accept, the complete hung on the dead link for up to SettleTimeout, and meanwhile the job had no " +
+			"runner: no lease renewal (it lapsed under a live factory) and no job record (a factory killed meanwhile did " +
+			"not know it held the job)",
+		Fix:        "hand the job to its runner first, then complete the message beside it",
+		Regression: "agent/dispatch TestAcceptedJobStartsBeforeItsMessageIsSettled",
+	},
+	{
+		Title: "A short lease was given up before its first renewal",
+		Where: "agent/fleet/lease.go",
+		Cause: "when the configured cadence did not fit the lease, it was cut to a third of the time to live — which, with " +
+			"the 1 s stop margin and the Date header's 1 s resolution, could still land after the moment the lease counts " +
+			"as lost, so a healthy lease was declared lost with 0 renewals tried (found while writing the first regression test)",
+		Fix:        "the cadence is the smaller of a third of the time to live and half the room before the deadline",
+		Regression: "agent/fleet TestLeaseCadenceFitsBeforeTheDeadline",
+	},
+	{
+		Title: "A recovered orphan's lease lapsed while its /fleet/fail was retried",
+		Where: "agent/daemon/recover.go",
+		Cause: "start-up recovery confirmed the orphan's lease with one renewal, pushed its WIP, then sent /fleet/fail " +
+			"without renewing again; under a window of 503s on the report path the fail outlived the lease, the reaper " +
+			"freed it and the fail came back 409 (the same class as the first bug, in the recovery path; found by the full " +
+			"run, seed 259266473103113)",
+		Fix:        "recovery holds the confirmed lease (a JobLease renewer) until the orphan's report settles",
+		Regression: "agent/daemon TestRecoverHoldsTheLeaseWhileTheFailIsRetried",
+	},
+}

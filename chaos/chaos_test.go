@@ -1,0 +1,106 @@
+package chaos_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aqfleet/aq/chaos"
+	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
+	"github.com/aqfleet/aq/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	// The harness's helpers (the coordinator stub, the forwarders) are this
+	// test binary run again.
+	if code, ok := chaos.RunHelper(); ok {
+		os.Exit(code)
+	}
+	os.Exit(testenv.Main(m))
+}
+
+// logWriter sends the harness's progress lines to t.Log.
+type logWriter struct {
+	mu sync.Mutex
+	t  *testing.T
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if !strings.Contains(l, " terminal: ") { // one progress line a second is noise here
+			w.t.Log(l)
+		}
+	}
+	return len(p), nil
+}
+
+// TestChaos is the reduced chaos run of `make test`: 48 jobs, 3 factories
+// (each in its own network namespace when the test runs as root with
+// iproute2, else on loopback), and a compressed fault schedule that still
+// has a kill -9 mid-job, a partition long enough for the reaper (a zombie),
+// a broker peer restart, a stub restart, a SIGTERM drain and a window of
+// 503s. It fails if any invariant breaks. AQ_CHAOS_SEED replays a seed.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the chaos run takes a minute or two; skipped with -short")
+	}
+	if why := sbpeertest.Missing(); why != "" {
+		t.Skip("the chaos run needs the broker peer: " + why)
+	}
+	seed := rand.Uint64N(1 << 48)
+	if s := os.Getenv("AQ_CHAOS_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("AQ_CHAOS_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	cfg := chaos.Reduced(seed)
+	cfg.AQ, cfg.AQRace = testenv.BuildAQ(t), testenv.Race
+	cfg.Progress = &logWriter{t: t}
+	t.Logf("seed %d (replay: AQ_CHAOS_SEED=%d go test -run TestChaos ./chaos/)", seed, seed)
+
+	res, err := chaos.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("seed %d: the harness failed: %v (sandbox %s)", seed, err, dirOf(res))
+	}
+	t.Logf("hosts: %s %s; %s in %s", res.Mode, res.ModeWhy, res.Checks.Summary(), res.Duration.Round(1e9))
+	if !res.Checks.OK() {
+		t.Errorf("seed %d: %s (sandbox kept at %s; replay: AQ_CHAOS_SEED=%d go test -run TestChaos ./chaos/)\n%s",
+			seed, res.Checks.Summary(), res.Dir, seed, strings.Join(res.Checks.Failed(), "\n"))
+	}
+	// The faults the issue names all happened, and the zombie case too.
+	kinds := map[string]int{}
+	for _, f := range res.Faults {
+		kinds[f.Kind]++
+		if (f.Kind == chaos.KindKill9 || f.Kind == chaos.KindPartition) && f.Running == 0 {
+			t.Errorf("%s of f%d hit no running job", f.Kind, f.Target+1)
+		}
+	}
+	for _, k := range []string{chaos.KindKill9, chaos.KindPartition, chaos.KindPeer, chaos.KindStub, chaos.KindTerm, chaos.KindErrors} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s fault was injected", k)
+		}
+	}
+	zombies := 0
+	for _, z := range res.Checks.Zombies {
+		zombies += z.Reaped
+	}
+	if zombies == 0 {
+		t.Errorf("the partition made no zombie (no lease of the cut-off factory was reaped): %+v", res.Checks.Zombies)
+	}
+}
+
+func dirOf(res *chaos.Result) string {
+	if res == nil {
+		return "?"
+	}
+	return fmt.Sprint(res.Dir)
+}

@@ -1,0 +1,306 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/demo/coord"
+)
+
+// The checks are the harness's claims: they are tested on made-up histories
+// that break each invariant once, so a green run means something.
+
+var t0 = time.Date(2026, 6, 1, 10, 0, 0, 0, time.UTC)
+
+func at(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
+
+// history is one job (j1) claimed by f1 and shipped, with its pushes: every
+// check passes on it.
+func history() *Input {
+	in := &Input{
+		Jobs:      []JobSpec{{ID: "j1", Repo: "r1", Plan: PlanOK}},
+		Converged: true,
+		LeaseTTL:  10 * time.Second,
+		State: &coord.Snapshot{
+			Jobs: map[string]*coord.Job{"j1": {ID: "j1", Stage: coord.StageShipped, LeaseEpoch: 1, Attempts: 1}},
+			Events: map[string][]coord.Event{"j1": {
+				{Seq: 1, At: at(0), JobID: "j1", Kind: "submitted", Stage: coord.StageQueued},
+				{Seq: 2, At: at(1), JobID: "j1", Kind: "claimed", Factory: "f1", Epoch: 1, Stage: coord.StageAssigned},
+				{Seq: 3, At: at(1.1), JobID: "j1", Kind: "stage", Factory: "f1", Epoch: 1, Stage: coord.StageBuilding},
+				{Seq: 4, At: at(3), JobID: "j1", Kind: "stage", Factory: "f1", Epoch: 1, Stage: coord.StageShipped},
+			}},
+		},
+		Calls: []coord.Call{
+			{At: at(1), Route: coord.RouteClaim, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Stage: coord.StageAssigned, Attempts: 1, Status: 200},
+			{At: at(1.1), Route: coord.RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: coord.StageBuilding, Status: 200},
+			{At: at(2), Route: coord.RouteRenew, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: coord.StageBuilding, Status: 200},
+			{At: at(3), Route: coord.RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: coord.StageShipped, Status: 200},
+		},
+		Pushes: []Push{
+			{T: at(2.5), Factory: "f1", Phase: "run", Repo: "r1", Old: zeros, New: "aaaa", Ref: "refs/heads/aq/wip/j1"},
+			{T: at(2.8), Factory: "f1", Phase: "run", Repo: "r1", Old: zeros, New: "bbbb", Ref: "refs/heads/aq/job/j1"},
+		},
+		OriginJobTips: map[string]Commit{"j1": {SHA: "bbbbbbbbbbbb", Message: "chaos job j1\n\naq-job: j1\naq-engine: script\naq-attempt: 1\n"}},
+		Factories: []FactoryData{{ID: "f1", Records: map[string]jobstate.Record{
+			"j1": {ID: "j1", Repo: "r1", Stage: "shipped", LeaseEpoch: 1, StartedAt: at(1), EndedAt: at(3)},
+		}, Delivered: []Delivered{{Job: "j1", Epoch: 1, Report: "building"}, {Job: "j1", Epoch: 1, Report: "shipped"}}}},
+		GC: []GCResult{{Factory: "f1", Deleted: []DeletedRef{{Where: "f1", Repo: "r1", Ref: "refs/heads/aq/wip/j1", SHA: "aaaa", OnlyFrom: []string{"aaaa"}}},
+			Lost: map[string][]string{"f1/r1": {"aaaa"}}}},
+	}
+	return in
+}
+
+const zeros = "0000000000000000000000000000000000000000"
+
+func checkNamed(t *testing.T, rep *Report, name string) CheckResult {
+	t.Helper()
+	for _, c := range rep.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no check %q", name)
+	return CheckResult{}
+}
+
+// wantOnly asserts that exactly the named check fails, with a violation
+// that mentions what.
+func wantOnly(t *testing.T, in *Input, name, what string) {
+	t.Helper()
+	rep := Check(in)
+	for _, c := range rep.Checks {
+		if c.Name == name {
+			if c.OK {
+				t.Errorf("%s passed; want it to fail (%s)", name, what)
+			} else if !strings.Contains(strings.Join(c.Violations, "\n"), what) {
+				t.Errorf("%s failed with %q; want a violation mentioning %q", name, c.Violations, what)
+			}
+			continue
+		}
+		if !c.OK {
+			t.Errorf("%s failed too: %v", c.Name, c.Violations)
+		}
+	}
+}
+
+func TestCheckCleanHistory(t *testing.T) {
+	rep := Check(history())
+	if !rep.OK() {
+		t.Fatalf("a clean history fails: %v", rep.Failed())
+	}
+	if rep.LeaseEnds["report"] != 1 || len(rep.Superseded) != 0 {
+		t.Errorf("lease ends %v, superseded %v", rep.LeaseEnds, rep.Superseded)
+	}
+}
+
+func TestCheckStaleWriteAccepted(t *testing.T) {
+	in := history()
+	// The reaper took the lease (epoch 2), then f1 re-sent an old report
+	// and the stub said 200.
+	in.Calls = append(in.Calls, coord.Call{At: at(4), Route: coord.RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 2, Stage: coord.StageBuilding, Status: 200, Resend: true})
+	wantOnly(t, in, "no stale write accepted", "epoch 1 accepted while the job was at epoch 2")
+}
+
+func TestCheckWriteFromNonHolder(t *testing.T) {
+	in := history()
+	in.Calls = append(in.Calls, coord.Call{At: at(2.1), Route: coord.RouteRenew, JobID: "j1", Factory: "f2", Epoch: 1, JobEpoch: 1, Holder: "f1", Status: 200})
+	wantOnly(t, in, "no stale write accepted", `accepted while "f1" held the lease`)
+}
+
+func TestCheckReapMustBeExplained(t *testing.T) {
+	// f1 held epoch 1, renewed at 2 s, and was reaped at 13 s; f2 then ran
+	// and shipped the job at epoch 2.
+	in := history()
+	in.State.Jobs["j1"].LeaseEpoch, in.State.Jobs["j1"].Attempts = 2, 2
+	in.State.Events["j1"] = []coord.Event{
+		{Seq: 1, At: at(0), Kind: "submitted", Stage: coord.StageQueued},
+		{Seq: 2, At: at(1), Kind: "claimed", Factory: "f1", Epoch: 1, Stage: coord.StageAssigned},
+		{Seq: 3, At: at(13), Kind: "reaped", Factory: "f1", Epoch: 2, Stage: coord.StageQueued},
+		{Seq: 4, At: at(14), Kind: "claimed", Factory: "f2", Epoch: 2, Stage: coord.StageAssigned},
+		{Seq: 5, At: at(16), Kind: "stage", Factory: "f2", Epoch: 2, Stage: coord.StageShipped},
+	}
+	in.Calls = []coord.Call{
+		{At: at(1), Route: coord.RouteClaim, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Attempts: 1, Status: 200},
+		{At: at(2), Route: coord.RouteRenew, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Status: 200},
+		{At: at(14), Route: coord.RouteClaim, JobID: "j1", Factory: "f2", Epoch: 2, JobEpoch: 2, Attempts: 2, Status: 200},
+		{At: at(16), Route: coord.RoutePatch, JobID: "j1", Factory: "f2", Epoch: 2, JobEpoch: 2, Holder: "f2", Stage: coord.StageShipped, Status: 200},
+	}
+	in.Pushes = []Push{{T: at(15), Factory: "f2", Phase: "run", Repo: "r1", Old: zeros, New: "bbbb", Ref: "refs/heads/aq/job/j1"}}
+	in.OriginJobTips["j1"] = Commit{SHA: "bbbbbbbbbbbb", Message: "aq-job: j1\naq-attempt: 2\n"}
+	in.Factories = nil
+	wantOnly(t, in, "leases freed without the reaper", "reaped at 10:00:13.000 from f1")
+
+	// The same reap while f1 was cut off is the zombie case: explained.
+	in.Faults = []FaultRecord{{Fault: Fault{Kind: KindPartition, Target: 0}, Start: at(2.5), End: at(20)}}
+	rep := Check(in)
+	if !rep.OK() {
+		t.Fatalf("an explained reap fails: %v", rep.Failed())
+	}
+	if len(rep.Reaps) != 1 || !strings.Contains(rep.Reaps[0].Explained, "partition of f1") {
+		t.Errorf("reaps %+v", rep.Reaps)
+	}
+	if len(rep.Zombies) != 1 || rep.Zombies[0].Reaped != 1 {
+		t.Errorf("zombies %+v", rep.Zombies)
+	}
+	// A fault that hit f1 when it had not renewed for 4 s explains nothing:
+	// f1 had stopped renewing by itself (the chaos run that found the
+	// receiver bug: an accept answered, the job held back by a hanging
+	// settlement, the factory killed 6 s later).
+	in.Faults[0].Start = at(6)
+	if c := checkNamed(t, Check(in), "leases freed without the reaper"); c.OK {
+		t.Error("a kill 4 s after the last renewal explained the lapse")
+	}
+	in.Faults[0].Start = at(2.5)
+
+	// A fault on another factory explains nothing.
+	in.Faults[0].Target = 1
+	if c := checkNamed(t, Check(in), "leases freed without the reaper"); c.OK {
+		t.Error("a partition of f2 explained a reap of f1's lease")
+	}
+
+	// A window of 503s explains the lapse only if it refused f1's
+	// renewals of that lease: a holder that stopped renewing (its run over,
+	// its report still being retried) let the lease lapse by itself.
+	in.Faults = []FaultRecord{{Fault: Fault{Kind: KindErrors, Target: -1, Rate: 0.5}, Start: at(2.5), End: at(12)}}
+	if c := checkNamed(t, Check(in), "leases freed without the reaper"); c.OK {
+		t.Error("a 503 window explained a lapse with no refused renewal")
+	}
+	in.Requests = []Request{{At: at(4), Method: "POST", Path: "/fleet/jobs/j1/lease/renew", Job: "j1", Factory: "f1", Epoch: 1, Status: 503}}
+	if rep := Check(in); !rep.OK() || !strings.Contains(rep.Reaps[0].Explained, "1 of f1's renewals refused 503") {
+		t.Errorf("a lapse after refused renewals is not explained: %v %+v", rep.Failed(), rep.Reaps)
+	}
+}
+
+func TestCheckPushWithoutLease(t *testing.T) {
+	in := history()
+	// f1 pushes the job branch after its lease ended (a zombie).
+	in.Pushes = append(in.Pushes, Push{T: at(5), Factory: "f1", Phase: "run", Repo: "r1", Old: "bbbb", New: "cccc", Ref: "refs/heads/aq/job/j1"})
+	wantOnly(t, in, "pushes only under a lease", `refs/heads/aq/job/j1 by "f1"`)
+}
+
+func TestCheckZombieOverwroteTheBranch(t *testing.T) {
+	in := history()
+	in.OriginJobTips["j1"] = Commit{SHA: "cccccccccccc", Message: "aq-job: j1\naq-attempt: 3\n"}
+	wantOnly(t, in, "shipped at most once", "the accepted run was attempt 1 of f1")
+}
+
+func TestCheckTwoSuccessReports(t *testing.T) {
+	in := history()
+	in.Calls = append(in.Calls, coord.Call{At: at(3.5), Route: coord.RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: coord.StageShipped, Status: 200})
+	rep := Check(in)
+	if c := checkNamed(t, rep, "shipped at most once"); c.OK || !strings.Contains(strings.Join(c.Violations, " "), "2 success reports accepted") {
+		t.Errorf("two accepted success reports: %+v", c)
+	}
+}
+
+func TestCheckNotTerminal(t *testing.T) {
+	in := history()
+	in.State.Jobs["j1"].Stage = coord.StageQueued
+	if c := checkNamed(t, Check(in), "terminal exactly once"); c.OK {
+		t.Error("a queued job passed")
+	}
+	in = history()
+	in.State.Events["j1"] = append(in.State.Events["j1"], coord.Event{Seq: 5, At: at(4), Kind: "stage", Factory: "f1", Epoch: 1, Stage: coord.StageShipped})
+	if c := checkNamed(t, Check(in), "terminal exactly once"); c.OK {
+		t.Error("a job that entered shipped twice passed")
+	}
+}
+
+func TestCheckReportLost(t *testing.T) {
+	in := history()
+	in.Factories[0].Spool = []string{"00000000000000000007-j1.json"}
+	wantOnly(t, in, "no report lost", "spool still holds")
+
+	in = history()
+	in.Factories[0].Delivered = append(in.Factories[0].Delivered, Delivered{Job: "j1", Epoch: 1, Report: "fail:crash"})
+	wantOnly(t, in, "no report lost", "logged fail:crash of j1 at epoch 1 delivered")
+
+	in = history()
+	r := in.Factories[0].Records["j1"]
+	r.EndedAt = time.Time{}
+	in.Factories[0].Records["j1"] = r
+	wantOnly(t, in, "no report lost", "still says running")
+}
+
+func TestCheckGCDeletedUnmergedWork(t *testing.T) {
+	in := history()
+	in.State.Jobs["j1"].Stage = coord.StageDeadLetter
+	in.State.Events["j1"][3].Stage = coord.StageDeadLetter
+	in.Calls[3] = coord.Call{At: at(3), Route: coord.RouteFail, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: coord.StageDeadLetter, Reason: "engine_failed", Status: 200}
+	in.Pushes = in.Pushes[:1]
+	delete(in.OriginJobTips, "j1")
+	in.Jobs[0].Plan = PlanAlways
+	in.Factories[0].Records["j1"] = jobstate.Record{ID: "j1", Stage: "dead_letter", Reason: "engine_failed", LeaseEpoch: 1, EndedAt: at(3)}
+	in.Factories[0].Delivered[1].Report = "fail:engine_failed"
+	wantOnly(t, in, "gc: nothing left, nothing unmerged lost", "a WIP ref of a job that is dead_letter")
+
+	// A commit that disappears with no deleted ref to explain it.
+	in = history()
+	in.GC[0].Lost["f1/r1"] = append(in.GC[0].Lost["f1/r1"], "dddd")
+	wantOnly(t, in, "gc: nothing left, nothing unmerged lost", "commit dddd became unreachable")
+
+	in = history()
+	in.GC[0].WorktreeDirs = []string{"r1/j1"}
+	wantOnly(t, in, "gc: nothing left, nothing unmerged lost", "worktree left")
+}
+
+func TestCheckEngineAlive(t *testing.T) {
+	in := history()
+	in.Alive = []string{"4242 j1"}
+	wantOnly(t, in, "no engine left alive", "4242 j1")
+}
+
+func TestScheduleIsSeededAndFactoryFaultsDoNotOverlap(t *testing.T) {
+	cfg := Full(42)
+	a, b := Schedule(cfg), Schedule(cfg)
+	if len(a) != len(b) {
+		t.Fatal("same seed, different schedules")
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("same seed, fault %d differs: %+v vs %+v", i, a[i], b[i])
+		}
+	}
+	c := cfg.Faults
+	if want := c.Kill9 + c.Term + c.Abort + c.PeerRestart + c.StubRestart + c.Errors + c.ReportErrors + c.Partition; len(a) != want {
+		t.Errorf("%d faults, want %d", len(a), want)
+	}
+	if d := Schedule(Full(43)); len(d) == len(a) && d[0] == a[0] && d[1] == a[1] {
+		t.Error("another seed gave the same schedule")
+	}
+	busy := map[int]time.Duration{}
+	for _, f := range a {
+		if f.Kind == KindPartition && f.Down <= cfg.LeaseTTL {
+			t.Errorf("a partition of %s does not outlast the lease TTL %s", f.Down, cfg.LeaseTTL)
+		}
+		if !f.factoryFault() {
+			continue
+		}
+		if f.At < busy[f.Target] {
+			t.Errorf("fault %+v starts while factory %d is still down (until %s)", f, f.Target, busy[f.Target])
+		}
+		busy[f.Target] = f.At + f.Down
+	}
+}
+
+func TestLoadIsSeeded(t *testing.T) {
+	cfg := Full(7)
+	a, b := Load(cfg, "tok"), Load(cfg, "tok")
+	plans := map[string]int{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("same seed, job %d differs", i)
+		}
+		plans[a[i].Plan]++
+		if !strings.HasPrefix(a[i].ID, "cj-tok-") {
+			t.Errorf("id %s", a[i].ID)
+		}
+	}
+	for _, p := range []string{PlanOK, PlanFail, PlanAlways, PlanHang, PlanInvalid} {
+		if plans[p] == 0 {
+			t.Errorf("no job of plan %s in %d jobs", p, len(a))
+		}
+	}
+}

@@ -1,0 +1,303 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/process"
+)
+
+// Input is everything the checks read, gathered after the run: a pure
+// value, so that Check is a function of it (and tested on made-up ones).
+type Input struct {
+	Jobs      []JobSpec
+	Factories []FactoryData
+	// State is the stub's state file at the end; Calls its call log.
+	State *coord.Snapshot
+	Calls []coord.Call
+	// Requests are every request the factories made of the stub, with the
+	// answer (injected 503s included).
+	Requests []Request
+	// Pushes are the ref updates the origins took (their post-receive hook).
+	Pushes []Push
+	// OriginJobTips: every refs/heads/aq/job/<id> on an origin after gc:
+	// job id → its tip and message.
+	OriginJobTips map[string]Commit
+	Faults        []FaultRecord
+	LeaseTTL      time.Duration
+	Converged     bool
+	Problems      []string
+	// Alive are the processes still alive at the end that carry a job's
+	// tag or a factory's scope ("pid job|scope").
+	Alive []string
+	GC    []GCResult
+}
+
+// Commit is a commit and its message.
+type Commit struct {
+	SHA     string `json:"sha"`
+	Message string `json:"message"`
+}
+
+// FactoryData is what one factory left on its disk.
+type FactoryData struct {
+	ID        string
+	Index     int
+	Spool     []string // reports still waiting
+	SpoolDead []string // reports refused for good
+	Records   map[string]jobstate.Record
+	Delivered []Delivered // "report delivered" lines of its logs
+	Orphans   int         // orphans recovered at start-ups
+	Errors    int         // ERROR lines in its logs
+	Exits     []string
+}
+
+// Delivered is one report a factory logged as delivered.
+type Delivered struct {
+	Job    string
+	Epoch  int64
+	Report string // the PATCH stage, or fail:<reason>
+}
+
+// Push is one ref update an origin took.
+type Push struct {
+	T       time.Time
+	Factory string
+	Phase   string // run | gc
+	Repo    string
+	Old     string
+	New     string
+	Ref     string
+}
+
+// Deletes reports whether the update deleted the ref.
+func (p Push) Deletes() bool { return strings.Trim(p.New, "0") == "" }
+
+func (r *harness) collect(jobs []JobSpec, gcs []GCResult) (*Input, error) {
+	in := &Input{Jobs: jobs, LeaseTTL: r.cfg.LeaseTTL, Converged: r.res.Converged, Faults: r.res.Faults, GC: gcs}
+	in.Problems = append(in.Problems, r.res.Problems...)
+	st, err := coord.ReadStateFile(r.sb.path("coord", "state.json"))
+	if err != nil {
+		return nil, err
+	}
+	in.State = st
+	if in.Calls, err = readCalls(r.sb.path("coord", "calls.jsonl")); err != nil {
+		return nil, err
+	}
+	if in.Requests, err = readRequests(r.sb.path("coord", "requests.jsonl")); err != nil {
+		return nil, err
+	}
+	if in.Pushes, err = readPushes(r.sb.pushLog()); err != nil {
+		return nil, err
+	}
+	in.OriginJobTips = map[string]Commit{}
+	for _, bare := range r.sb.origins {
+		out, err := r.sb.git(bare, "for-each-ref", "--format=%(refname) %(objectname)", "refs/heads/aq/job/")
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range nonEmptyLines(out) {
+			ref, sha, _ := strings.Cut(line, " ")
+			msg, _ := r.sb.git(bare, "log", "-1", "--format=%B", sha)
+			in.OriginJobTips[strings.TrimPrefix(ref, "refs/heads/aq/job/")] = Commit{SHA: sha, Message: msg}
+		}
+	}
+	var scopes []string
+	for _, f := range r.facts {
+		fd := FactoryData{ID: f.id, Index: f.i, Records: map[string]jobstate.Record{}, Exits: f.exits}
+		fd.Spool = spoolFiles(f.home)
+		fd.SpoolDead = listJSON(filepath.Join(f.home, "spool", "dead"))
+		if store, err := jobstate.Open(filepath.Join(f.home, "state", "jobs")); err == nil {
+			recs, _ := store.List()
+			for _, rec := range recs {
+				fd.Records[rec.ID] = rec
+			}
+		}
+		fd.Delivered, fd.Orphans, fd.Errors = readFactoryLog(f.log)
+		in.Factories = append(in.Factories, fd)
+		scopes = append(scopes, runner.Scope(f.home))
+	}
+	for _, j := range jobs {
+		pids, _ := process.FindScoped(j.ID, "")
+		for _, p := range pids {
+			in.Alive = append(in.Alive, strconv.Itoa(p)+" "+j.ID)
+		}
+	}
+	for _, s := range scopes {
+		for _, p := range findScope(s) {
+			in.Alive = append(in.Alive, strconv.Itoa(p)+" scope "+s)
+		}
+	}
+	return in, nil
+}
+
+func nonEmptyLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.TrimSpace(l) != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func readCalls(path string) ([]coord.Call, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []coord.Call
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var c coord.Call
+		if err := json.Unmarshal(line, &c); err != nil {
+			continue // a line torn by a SIGKILL mid-write (not expected)
+		}
+		out = append(out, c)
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].At.Before(out[b].At) })
+	return out, nil
+}
+
+func readRequests(path string) ([]Request, error) {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Request
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		var q Request
+		if json.Unmarshal(line, &q) == nil {
+			out = append(out, q)
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].At.Before(out[b].At) })
+	return out, nil
+}
+
+func readPushes(path string) ([]Push, error) {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Push
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var raw struct {
+			T       json.Number `json:"t"`
+			Factory string      `json:"factory"`
+			Phase   string      `json:"phase"`
+			Repo    string      `json:"repo"`
+			Old     string      `json:"old"`
+			New     string      `json:"new"`
+			Ref     string      `json:"ref"`
+		}
+		if err := json.Unmarshal(line, &raw); err != nil {
+			continue
+		}
+		f, _ := raw.T.Float64()
+		sec := int64(f)
+		out = append(out, Push{T: time.Unix(sec, int64((f-float64(sec))*1e9)).UTC(), Factory: raw.Factory, Phase: raw.Phase,
+			Repo: raw.Repo, Old: raw.Old, New: raw.New, Ref: raw.Ref})
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].T.Before(out[b].T) })
+	return out, nil
+}
+
+// spoolFiles are the reports waiting in home's spool.
+func spoolFiles(home string) []string { return listJSON(filepath.Join(home, "spool")) }
+
+func listJSON(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if !e.IsDir() && strings.HasSuffix(e.Name(), ".json") && !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// readFactoryLog reads a factory's JSON log lines (every incarnation).
+func readFactoryLog(path string) (delivered []Delivered, orphans, errs int) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var l struct {
+			Msg    string `json:"msg"`
+			Level  string `json:"level"`
+			Job    string `json:"job"`
+			Epoch  int64  `json:"epoch"`
+			Report string `json:"report"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) != nil {
+			continue
+		}
+		switch l.Msg {
+		case "report delivered":
+			delivered = append(delivered, Delivered{Job: l.Job, Epoch: l.Epoch, Report: l.Report})
+		case "recovering an orphaned job: the aq that ran it is gone":
+			orphans++
+		}
+		if l.Level == "ERROR" {
+			errs++
+		}
+	}
+	return delivered, orphans, errs
+}
+
+// findScope lists the live processes (not zombies) whose environment holds
+// AQ_SCOPE=scope: a factory's engines, wherever they escaped to.
+func findScope(scope string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	want := []byte(process.ScopeEnv + "=" + scope + "\x00")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(append(env, 0), want) {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			if i := bytes.LastIndexByte(st, ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+				continue
+			}
+		}
+		out = append(out, pid)
+	}
+	return out
+}

@@ -1,0 +1,30 @@
+// Package chaos is the fleet's chaos harness: it proves, on a real
+// multi-host run, what FLEET_DISPATCH_REDESIGN §12 (M2) asks to verify —
+// exactly-once shipping and crash recovery — and that nothing is lost on the
+// way.
+//
+// A run builds a sandbox: five repositories with bare origins on the shared
+// file system (git over file paths, so GitHub "stays reachable" while the
+// coordinator does not), three or four factories — each a real `aq daemon`
+// process with its own AQ_HOME and clones, in its own network namespace when
+// the harness runs as root with iproute2 (else plain processes on 127.0.0.1
+// behind TCP proxies) — the coordinator stub as a child process keeping its
+// state in a file, and the local AMQP broker peer. It submits hundreds of
+// jobs for a scripted engine that writes files, sometimes fails (exit 1) and
+// sometimes hangs past its wall budget, and injects faults on a seeded
+// schedule: kill -9 and restart of factories mid-job, SIGTERM drains and
+// two-signal aborts, the broker peer killed and restarted, the stub
+// answering 503s with added latency, a kill -9 and restart of the stub (its
+// state file keeps what it acknowledged), and partitions long enough for
+// the reaper to take a factory's leases (the zombie case).
+//
+// When every job is terminal, it stops the factories, runs `aq gc` on each,
+// and checks the invariants against the stub's state file, its audit trail
+// and call log (coord.Options.OnCall), the origins' push log (a post-receive
+// hook), the factories' logs, spools, job records and repositories, and
+// /proc. Check is a pure function of those artifacts; Run writes the report
+// (docs/RELIABILITY.md under `make chaos`).
+//
+// The reduced run is TestChaos (part of `go test ./...`); the full run is
+// `go run ./chaos/cmd/chaos` (make chaos).
+package chaos

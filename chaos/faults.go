@@ -1,0 +1,159 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// runSchedule injects each fault at its time (faults on different targets
+// overlap), and returns when all of them are over: every target is back.
+func (r *harness) runSchedule(ctx context.Context, sched []Fault, t0 time.Time) {
+	var wg sync.WaitGroup
+	for _, f := range sched {
+		if d := time.Until(t0.Add(f.At)); d > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				return
+			case <-time.After(d):
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := r.inject(ctx, f)
+			r.mu.Lock()
+			r.faults = append(r.faults, rec)
+			r.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// sleepCtx sleeps d unless ctx ends first; the fault's restore step runs
+// either way (a cancelled run still heals what it broke before teardown).
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
+	rec := FaultRecord{Fault: f}
+	if f.factoryFault() {
+		fa := r.facts[f.Target]
+		fa.faultMu.Lock()
+		defer fa.faultMu.Unlock()
+	}
+	switch f.Kind {
+	case KindKill9:
+		fa := r.facts[f.Target]
+		rec.Running = fa.waitBusy(8 * time.Second)
+		rec.Start = time.Now().UTC()
+		c := fa.take()
+		r.logf("FAULT kill -9 %s (running %d jobs)", fa.id, rec.Running)
+		if c != nil {
+			c.kill()
+			c.wait()
+			fa.exited(c, "kill -9")
+		}
+		sleepCtx(ctx, f.Down)
+		r.restart(fa, &rec)
+	case KindTerm, KindAbort:
+		fa := r.facts[f.Target]
+		rec.Running = fa.waitBusy(8 * time.Second)
+		rec.Start = time.Now().UTC()
+		c := fa.take()
+		if c != nil {
+			c.signal(syscall.SIGTERM)
+			if f.Kind == KindAbort {
+				r.logf("FAULT SIGTERM x2 %s (running %d jobs)", fa.id, rec.Running)
+				sleepCtx(ctx, 300*time.Millisecond+f.Down/4)
+				c.signal(syscall.SIGTERM)
+			} else {
+				r.logf("FAULT SIGTERM %s (running %d jobs; drain, escalating after %s)", fa.id, rec.Running, r.cfg.DrainTimeout)
+			}
+			if !c.waitFor(r.cfg.DrainTimeout + 2*time.Minute) {
+				r.problem("factory %s did not stop within its drain timeout + 2 min after %s; killed", fa.id, f.Kind)
+				c.killGroup()
+				c.wait()
+			}
+			fa.exited(c, f.Kind)
+			rec.Detail = fmt.Sprintf("exit %d after %s", c.code, time.Since(rec.Start).Round(100*time.Millisecond))
+			if c.code != 0 {
+				r.problem("factory %s exited %d %s after %s (want 0)", fa.id, c.code, c.sig, f.Kind)
+			}
+		}
+		sleepCtx(ctx, f.Down)
+		r.restart(fa, &rec)
+	case KindPeer:
+		rec.Start = time.Now().UTC()
+		r.logf("FAULT broker peer killed (down %s)", f.Down.Round(100*time.Millisecond))
+		r.peer.Kill()
+		sleepCtx(ctx, f.Down)
+		if err := r.peer.Restart(); err != nil {
+			r.problem("cannot restart the broker peer: %v", err)
+		}
+		rec.End = time.Now().UTC()
+	case KindStub:
+		rec.Start = time.Now().UTC()
+		r.logf("FAULT coordinator stub killed (down %s)", f.Down.Round(100*time.Millisecond))
+		r.killCoord()
+		sleepCtx(ctx, f.Down)
+		if err := r.startCoord(); err != nil {
+			r.problem("cannot restart the coordinator stub: %v", err)
+		}
+		rec.End = time.Now().UTC()
+	case KindErrors:
+		rec.Start = time.Now().UTC()
+		r.logf("FAULT stub answers 503 for %.0f%% of factory calls, +%s latency, for %s", f.Rate*100, f.Latency, f.Down.Round(100*time.Millisecond))
+		if err := r.setFaults(f.Rate, f.Latency, factoryRoutes); err != nil {
+			r.problem("cannot set the stub's faults: %v", err)
+		}
+		sleepCtx(ctx, f.Down)
+		if err := r.setFaults(0, 0, factoryRoutes); err != nil {
+			r.problem("cannot clear the stub's faults: %v", err)
+		}
+		rec.End = time.Now().UTC()
+	case KindReports:
+		rec.Start = time.Now().UTC()
+		r.logf("FAULT stub answers 503 for %.0f%% of reports (PATCH, /fleet/fail) for %s; every other call works", f.Rate*100, f.Down.Round(100*time.Millisecond))
+		if err := r.setFaults(f.Rate, 0, reportRoutes); err != nil {
+			r.problem("cannot set the stub's faults: %v", err)
+		}
+		sleepCtx(ctx, f.Down)
+		if err := r.setFaults(0, 0, factoryRoutes); err != nil {
+			r.problem("cannot clear the stub's faults: %v", err)
+		}
+		rec.End = time.Now().UTC()
+	case KindPartition:
+		fa := r.facts[f.Target]
+		rec.Running = fa.waitBusy(15 * time.Second)
+		rec.Start = time.Now().UTC()
+		r.logf("FAULT partition %s (running %d jobs) for %s", fa.id, rec.Running, f.Down.Round(100*time.Millisecond))
+		if err := r.net.Cut(f.Target); err != nil {
+			r.problem("cannot cut %s off: %v", fa.id, err)
+		}
+		sleepCtx(ctx, f.Down)
+		if err := r.net.Heal(f.Target); err != nil {
+			r.problem("cannot reconnect %s: %v", fa.id, err)
+		}
+		rec.End = time.Now().UTC()
+		r.logf("partition of %s healed", fa.id)
+	}
+	return rec
+}
+
+func (r *harness) restart(fa *factory, rec *FaultRecord) {
+	if err := r.startFactory(fa); err != nil {
+		r.problem("cannot restart %s: %v", fa.id, err)
+	}
+	rec.End = time.Now().UTC()
+	r.logf("%s restarted (incarnation %d)", fa.id, fa.incarnation)
+}
