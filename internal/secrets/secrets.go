@@ -22,6 +22,16 @@ var aqSecretEnv = map[string]bool{
 	"AQ_FLEET_TOKEN":          true,
 	"AQ_SB_CONNECTION_STRING": true,
 	"AQ_ENROLL_TOKEN":         true,
+	// The factory's Azure identity (azidentity's DefaultAzureCredential reads
+	// these for Service Bus): the host's identity is the fleet's, never an
+	// engine's. Non-secret ids (AZURE_CLIENT_ID, AZURE_TENANT_ID) stay.
+	"AZURE_CLIENT_SECRET":               true,
+	"AZURE_CLIENT_CERTIFICATE_PASSWORD": true,
+	"AZURE_CLIENT_CERTIFICATE_PATH":     true,
+	"AZURE_PASSWORD":                    true,
+	"AZURE_FEDERATED_TOKEN_FILE":        true,
+	"IDENTITY_HEADER":                   true,
+	"MSI_SECRET":                        true,
 }
 
 // secretSuffixes mark any environment variable as secret by name (DESIGN §11).

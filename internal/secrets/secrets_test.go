@@ -29,14 +29,17 @@ func TestEngineEnvDropsAQSecretsAndMarkers(t *testing.T) {
 		"PATH=/bin", "AQ_FLEET_TOKEN=tok-123456", "AQ_SB_CONNECTION_STRING=Endpoint=sb://x",
 		"AQ_ENROLL_TOKEN=enr-0000", "AQ_HOME=/h", "CLAUDECODE=1", "ANTHROPIC_API_KEY=sk-keep",
 		"AQ_OTHER_SECRET=zzzzzz", "EXTRA=1",
+		"AZURE_CLIENT_ID=app-id", "AZURE_TENANT_ID=tenant", "AZURE_CLIENT_SECRET=azs-secret", "AZURE_FEDERATED_TOKEN_FILE=/var/run/token",
+		"AZURE_CLIENT_CERTIFICATE_PATH=/etc/cert.pem", "AZURE_CLIENT_CERTIFICATE_PASSWORD=certpw", "AZURE_PASSWORD=pw123", "IDENTITY_HEADER=hdr", "MSI_SECRET=msi",
 	}
 	got := strings.Join(EngineEnv(env, "EXTRA"), " ")
-	for _, gone := range []string{"AQ_FLEET_TOKEN", "AQ_SB_CONNECTION_STRING", "AQ_ENROLL_TOKEN", "CLAUDECODE", "AQ_OTHER_SECRET", "EXTRA"} {
+	for _, gone := range []string{"AQ_FLEET_TOKEN", "AQ_SB_CONNECTION_STRING", "AQ_ENROLL_TOKEN", "CLAUDECODE", "AQ_OTHER_SECRET", "EXTRA",
+		"AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_CLIENT_CERTIFICATE_PASSWORD", "AZURE_PASSWORD", "IDENTITY_HEADER", "MSI_SECRET"} {
 		if strings.Contains(got, gone+"=") {
 			t.Errorf("EngineEnv kept %s: %s", gone, got)
 		}
 	}
-	for _, kept := range []string{"PATH=/bin", "AQ_HOME=/h", "ANTHROPIC_API_KEY=sk-keep"} {
+	for _, kept := range []string{"PATH=/bin", "AQ_HOME=/h", "ANTHROPIC_API_KEY=sk-keep", "AZURE_CLIENT_ID=app-id", "AZURE_TENANT_ID=tenant"} {
 		if !strings.Contains(got, kept) {
 			t.Errorf("EngineEnv dropped %s: %s", kept, got)
 		}
