@@ -249,6 +249,12 @@ func TestReaperRequeuesKeepingCheckpoint(t *testing.T) {
 			t.Errorf("%s: %d", c.path, code)
 		}
 	}
+	// Found by the chaos harness: a re-send of its last accepted report
+	// (building, whose answer a partition lost) is not idempotent once the
+	// lease is gone: answered 200, it told a zombie it still held the job.
+	if code, _ := r.call("PATCH", "/fleet/jobs/j1", tok, map[string]any{"stage": "building", "leaseEpoch": 1}); code != 409 {
+		t.Errorf("re-sent building after the reap: %d, want 409", code)
+	}
 	if code, _ := r.call("POST", "/fleet/fail", tok, map[string]any{"jobId": "j1", "factoryId": "f1", "leaseEpoch": 1, "reason": "crash", "retryable": true}); code != 409 {
 		t.Errorf("fail: %d", code)
 	}
@@ -261,7 +267,7 @@ func TestReaperRequeuesKeepingCheckpoint(t *testing.T) {
 	for _, e := range r.s.Events("j1") {
 		kinds = append(kinds, e.Kind)
 	}
-	if strings.Join(kinds, ",") != "submitted,claimed,stage,reaped,fenced,fenced,fenced,claimed" {
+	if strings.Join(kinds, ",") != "submitted,claimed,stage,reaped,fenced,fenced,fenced,fenced,claimed" {
 		t.Fatalf("events %v", kinds)
 	}
 }
@@ -642,5 +648,33 @@ func TestConcurrentClaimsCAS(t *testing.T) {
 		if c != 1 {
 			t.Errorf("job %s claimed %d times", id, c)
 		}
+	}
+}
+
+// A re-sent final report is idempotent only while nothing happened to the
+// job since: a /fleet/fail re-sent after the job was claimed again (a new
+// epoch) is stale, and fenced. Found by the chaos harness (the same rule as
+// the re-sent building report).
+func TestResentFailAfterReclaimIsFenced(t *testing.T) {
+	r := newRig(t, Options{LeaseTTL: 10 * time.Second})
+	tok := r.enroll("f1")
+	r.submit("j1", func(j *job.Job) { j.Retry.Max = 3 })
+	r.claim("f1", tok)
+	fail := map[string]any{"jobId": "j1", "factoryId": "f1", "leaseEpoch": 1, "reason": "engine_failed", "retryable": true}
+	if code, _ := r.call("POST", "/fleet/fail", tok, fail); code != 200 {
+		t.Fatalf("fail: %d", code)
+	}
+	if code, _ := r.call("POST", "/fleet/fail", tok, fail); code != 200 {
+		t.Fatalf("re-sent fail before anything else happened: %d, want 200", code)
+	}
+	r.clk.Add(time.Hour) // past the retry backoff
+	if code, m := r.claim("f1", tok); code != 200 || epochOf(m) != 2 {
+		t.Fatalf("reclaim %d %v", code, m)
+	}
+	if code, _ := r.call("POST", "/fleet/fail", tok, fail); code != 409 {
+		t.Fatalf("re-sent fail at epoch 1 after the reclaim at epoch 2: %d, want 409", code)
+	}
+	if j, _ := r.s.Job("j1"); j.LeaseEpoch != 2 || j.Holder != "f1" || j.Stage != StageAssigned {
+		t.Fatalf("job %+v", j)
 	}
 }

@@ -275,7 +275,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 	holder := ""
 	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
 		holder = j.Holder
-		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch {
+		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // already released
 		}
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
@@ -332,7 +332,13 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 	holder := ""
 	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
 		holder = j.Holder
-		if l := j.Last; l != nil && l.Kind == "patch" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && l.Stage == req.Stage {
+		// A re-send of the last accepted report (its answer was lost) is
+		// idempotent only while nothing happened to the job since: the
+		// epoch still current, and a report that keeps the lease (building)
+		// only while the lease is still this factory's — else a zombie's
+		// re-sent building would be told it still holds the job.
+		if l := j.Last; l != nil && l.Kind == "patch" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && l.Stage == req.Stage &&
+			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, req.LeaseEpoch) == "") {
 			return http.StatusOK, "", nil // a re-sent report
 		}
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
@@ -401,7 +407,7 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 	holder := ""
 	j, code, msg := s.mutate(req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
 		holder = j.Holder
-		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch {
+		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // a re-sent report
 		}
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
