@@ -42,4 +42,16 @@ var bugsFound = []Bug{
 		Fix:        "recovery holds the confirmed lease (a JobLease renewer) until the orphan's report settles",
 		Regression: "agent/daemon TestRecoverHoldsTheLeaseWhileTheFailIsRetried",
 	},
+	{
+		Title: "The coordinator stub accepted a zombie's re-sent report",
+		Where: "demo/coord/handlers.go",
+		Cause: "a factory's building PATCH reached the stub but its answer was lost to a partition; spooled, it was re-sent " +
+			"after the heal, when the reaper had already taken the lease (a new epoch). The stub matched it against the " +
+			"job's last accepted report (same factory, epoch and stage) and answered 200: a stale write accepted, telling a " +
+			"zombie it still held the job (found by the full run, seed 246748238488810). A real coordinator must not make " +
+			"the same mistake: idempotent re-sends are keyed on the current epoch",
+		Fix: "a re-send is idempotent only while its epoch is the job's current one, and a building re-send only while " +
+			"the lease is still the sender's; the same for fail and release",
+		Regression: "demo/coord TestReaperRequeuesKeepingCheckpoint, TestResentFailAfterReclaimIsFenced",
+	},
 }

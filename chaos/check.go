@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"net/http"
 	"regexp"
 	"sort"
 	"strconv"
@@ -42,6 +43,10 @@ type Report struct {
 	Orphans    int      `json:"orphans"`
 	FactoryErr int      `json:"factoryErrors"` // ERROR lines in the factories' logs
 	Pushes     int      `json:"pushes"`
+	// Requests and Refused503 count the request log: every request the
+	// factories made of the stub, over all its incarnations.
+	Requests   int `json:"requests"`
+	Refused503 int `json:"refused503"`
 }
 
 // Reap is one lease the reaper reclaimed.
@@ -265,6 +270,12 @@ func Check(in *Input) *Report {
 	}
 	for _, c := range in.Calls {
 		rep.Calls[fmt.Sprintf("%s %d", c.Route, c.Status)]++
+	}
+	for _, q := range in.Requests {
+		rep.Requests++
+		if q.Status == http.StatusServiceUnavailable {
+			rep.Refused503++
+		}
 	}
 	plans := map[string]JobSpec{}
 	for _, j := range in.Jobs {

@@ -203,8 +203,8 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 		p("- Calls the stub answered (lease calls, by route and status): %s.\n", callsLine(rep.Calls))
 		p("- ERROR lines in the factories' logs: %d (expected under these faults: unreachable coordinator, refused reports).\n", rep.FactoryErr)
 	}
-	if len(res.Stats.Routes) > 0 {
-		p("- Requests the stub served: %d (503s injected: %d).\n", res.Stats.Total(), count503(res))
+	if rep := res.Checks; rep != nil && rep.Requests > 0 {
+		p("- Requests the factories made of the stub, over all its incarnations: %d (answered 503: %d, injected or while it started).\n", rep.Requests, rep.Refused503)
 	}
 	if len(res.Peer) > 0 {
 		p("- Broker peer events: %s.\n", peerLine(res.Peer))
@@ -246,14 +246,6 @@ func callsLine(m map[string]int) string {
 		parts = append(parts, fmt.Sprintf("`%s` %d", k, m[k]))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func count503(res *Result) int64 {
-	var n int64
-	for _, rs := range res.Stats.Routes {
-		n += rs.Status["503"]
-	}
-	return n
 }
 
 func peerLine(m map[string]int) string {
