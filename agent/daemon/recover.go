@@ -63,7 +63,7 @@ func (d *Daemon) alive(r jobstate.Record) string {
 	case held:
 		return "its job lock is held"
 	case r.PID > 0 && r.PID != os.Getpid() && processAlive(r.PID) && !before(r.StartedAt, bootTime()):
-		// An `aq run` (which takes no job lock), or a reused pid: when unsure,
+		// An older `aq run` (which took no job lock), or a reused pid: when unsure,
 		// never steal a live job; the coordinator's reaper frees a dead one.
 		return fmt.Sprintf("its aq process (pid %d) is alive", r.PID)
 	}

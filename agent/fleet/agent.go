@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // ErrNoJob: the coordinator has no job for this factory now (a 204).
@@ -27,7 +28,11 @@ type Agent struct {
 	// Host detects this host's capabilities and repos.
 	Host   func(ctx context.Context) (*caps.Host, error)
 	Enroll EnrollOptions
-	Log    *slog.Logger
+	// LocksDir holds the per-job flocks (config.LocksDir): `aq run` takes
+	// its job's, as `aq daemon` does, so a daemon starting on the same
+	// AQ_HOME never takes the running job for an orphan.
+	LocksDir string
+	Log      *slog.Logger
 }
 
 // Session is a started Agent: its heartbeat and spool-drain loops run until
@@ -154,7 +159,9 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 			}
 			return err
 		}
+		unlock := a.lockJob(c.Job.ID)
 		res := a.Jobs.Run(s.ctx, c)
+		unlock()
 		ran++
 		if onResult != nil {
 			onResult(res)
@@ -169,6 +176,25 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 			return nil
 		}
 	}
+}
+
+// lockJob takes job id's flock for as long as this process runs it. The
+// coordinator leased the job to this factory, so a lock it cannot take is
+// logged, not fatal.
+func (a *Agent) lockJob(id string) (unlock func()) {
+	if a.LocksDir == "" {
+		return func() {}
+	}
+	l, ok, err := worktree.TryLockJob(a.LocksDir, id)
+	switch {
+	case err != nil:
+		a.log().Warn("cannot take the job's lock; running it without", "job", id, "err", err)
+	case !ok:
+		a.log().Warn("another aq process on this AQ_HOME holds the job's lock; running it anyway (the coordinator leased it to this factory)", "job", id)
+	default:
+		return func() { _ = l.Unlock() }
+	}
+	return func() {}
 }
 
 func (a *Agent) log() *slog.Logger {

@@ -100,9 +100,10 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Reporter: rep,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
 			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log},
-		Running: running,
-		Host:    host,
-		Enroll:  EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},
-		Log:     log,
+		Running:  running,
+		Host:     host,
+		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},
+		LocksDir: cfg.LocksDir(),
+		Log:      log,
 	}, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // Job ids are unique per test binary run: the runner kills every process
@@ -42,6 +43,7 @@ var (
 	idStormC    = jid("storm-c")
 	idStormD    = jid("storm-d")
 	idRefused   = jid("refused")
+	idLocked    = jid("locked")
 )
 
 // TestRunOnceEndToEnd: enroll, heartbeat, claim, building, run through the
@@ -777,5 +779,34 @@ func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
 	}
 	if s.Stats().Routes[coord.RouteFail].Status["503"] == 0 {
 		t.Fatal("no fail was refused")
+	}
+}
+
+// TestRunOnceHoldsTheJobLock: `aq run` in fleet mode holds the job's flock
+// while it runs the job, as `aq daemon` does, so a daemon starting on the
+// same AQ_HOME sees the job as in flight (not an orphan), and gc leaves its
+// worktree alone; the lock is free again when the job is done.
+func TestRunOnceHoldsTheJobLock(t *testing.T) {
+	s := startStub(t, coord.Options{})
+	w := newWorld(t, "app")
+	script, started, goFile := w.waitScript(idLocked)
+	s.submit(t, idLocked, "app", "script: "+script+"\nship: branch")
+	f := newFactory(t, s, w, "locker")
+	done := make(chan *Result, 1)
+	go func() {
+		res, _ := f.runOnce(t, ctxT(t))
+		done <- res
+	}()
+	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
+	held, err := worktree.Held(f.Cfg.LocksDir(), worktree.JobLockName(idLocked))
+	if err != nil || !held {
+		t.Fatalf("the job's lock is not held while the job runs (held=%v, err=%v)", held, err)
+	}
+	testenv.WriteFile(t, goFile, "go")
+	if res := <-done; res == nil || res.Stage != job.Shipped {
+		t.Fatalf("result %+v", res)
+	}
+	if held, err := worktree.Held(f.Cfg.LocksDir(), worktree.JobLockName(idLocked)); err != nil || held {
+		t.Fatalf("the job's lock is still held after the job (held=%v, err=%v)", held, err)
 	}
 }
