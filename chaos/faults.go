@@ -71,6 +71,7 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 		rec.Start = time.Now().UTC()
 		c := fa.take()
 		if c != nil {
+			fa.waitUp(c, 30*time.Second)
 			c.signal(syscall.SIGTERM)
 			if f.Kind == KindAbort {
 				r.logf("FAULT SIGTERM x2 %s (running %d jobs)", fa.id, rec.Running)

@@ -612,6 +612,24 @@ func (f *factory) status() *daemon.Status {
 	return st
 }
 
+// waitUp waits (up to d) until the daemon f.cur runs has started: its
+// "aq daemon starting" line for this incarnation is in f's log. From then on
+// it handles SIGTERM; before, a signal finds the Go runtime without a
+// handler and ends the process (the default action) — a race of the
+// harness's, not a fault of aq's.
+func (f *factory) waitUp(c *child, d time.Duration) {
+	f.mu.Lock()
+	want := f.incarnation
+	f.mu.Unlock()
+	deadline := time.Now().Add(d)
+	for c.alive() && time.Now().Before(deadline) {
+		if b, err := os.ReadFile(f.log); err == nil && strings.Count(string(b), `"msg":"aq daemon starting"`) >= want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // waitBusy waits (a little) for f to run a job, so that a fault lands
 // mid-job; it returns how many it runs.
 func (f *factory) waitBusy(d time.Duration) int {
@@ -666,6 +684,7 @@ func (r *harness) stopFactories() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			f.waitUp(c, 30*time.Second)
 			c.signal(syscall.SIGTERM)
 			if !c.waitFor(r.cfg.DrainTimeout + 2*time.Minute) {
 				r.problem("factory %s did not stop within its drain timeout + 2 min after SIGTERM; killed", f.id)
