@@ -34,6 +34,15 @@ type PublisherOptions struct {
 	// event: a factory that just came up, a target that went stale
 	// (default 1 s).
 	Rescan time.Duration
+	// Redispatch is how long a job may stay queued, at the same epoch, after
+	// its message went to a live factory before it is published again
+	// (default 2 min; negative: never). The message may be gone: a factory
+	// abandons it when its accept fails (a coordinator outage), and after
+	// the subscription's max delivery count the broker dead-letters it —
+	// while that factory, its broker path healthy, never polls. A second
+	// message for a job still in a subscription is harmless: one accept
+	// wins, the other is answered 409 and completed.
+	Redispatch time.Duration
 	// OnSent is called after each message the broker took (tests and the
 	// dispatch benchmark time it).
 	OnSent func(Sent)
@@ -54,6 +63,9 @@ type PublisherStats struct {
 	Sent     int64 `json:"sent"`
 	Failed   int64 `json:"failed"`   // sends the broker did not take (retried)
 	Unplaced int64 `json:"unplaced"` // scans that found no fitting factory for a queued job
+	// Redispatched counts jobs published again because their message went
+	// unanswered past PublisherOptions.Redispatch.
+	Redispatched int64 `json:"redispatched"`
 }
 
 // Publisher makes the stub the dispatcher of FLEET_DISPATCH_REDESIGN §5.1:
@@ -89,6 +101,7 @@ type dispatched struct {
 	epoch    int64
 	target   string
 	retarget int
+	at       time.Time // the server's clock
 }
 
 // NewPublisher checks o. It dials nothing.
@@ -104,6 +117,9 @@ func NewPublisher(o PublisherOptions) (*Publisher, error) {
 	}
 	if o.Rescan <= 0 {
 		o.Rescan = time.Second
+	}
+	if o.Redispatch == 0 {
+		o.Redispatch = 2 * time.Minute
 	}
 	if o.Backoff == (dispatch.Backoff{}) {
 		o.Backoff = dispatch.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
@@ -243,8 +259,10 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 		last, seen := p.sent[j.ID]
 		p.mu.Unlock()
 		retarget := 0
+		overdue := false
 		if seen && last.epoch == j.LeaseEpoch {
-			if live[last.target] {
+			overdue = p.o.Redispatch > 0 && now.Sub(last.at) >= p.o.Redispatch
+			if live[last.target] && !overdue {
 				continue // its message waits in a live factory's subscription
 			}
 			retarget = last.retarget + 1
@@ -259,7 +277,7 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 			p.mu.Unlock()
 			continue // no factory fits now: a later scan looks again
 		}
-		if seen && last.epoch == j.LeaseEpoch && last.target == target {
+		if seen && last.epoch == j.LeaseEpoch && last.target == target && !overdue {
 			continue // the stale target is still the only choice
 		}
 		snd, err := sender()
@@ -283,8 +301,11 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 			return fmt.Errorf("send %s: %w", id, err)
 		}
 		p.mu.Lock()
-		p.sent[j.ID] = dispatched{id: id, epoch: j.LeaseEpoch, target: target, retarget: retarget}
+		p.sent[j.ID] = dispatched{id: id, epoch: j.LeaseEpoch, target: target, retarget: retarget, at: now}
 		p.stats.Sent++
+		if overdue && live[last.target] {
+			p.stats.Redispatched++
+		}
 		p.mu.Unlock()
 		outstanding[target]++
 		p.log.Info("dispatched", "job", j.ID, "target", target, "messageId", id, "epoch", j.LeaseEpoch)

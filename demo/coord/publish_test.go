@@ -48,7 +48,7 @@ func TestPublisherTargetsAndRedispatches(t *testing.T) {
 	peer := sbpeertest.Start(t, sbpeertest.Options{Subs: []string{"fleet-dispatch/fa", "fleet-dispatch/fb"}})
 	sent := make(chan Sent, 20)
 	pub, err := NewPublisher(PublisherOptions{ConnectionString: peer.ConnectionString(), Rescan: 20 * time.Millisecond,
-		OnSent: func(s Sent) { sent <- s }})
+		Redispatch: 10 * time.Minute, OnSent: func(s Sent) { sent <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,25 @@ func TestPublisherTargetsAndRedispatches(t *testing.T) {
 			t.Errorf("%s routed to %q, want %s", id, routes[id], sub)
 		}
 	}
-	if st := pub.Stats(); st.Sent != 4 || st.Failed != 0 {
+	if st := pub.Stats(); st.Sent != 4 || st.Failed != 0 || st.Redispatched != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Messages unanswered past Redispatch are published again, to the same
+	// live factory: the first may have been abandoned through a coordinator
+	// outage until the broker dead-lettered it, and a factory whose broker
+	// path is healthy never polls for it.
+	r.clk.Add(10 * time.Minute)
+	beat("fb", fb, "app", "lib")
+	got := map[string]string{}
+	for range 2 {
+		s := next()
+		got[s.MessageID] = s.Target
+	}
+	if got["j:1.2"] != "fb" || got["k:0.1"] != "fb" {
+		t.Fatalf("re-dispatched %v, want j:1.2 and k:0.1 to fb", got)
+	}
+	if st := pub.Stats(); st.Sent != 6 || st.Redispatched != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 }
