@@ -252,6 +252,20 @@ func TestCheckEngineAlive(t *testing.T) {
 	wantOnly(t, in, "no engine left alive", "4242 j1")
 }
 
+func TestCheckOutcomesFitThePlans(t *testing.T) {
+	in := history()
+	in.Problems = []string{"factory f2 exited -1 terminated after sigterm (want 0)"}
+	wantOnly(t, in, "no crash, outcomes fit the plans", "f2 exited -1")
+
+	in = history()
+	in.Jobs[0].Plan = PlanAlways // an engine that always fails cannot have shipped
+	wantOnly(t, in, "no crash, outcomes fit the plans", "j1 (always fails) shipped")
+
+	in = history()
+	in.Jobs[0].Plan = PlanInvalid // an invalid manifest ends failed, invalid_manifest
+	wantOnly(t, in, "no crash, outcomes fit the plans", "j1 (invalid manifest) ended shipped")
+}
+
 func TestScheduleIsSeededAndFactoryFaultsDoNotOverlap(t *testing.T) {
 	cfg := Full(42)
 	a, b := Schedule(cfg), Schedule(cfg)
