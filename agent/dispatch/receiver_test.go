@@ -211,8 +211,19 @@ func TestLockExpiryRedelivers(t *testing.T) {
 	r.waitEvent(func(e sbpeertest.Event) bool {
 		return e.Event == "disposition" && e.MessageID == "j1" && e.Outcome == "abandon" && e.Result == "lock-lost"
 	})
+	// The peer logs the refusal before the SDK hands the error back: the
+	// receiver counts the failed settlement a moment later (this read raced
+	// it under load). Bounded by the test binary's -timeout only.
+	failed := 0
+	for failed == 0 {
+		r.metrics.mu.Lock()
+		failed = r.metrics.failed[dispatch.Abandon]
+		r.metrics.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.barrier("after-abandon") // anything more would have been counted by now
 	r.metrics.mu.Lock()
-	failed := r.metrics.failed[dispatch.Abandon]
+	failed = r.metrics.failed[dispatch.Abandon]
 	r.metrics.mu.Unlock()
 	if failed != 1 {
 		t.Fatalf("settle failures %d, want 1", failed)
