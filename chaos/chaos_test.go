@@ -15,12 +15,17 @@ import (
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
+// replaySeed is AQ_CHAOS_SEED, read before testenv.Main clears every AQ_*
+// variable from the test's environment.
+var replaySeed string
+
 func TestMain(m *testing.M) {
 	// The harness's helpers (the coordinator stub, the forwarders) are this
 	// test binary run again.
 	if code, ok := chaos.RunHelper(); ok {
 		os.Exit(code)
 	}
+	replaySeed = os.Getenv("AQ_CHAOS_SEED")
 	os.Exit(testenv.Main(m))
 }
 
@@ -55,7 +60,7 @@ func TestChaos(t *testing.T) {
 		t.Skip("the chaos run needs the broker peer: " + why)
 	}
 	seed := rand.Uint64N(1 << 48)
-	if s := os.Getenv("AQ_CHAOS_SEED"); s != "" {
+	if s := replaySeed; s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			t.Fatalf("AQ_CHAOS_SEED=%q: %v", s, err)

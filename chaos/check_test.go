@@ -318,3 +318,24 @@ func TestLoadIsSeeded(t *testing.T) {
 		}
 	}
 }
+
+// The load outlasts every fault that must land mid-job, for any seed: the
+// reduced run once cut off an idle factory because the overlap rules had
+// pushed its partition past the last submission.
+func TestLoadOutlastsMidJobFaults(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		for _, cfg := range []Config{Reduced(seed), Full(seed)} {
+			sched := Schedule(cfg)
+			cfg.SubmitSpan = LoadSpan(cfg, sched)
+			last := time.Duration(0)
+			for _, j := range Load(cfg, "tok") {
+				last = max(last, j.SubmitAt)
+			}
+			for _, f := range sched {
+				if f.factoryFault() && last < f.At+10*time.Second {
+					t.Fatalf("%s seed %d: %s at %s, last submission at %s", cfg.Name, seed, f.Kind, f.At, last)
+				}
+			}
+		}
+	}
+}

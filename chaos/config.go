@@ -237,6 +237,25 @@ func Schedule(cfg Config) []Fault {
 	return fs
 }
 
+// loadTail is how long submissions go on after the last fault that must hit
+// running work starts: it waits up to 8–15 s for its target to be busy.
+const loadTail = 15 * time.Second
+
+// LoadSpan is how long submissions go on: cfg.SubmitSpan, or longer when the
+// schedule's last kill -9, drain, abort or partition comes later (the overlap
+// rules push faults on one factory back) — a fault meant to land mid-job must
+// find jobs to hit, or a run (the reduced one above all, whose load drains in
+// seconds) would kill or cut off an idle factory and prove nothing.
+func LoadSpan(cfg Config, sched []Fault) time.Duration {
+	span := cfg.SubmitSpan
+	for _, f := range sched {
+		if f.factoryFault() && f.At+loadTail > span {
+			span = f.At + loadTail
+		}
+	}
+	return span
+}
+
 // Plans of the scripted engine (see engineScript).
 const (
 	PlanOK      = "ok"      // succeeds

@@ -245,9 +245,12 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		}
 	}
 
-	// Load and faults.
-	jobs := Load(cfg, r.token)
+	// Load and faults. Submissions go on past the last fault that must land
+	// on running work, wherever the overlap rules moved it (LoadSpan).
 	sched := Schedule(cfg)
+	cfg.SubmitSpan = LoadSpan(cfg, sched)
+	r.cfg.SubmitSpan, r.res.Config.SubmitSpan = cfg.SubmitSpan, cfg.SubmitSpan
+	jobs := Load(cfg, r.token)
 	r.res.Jobs, r.res.Schedule = jobs, sched
 	cleanups = append(cleanups, func() { r.killEngines(jobs) })
 	r.logf("seed %d: %d jobs over %d repos, %d factories x %d slots, %d faults", cfg.Seed, len(jobs), cfg.Repos, cfg.Factories, cfg.Slots, len(sched))
