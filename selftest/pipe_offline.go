@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/aqfleet/aq/agent/job"
@@ -429,7 +427,7 @@ touch $MARK; wait`)
 			if pid <= 0 {
 				return "", failf("the engine did not record its grandchild's pid")
 			}
-			if alive(pid) {
+			if process.Alive(pid) {
 				return "", failf("grandchild %d (ignoring SIGINT and SIGTERM) survived its engine", pid)
 			}
 			return fmt.Sprintf("the engine stopped at %s; its grandchild %d, which ignored SIGINT and SIGTERM, died with the group", res.LadderStep, pid), nil
@@ -473,18 +471,3 @@ done`, shq(setsid), shq(esc), shq(esc), shq(process.TagEnv+"="+tag))
 // enough that a loaded host still sees the engine end at the step that
 // stopped it, rather than at the next one.
 const ladderGrace = time.Second
-
-// alive reports whether pid is a live process (a zombie is dead).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		// Without /proc (not Linux): ask the kernel.
-		if errors.Is(err, os.ErrNotExist) && !fileExists("/proc/self") {
-			return syscall.Kill(pid, 0) == nil
-		}
-		return false
-	}
-	st := string(b)
-	i := strings.LastIndexByte(st, ')')
-	return i > 0 && i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X'
-}

@@ -143,7 +143,7 @@ func budgetScenario() *scenario {
 				return "", failf("ended %s, want timeout", outcomeText(r))
 			}
 			pid, _ := strconv.Atoi(strings.TrimSpace(readFile(pidFile)))
-			if pid <= 0 || alive(pid) {
+			if pid <= 0 || process.Alive(pid) {
 				return "", failf("the engine's grandchild (pid %d), which ignores SIGINT and SIGTERM, outlived the job", pid)
 			}
 			if left, _ := process.FindScoped(id, l.scope); len(left) > 0 {

@@ -62,7 +62,7 @@ func (d *Daemon) alive(r jobstate.Record) string {
 		return "cannot probe the job's lock: " + err.Error()
 	case held:
 		return "its job lock is held"
-	case r.PID > 0 && r.PID != os.Getpid() && processAlive(r.PID) && !before(r.StartedAt, bootTime()):
+	case r.PID > 0 && r.PID != os.Getpid() && process.Alive(r.PID) && !before(r.StartedAt, bootTime()):
 		// An older `aq run` (which took no job lock), or a reused pid: when unsure,
 		// never steal a live job; the coordinator's reaper frees a dead one.
 		return fmt.Sprintf("its aq process (pid %d) is alive", r.PID)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // StatusFile is the daemon's status under $AQ_HOME/state: `aq status` reads
@@ -89,7 +90,7 @@ func (s *Status) Alive() bool {
 	if s == nil || s.Stage == StageStopped || s.PID <= 0 {
 		return false
 	}
-	return processAlive(s.PID) && !before(s.StartedAt, bootTime())
+	return process.Alive(s.PID) && !before(s.StartedAt, bootTime())
 }
 
 // ReadStatus reads stateDir/daemon.json; fs.ErrNotExist when no daemon ever

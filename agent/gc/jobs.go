@@ -5,6 +5,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -89,7 +90,7 @@ func (g *GC) alive(pid int) bool {
 	if g.Alive != nil {
 		return g.Alive(pid)
 	}
-	return processAlive(pid)
+	return process.Alive(pid)
 }
 
 // status maps a stage (local or fleet name) to what gc needs to know.

@@ -209,6 +209,17 @@ func parseStat(b []byte) (st procStat, ok bool) {
 	return procStat{pid: pid, pgid: pgid, start: start, live: state != 'Z' && state != 'X' && state != 'x', kthread: flags&pfKthread != 0}, true
 }
 
+// Alive reports whether pid is a running process: it exists and is not a
+// zombie (an exited process its parent has not reaped yet is dead). Any
+// user's process counts: /proc/<pid>/stat is readable by all.
+func Alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	st, ok, _ := readStat(pid, nil)
+	return ok && st.live
+}
+
 // alive reports whether the process p names is still running.
 func (p procStat) alive() bool {
 	now, ok, _ := readStat(p.pid, nil)
