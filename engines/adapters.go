@@ -50,6 +50,91 @@ func findEngine(name, bin string, env []string) (string, error) {
 	return p, nil
 }
 
+// preflight is the pre-flight the coding engines share: the binary on the
+// engine's PATH, its --version, and, when authMissing is set, whether any
+// credential can exist (authMissing says why none can, or "").
+func preflight(ctx context.Context, name, bin string, spec Spec, timeout time.Duration, authMissing func(env []string) string) (Info, error) {
+	spec = engineSpec(spec)
+	path, err := findEngine(name, bin, spec.Env)
+	if err != nil {
+		return Info{}, err
+	}
+	v, err := probeVersion(ctx, name, path, spec, timeout)
+	if err != nil {
+		return Info{}, err
+	}
+	if authMissing != nil {
+		if why := authMissing(spec.Env); why != "" {
+			return Info{}, &UnavailableError{Engine: name, Why: why}
+		}
+	}
+	return Info{Name: name, Path: path, Version: v}, nil
+}
+
+// streamParser reads an engine that prints JSON events (claude, codex).
+type streamParser interface {
+	onStdout(line []byte)
+	onStderr(line []byte)
+	// finish decides the outcome once the process is gone. graceStop says
+	// aq stopped the engine only because it outlived its final event.
+	finish(pres process.Result, graceStop bool) Result
+}
+
+// runStreaming runs an event-printing engine: the prompt on stdin, each
+// output line to the parser that newParser makes, and the kill ladder once
+// the engine outlives grace after its final event (the parser calls final
+// on it). The result's detail and final text are redacted.
+func runStreaming(ctx context.Context, spec Spec, name, bin string, inv Invocation, grace time.Duration, newParser func(final func()) streamParser) (Result, error) {
+	runCtx, final, stop := graceAfterFinal(ctx, grace)
+	defer stop()
+	p := newParser(final)
+	inv.Stdin, inv.OnStdout, inv.OnStderr = strings.NewReader(spec.Prompt), p.onStdout, p.onStderr
+	pres, err := Exec(runCtx, spec, inv)
+	if err != nil {
+		return Result{}, startError(name, bin, err)
+	}
+	res := p.finish(pres, stoppedByGrace(ctx, pres))
+	res.redact(spec.Redactor)
+	return res, nil
+}
+
+// redact masks secrets in the text an engine gave (Detail, FinalText).
+func (r *Result) redact(rd *secrets.Redactor) {
+	r.Detail, r.FinalText = rd.String(r.Detail), rd.String(r.FinalText)
+}
+
+// streamLog is what the claude and codex parsers share: their lock, the
+// last lines of stderr, and the stdout lines that were not events.
+type streamLog struct {
+	mu       sync.Mutex
+	errLines tail
+	skipped  int
+	lastSkip string
+}
+
+func (s *streamLog) onStderr(line []byte) {
+	s.mu.Lock()
+	s.errLines.add(string(line))
+	s.mu.Unlock()
+}
+
+// skip counts a stdout line that is not an event.
+func (s *streamLog) skip(line []byte) {
+	s.mu.Lock()
+	s.skipped++
+	s.lastSkip = oneLine(string(line), 120)
+	s.mu.Unlock()
+}
+
+// withSkipped appends to detail how many lines were skipped (what names
+// them: "stream", "event"), when any were; the caller holds mu.
+func (s *streamLog) withSkipped(detail, what string) string {
+	if s.skipped == 0 {
+		return detail
+	}
+	return strings.TrimSpace(detail + fmt.Sprintf(" (skipped %d unparseable %s line(s), last: %q)", s.skipped, what, s.lastSkip))
+}
+
 // startError maps an Exec start failure: a binary that vanished between
 // pre-flight and run is ErrNotInstalled.
 func startError(name, bin string, err error) error {

@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/process"
@@ -79,19 +78,7 @@ func (c *Claude) bin() string {
 // apiKeyHelper) nor ~/.claude.json. On macOS credentials live in the
 // keychain, so only the binary and version are checked.
 func (c *Claude) Preflight(ctx context.Context, spec Spec) (Info, error) {
-	spec = engineSpec(spec)
-	path, err := findEngine(c.Name(), c.bin(), spec.Env)
-	if err != nil {
-		return Info{}, err
-	}
-	v, err := probeVersion(ctx, c.Name(), path, spec, c.VersionTimeout)
-	if err != nil {
-		return Info{}, err
-	}
-	if why := claudeAuthMissing(spec.Env); why != "" {
-		return Info{}, &UnavailableError{Engine: c.Name(), Why: why}
-	}
-	return Info{Name: c.Name(), Path: path, Version: v}, nil
+	return preflight(ctx, c.Name(), c.bin(), spec, c.VersionTimeout, claudeAuthMissing)
 }
 
 func claudeAuthMissing(env []string) string {
@@ -182,26 +169,12 @@ func (c *Claude) Run(ctx context.Context, spec Spec) (Result, error) {
 		return Result{}, err
 	}
 	spec.Env = c.env(spec)
-
-	runCtx, final, stop := graceAfterFinal(ctx, c.ResultGrace)
-	defer stop()
-	p := newClaudeParser(spec.Model, spec.Prices, spec.Meter, final)
-	pres, err := Exec(runCtx, spec, Invocation{
-		Path:     path,
-		Args:     args,
-		Stdin:    strings.NewReader(spec.Prompt),
-		OnStdout: p.onStdout,
-		OnStderr: p.onStderr,
-	})
-	if err != nil {
-		return Result{}, startError(c.Name(), c.bin(), err)
-	}
-	res := p.finish(pres, stoppedByGrace(ctx, pres))
-	if res.SessionID == "" {
+	res, err := runStreaming(ctx, spec, c.Name(), c.bin(), Invocation{Path: path, Args: args}, c.ResultGrace,
+		func(final func()) streamParser { return newClaudeParser(spec.Model, spec.Prices, spec.Meter, final) })
+	if err == nil && res.SessionID == "" {
 		res.SessionID = sid
 	}
-	res.Detail, res.FinalText = spec.Redactor.String(res.Detail), spec.Redactor.String(res.FinalText)
-	return res, nil
+	return res, err
 }
 
 // claudeEvent is the subset of a stream-json line aq reads.
@@ -262,7 +235,7 @@ type claudeParser struct {
 	meter  Meter
 	final  func()
 
-	mu        sync.Mutex
+	streamLog // mu guards the fields below
 	model     string
 	version   string
 	sessionID string
@@ -272,9 +245,6 @@ type claudeParser struct {
 	result    *claudeEvent
 	apiError  string // the last assistant event's error field
 	errText   tail   // the text of assistant events that carried an error
-	errLines  tail
-	skipped   int
-	lastSkip  string
 }
 
 func newClaudeParser(model string, prices *PriceTable, meter Meter, final func()) *claudeParser {
@@ -283,17 +253,14 @@ func newClaudeParser(model string, prices *PriceTable, meter Meter, final func()
 	}
 	return &claudeParser{
 		prices: prices, meter: meter, final: final, model: model,
-		calls: map[string]*claudeCall{}, errText: tail{n: 5}, errLines: tail{n: 20},
+		calls: map[string]*claudeCall{}, errText: tail{n: 5}, streamLog: streamLog{errLines: tail{n: 20}},
 	}
 }
 
 func (p *claudeParser) onStdout(line []byte) {
 	var ev claudeEvent
 	if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
-		p.mu.Lock()
-		p.skipped++
-		p.lastSkip = oneLine(string(line), 120)
-		p.mu.Unlock()
+		p.skip(line)
 		return
 	}
 	var (
@@ -353,12 +320,6 @@ func (p *claudeParser) onStdout(line []byte) {
 	if observe && p.meter != nil {
 		p.meter.Observe(u)
 	}
-}
-
-func (p *claudeParser) onStderr(line []byte) {
-	p.mu.Lock()
-	p.errLines.add(string(line))
-	p.mu.Unlock()
 }
 
 // liveUsage sums the API calls seen so far, priced from the table.
@@ -475,12 +436,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 	if len(p.order) == 0 {
 		res.Usage = Usage{}
 	}
-	defer func() {
-		if p.skipped > 0 {
-			res.Detail += fmt.Sprintf(" (skipped %d unparseable stream line(s), last: %q)", p.skipped, p.lastSkip)
-			res.Detail = strings.TrimSpace(res.Detail)
-		}
-	}()
+	defer func() { res.Detail = p.withSkipped(res.Detail, "stream") }()
 
 	r := p.result
 	if r == nil {

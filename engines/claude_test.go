@@ -102,12 +102,7 @@ var claudeCases = []struct {
 func TestClaudeGolden(t *testing.T) {
 	for _, tc := range claudeCases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newClaudeParser("", nil, nil, nil)
-			feed(t, "claude/"+tc.name+".jsonl", p.onStdout)
-			if tc.stderr {
-				feed(t, "claude/"+tc.name+".stderr", p.onStderr)
-			}
-			res := p.finish(process.Result{ExitCode: tc.exit}, false)
+			res := finishRecorded(t, newClaudeParser("", nil, nil, nil), "claude", tc.name, tc.exit, tc.stderr)
 			if res.Outcome != tc.want || res.BudgetExceeded != tc.wantBudget {
 				t.Fatalf("Outcome = %s, BudgetExceeded = %t (%s), want %s, %t", res.Outcome, res.BudgetExceeded, res.Detail, tc.want, tc.wantBudget)
 			}
@@ -117,15 +112,11 @@ func TestClaudeGolden(t *testing.T) {
 }
 
 func TestClaudeMalformedLinesAreCounted(t *testing.T) {
-	p := newClaudeParser("", nil, nil, nil)
-	feed(t, "claude/malformed.jsonl", p.onStdout)
-	res := p.finish(process.Result{}, false)
+	res := finishRecorded(t, newClaudeParser("", nil, nil, nil), "claude", "malformed", 0, false)
 	if res.SkippedLines != 2 || !strings.Contains(res.Detail, "skipped 2") {
 		t.Errorf("SkippedLines = %d, Detail = %q; want 2 skipped lines named in the detail", res.SkippedLines, res.Detail)
 	}
-	ok := newClaudeParser("", nil, nil, nil)
-	feed(t, "claude/success.jsonl", ok.onStdout)
-	if want := ok.finish(process.Result{}, false).Usage; res.Usage != want {
+	if want := finishRecorded(t, newClaudeParser("", nil, nil, nil), "claude", "success", 0, false).Usage; res.Usage != want {
 		t.Errorf("usage with malformed lines %+v, want the same as without %+v", res.Usage, want)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/process"
@@ -75,19 +74,7 @@ func (c *Codex) bin() string {
 // there that could supply one another way (a keyring credential store or a
 // model provider of its own).
 func (c *Codex) Preflight(ctx context.Context, spec Spec) (Info, error) {
-	spec = engineSpec(spec)
-	path, err := findEngine(c.Name(), c.bin(), spec.Env)
-	if err != nil {
-		return Info{}, err
-	}
-	v, err := probeVersion(ctx, c.Name(), path, spec, c.VersionTimeout)
-	if err != nil {
-		return Info{}, err
-	}
-	if why := codexAuthMissing(spec.Env); why != "" {
-		return Info{}, &UnavailableError{Engine: c.Name(), Why: why}
-	}
-	return Info{Name: c.Name(), Path: path, Version: v}, nil
+	return preflight(ctx, c.Name(), c.bin(), spec, c.VersionTimeout, codexAuthMissing)
 }
 
 func codexAuthMissing(env []string) string {
@@ -130,22 +117,8 @@ func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	runCtx, final, stop := graceAfterFinal(ctx, c.ResultGrace)
-	defer stop()
-	p := newCodexParser(spec.Model, spec.Prices, spec.Meter, final)
-	pres, err := Exec(runCtx, spec, Invocation{
-		Path:     path,
-		Args:     c.Args(spec),
-		Stdin:    strings.NewReader(spec.Prompt),
-		OnStdout: p.onStdout,
-		OnStderr: p.onStderr,
-	})
-	if err != nil {
-		return Result{}, startError(c.Name(), c.bin(), err)
-	}
-	res := p.finish(pres, stoppedByGrace(ctx, pres))
-	res.Detail, res.FinalText = spec.Redactor.String(res.Detail), spec.Redactor.String(res.FinalText)
-	return res, nil
+	return runStreaming(ctx, spec, c.Name(), c.bin(), Invocation{Path: path, Args: c.Args(spec)}, c.ResultGrace,
+		func(final func()) streamParser { return newCodexParser(spec.Model, spec.Prices, spec.Meter, final) })
 }
 
 type codexEvent struct {
@@ -171,7 +144,7 @@ type codexParser struct {
 	meter  Meter
 	final  func()
 
-	mu        sync.Mutex
+	streamLog // mu guards the fields below
 	threadID  string
 	usage     Usage
 	turns     int
@@ -179,25 +152,19 @@ type codexParser struct {
 	failure   string // the message of the last turn.failed or error
 	completed bool
 	finalText string
-	errLines  tail
-	skipped   int
-	lastSkip  string
 }
 
 func newCodexParser(model string, prices *PriceTable, meter Meter, final func()) *codexParser {
 	if prices == nil {
 		prices = DefaultPrices()
 	}
-	return &codexParser{model: model, prices: prices, meter: meter, final: final, errLines: tail{n: 20}}
+	return &codexParser{model: model, prices: prices, meter: meter, final: final, streamLog: streamLog{errLines: tail{n: 20}}}
 }
 
 func (p *codexParser) onStdout(line []byte) {
 	var ev codexEvent
 	if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
-		p.mu.Lock()
-		p.skipped++
-		p.lastSkip = oneLine(string(line), 120)
-		p.mu.Unlock()
+		p.skip(line)
 		return
 	}
 	var (
@@ -242,12 +209,6 @@ func (p *codexParser) onStdout(line []byte) {
 	}
 }
 
-func (p *codexParser) onStderr(line []byte) {
-	p.mu.Lock()
-	p.errLines.add(string(line))
-	p.mu.Unlock()
-}
-
 // current is the usage so far, priced from the table.
 func (p *codexParser) current() Usage {
 	u := p.usage
@@ -267,11 +228,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 	if p.turns > 0 || p.completed {
 		res.Usage = p.current()
 	}
-	defer func() {
-		if p.skipped > 0 {
-			res.Detail = strings.TrimSpace(res.Detail + fmt.Sprintf(" (skipped %d unparseable event line(s), last: %q)", p.skipped, p.lastSkip))
-		}
-	}()
+	defer func() { res.Detail = p.withSkipped(res.Detail, "event") }()
 	switch {
 	case p.last == "turn.completed":
 		res.Outcome, res.Subtype = Succeeded, "turn.completed"

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/aqfleet/aq/internal/process"
 )
 
 func TestCodexArgs(t *testing.T) {
@@ -42,12 +40,7 @@ var codexCases = []struct {
 func TestCodexGolden(t *testing.T) {
 	for _, tc := range codexCases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newCodexParser("gpt-5.3-codex", nil, nil, nil)
-			feed(t, "codex/"+tc.name+".jsonl", p.onStdout)
-			if tc.stderr {
-				feed(t, "codex/"+tc.name+".stderr", p.onStderr)
-			}
-			res := p.finish(process.Result{ExitCode: tc.exit}, false)
+			res := finishRecorded(t, newCodexParser("gpt-5.3-codex", nil, nil, nil), "codex", tc.name, tc.exit, tc.stderr)
 			if res.Outcome != tc.want {
 				t.Fatalf("Outcome = %s (%s), want %s", res.Outcome, res.Detail, tc.want)
 			}

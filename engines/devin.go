@@ -71,16 +71,7 @@ func (d *Devin) bin() string {
 // the service), so auth is not checked: a run without it fails as
 // Unavailable.
 func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
-	spec = engineSpec(spec)
-	path, err := findEngine(d.Name(), d.bin(), spec.Env)
-	if err != nil {
-		return Info{}, err
-	}
-	v, err := probeVersion(ctx, d.Name(), path, spec, d.VersionTimeout)
-	if err != nil {
-		return Info{}, err
-	}
-	return Info{Name: d.Name(), Path: path, Version: v}, nil
+	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, nil)
 }
 
 // devinFiles are the prompt and trajectory files of one attempt.
@@ -139,7 +130,7 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 	if spec.Meter != nil && res.Usage != (Usage{}) {
 		spec.Meter.Observe(res.Usage)
 	}
-	res.Detail, res.FinalText = spec.Redactor.String(res.Detail), spec.Redactor.String(res.FinalText)
+	res.redact(spec.Redactor)
 	return res, nil
 }
 

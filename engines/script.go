@@ -182,12 +182,7 @@ func isShellWord(w string) bool {
 // lookPathIn is exec.LookPath against the PATH in env (the engine's), not
 // aq's own.
 func lookPathIn(name string, env []string) (string, error) {
-	path := ""
-	for _, kv := range env {
-		if strings.HasPrefix(kv, "PATH=") {
-			path = kv[5:]
-		}
-	}
+	path := envValue(env, "PATH")
 	if path == "" {
 		return exec.LookPath(name)
 	}

@@ -493,7 +493,7 @@ func suiteStop(t *testing.T, h *fakeHost, a suiteAdapter) {
 	assertNoTagged(t, r.spec.JobID)
 	for _, f := range strings.Fields(pids) {
 		pid, _ := strconv.Atoi(f)
-		if err := syscall.Kill(pid, 0); err == nil && !isZombie(pid) {
+		if process.Alive(pid) {
 			t.Errorf("grandchild %d survived the job", pid)
 		}
 	}
@@ -571,15 +571,6 @@ func assertNoTagged(t *testing.T, jobID string) {
 	}
 }
 
-func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true // gone
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
-}
-
 // feed hands a recorded output file to a parser callback line by line, as
 // Exec does (blank lines dropped, \r trimmed).
 func feed(t *testing.T, rel string, fn func([]byte)) {
@@ -597,6 +588,17 @@ func feed(t *testing.T, rel string, fn func([]byte)) {
 			fn(l)
 		}
 	}
+}
+
+// finishRecorded feeds p testdata/<engine>/<name>.jsonl (and .stderr, with
+// stderr) and finishes it as a process that exited exit.
+func finishRecorded(t *testing.T, p streamParser, engine, name string, exit int, stderr bool) Result {
+	t.Helper()
+	feed(t, engine+"/"+name+".jsonl", p.onStdout)
+	if stderr {
+		feed(t, engine+"/"+name+".stderr", p.onStderr)
+	}
+	return p.finish(process.Result{ExitCode: exit}, false)
 }
 
 // checkGolden compares res, as JSON, with testdata/<rel>; -update rewrites it.
