@@ -171,17 +171,6 @@ func noTagged(t *testing.T, id string) {
 	}
 }
 
-// alive reports whether pid is a live process (a zombie is dead).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
-}
-
 func readPid(t *testing.T, path string) int {
 	t.Helper()
 	pid, err := strconv.Atoi(strings.TrimSpace(testenv.ReadFile(t, path)))

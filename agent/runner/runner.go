@@ -99,10 +99,10 @@ type Lease interface {
 // checkpoint to be pushed (the push itself is a compare-and-swap besides).
 const wipLeaseMargin = 5 * time.Second
 
-// Event reports progress to the caller (fleet stage reports, live progress).
+// Event reports progress to the caller (live progress, the checkpoints a
+// fleet job records).
 type Event struct {
-	Kind       string // "started", "usage", "checkpoint", "stage"
-	Stage      job.Stage
+	Kind       string // "started", "usage", "checkpoint"
 	Usage      engines.Usage
 	Checkpoint string
 	Engine     string
@@ -268,7 +268,7 @@ func (ru *run) do(ctx context.Context) {
 	if !ru.prepareWorktree(ctx) {
 		return
 	}
-	ru.event(Event{Kind: "started", Stage: job.Building, Engine: ru.eng.Name()})
+	ru.event(Event{Kind: "started", Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.
 	defer ru.checkpoint(ctx)
@@ -614,13 +614,17 @@ func (ru *run) fencedNow(ctx context.Context) bool {
 	return ru.out.Fenced || (ok && r == job.ReasonFenced)
 }
 
+// wall is the job's wall budget, which bounds the engine and verify each.
+func (ru *run) wall() time.Duration {
+	if w := ru.j.Budget.Wall.D(); w > 0 {
+		return w
+	}
+	return job.DefaultWall
+}
+
 // runEngine runs the engine under the wall, USD and token budgets.
 func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
-	j := ru.j
-	wall := j.Budget.Wall.D()
-	if wall <= 0 {
-		wall = job.DefaultWall
-	}
+	j, wall := ru.j, ru.wall()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	runCtx, cancelT := context.WithTimeoutCause(runCtx, wall, job.Stop(job.ReasonTimeout, "wall budget "+wall.String()+" spent"))
@@ -894,11 +898,7 @@ func (ru *run) verify(ctx context.Context) bool {
 	fmt.Fprintf(f, "=== aq job %s attempt %d: verify %q at %s ===\n", ru.j.ID, ru.o.Attempt, cmd, ru.r.now().UTC().Format(time.RFC3339))
 	w := secrets.NewWriter(f, ru.r.Redactor)
 	defer w.Flush()
-	wall := ru.j.Budget.Wall.D()
-	if wall <= 0 {
-		wall = job.DefaultWall
-	}
-	vctx, cancel := context.WithTimeoutCause(ctx, wall, job.Stop(job.ReasonTimeout, "verify ran past the wall budget"))
+	vctx, cancel := context.WithTimeoutCause(ctx, ru.wall(), job.Stop(job.ReasonTimeout, "verify ran past the wall budget"))
 	defer cancel()
 	res, err := process.Run(vctx, process.Spec{
 		Path: "/bin/sh", Args: []string{"-c", cmd}, Dir: ru.wtPath,

@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
@@ -198,7 +199,7 @@ wait
 	}
 	t.Logf("timed out and reaped in %v", time.Since(start))
 	for _, name := range []string{"grandchild.pid", "writer.pid"} {
-		if pid := readPid(t, f.marker(name)); alive(pid) {
+		if pid := readPid(t, f.marker(name)); process.Alive(pid) {
 			t.Errorf("%s: pid %d survived the timeout", name, pid)
 		}
 	}
@@ -485,7 +486,7 @@ func TestStaleWorktreeOfADeadRun(t *testing.T) {
 	if out.Failed() {
 		t.Fatalf("second attempt: %+v", out)
 	}
-	if alive(leftover) {
+	if process.Alive(leftover) {
 		t.Fatalf("the leftover engine (pid %d) is still running", leftover)
 	}
 	seen, err := strconv.Atoi(strings.TrimSpace(testenv.ReadFile(t, f.marker("seen"))))

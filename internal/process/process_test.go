@@ -167,24 +167,6 @@ func mustRun(t *testing.T, ctx context.Context, s process.Spec) process.Result {
 	return res
 }
 
-// alive reports whether pid is a live process (a zombie is dead: it only
-// waits for its parent, which may be a PID 1 that never reaps).
-func alive(pid int) bool {
-	if runtime.GOOS != "linux" {
-		return syscall.Kill(pid, 0) == nil
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	state := b[i+2]
-	return state != 'Z' && state != 'X'
-}
-
 func pidField(t *testing.T, line string, i int) int {
 	t.Helper()
 	f := strings.Fields(line)
@@ -280,26 +262,38 @@ func TestRunEnvironment(t *testing.T) {
 	}
 }
 
-func TestRunStreamsOutput(t *testing.T) {
-	t.Parallel()
-	s := childSpec(t, "ready-sleep")
+// runReady runs s, a "ready-sleep" child, and returns once the child has
+// printed its ready line, with Run's outcome to come and the cancel of its
+// context.
+func runReady(t *testing.T, s process.Spec) (<-chan outcome, context.CancelCauseFunc) {
+	t.Helper()
 	out := newLines()
 	s.Stdout = out
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { cancel(nil) })
 	done := runAsync(ctx, s)
-	// The child sleeps until it is signalled: seeing its line here proves the
-	// writer gets output while the process runs, not when it exits.
 	out.await(t, "ready")
+	return done, cancel
+}
+
+// The child sleeps until it is signalled: seeing its line proves the writer
+// gets output while the process runs, not when it exits. Cancelled without
+// a cause, StopCause is ctx.Err().
+func TestRunStreamsOutput(t *testing.T) {
+	t.Parallel()
+	done, cancel := runReady(t, childSpec(t, "ready-sleep"))
 	select {
 	case o := <-done:
 		t.Fatalf("Run returned before it was cancelled: %+v %v", o.res, o.err)
 	default:
 	}
-	cancel()
+	cancel(nil)
 	o := <-done
 	if o.err != nil || !o.res.Stopped {
 		t.Fatalf("err %v Stopped %v", o.err, o.res.Stopped)
+	}
+	if !errors.Is(o.res.StopCause, context.Canceled) {
+		t.Errorf("StopCause=%v, want context.Canceled", o.res.StopCause)
 	}
 }
 
@@ -347,13 +341,8 @@ func TestRunKillLadder(t *testing.T) {
 			t.Parallel()
 			s := childSpec(t, "ready-sleep", tt.disposition)
 			s.Grace = tt.grace
-			out := newLines()
-			s.Stdout = out
+			done, cancel := runReady(t, s)
 			stop := errors.New("timeout")
-			ctx, cancel := context.WithCancelCause(context.Background())
-			defer cancel(nil)
-			done := runAsync(ctx, s)
-			out.await(t, "ready")
 			cancel(stop)
 			o := <-done
 			if o.err != nil {
@@ -370,23 +359,6 @@ func TestRunKillLadder(t *testing.T) {
 	}
 }
 
-func TestRunStopCauseWithoutCause(t *testing.T) {
-	t.Parallel()
-	s := childSpec(t, "ready-sleep")
-	out := newLines()
-	s.Stdout = out
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := runAsync(ctx, s)
-	out.await(t, "ready")
-	// Without a cause, StopCause is ctx.Err().
-	cancel()
-	o := <-done
-	if !o.res.Stopped || !errors.Is(o.res.StopCause, context.Canceled) {
-		t.Errorf("Stopped=%v StopCause=%v", o.res.Stopped, o.res.StopCause)
-	}
-}
-
 func TestRunKillsGroupMembers(t *testing.T) {
 	t.Parallel()
 	s := childSpec(t, "group-grandchild")
@@ -396,7 +368,7 @@ func TestRunKillsGroupMembers(t *testing.T) {
 	defer cancel()
 	done := runAsync(ctx, s)
 	gc := pidField(t, out.await(t, "gc "), 1)
-	if !alive(gc) {
+	if !process.Alive(gc) {
 		t.Fatalf("grandchild %d not running", gc)
 	}
 	cancel()
@@ -409,7 +381,7 @@ func TestRunKillsGroupMembers(t *testing.T) {
 	if o.res.LadderStep != "SIGINT" || o.res.Signal != "SIGINT" {
 		t.Errorf("step %q signal %q, want SIGINT for both", o.res.LadderStep, o.res.Signal)
 	}
-	if alive(gc) {
+	if process.Alive(gc) {
 		t.Errorf("grandchild %d survived Run", gc)
 	}
 	if o.res.Escaped != 0 {
@@ -456,7 +428,7 @@ func TestRunKillsEscapedTagged(t *testing.T) {
 			if o.res.Escaped != 1 {
 				t.Errorf("Escaped=%d, want 1", o.res.Escaped)
 			}
-			if alive(gc) {
+			if process.Alive(gc) {
 				t.Errorf("escaped grandchild %d survived Run", gc)
 			}
 		})
@@ -492,7 +464,7 @@ func TestRunGroupMemberHoldingStdout(t *testing.T) {
 	if res.ExitCode != 0 || res.Warning != nil {
 		t.Errorf("exit %d Warning %v, want 0 and nil", res.ExitCode, res.Warning)
 	}
-	if alive(gc) {
+	if process.Alive(gc) {
 		t.Errorf("grandchild %d holding stdout survived Run", gc)
 	}
 }
