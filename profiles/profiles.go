@@ -16,6 +16,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -232,7 +233,7 @@ func Parse(file string, data []byte) (Profile, error) {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !contains(job.Engines, v) {
+				if !slices.Contains(job.Engines, v) {
 					d.Addf(f.Line, "use one of: "+strings.Join(job.Engines, ", "), "engine %q is not known", v)
 				}
 				p.Engine = v
@@ -325,13 +326,4 @@ func CheckModel(s string) string {
 		}
 	}
 	return ""
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -42,10 +43,10 @@ func TestEmbedded(t *testing.T) {
 			if p.Source != SourceEmbedded {
 				t.Errorf("source %q", p.Source)
 			}
-			if !contains(job.Engines, p.Engine) {
+			if !slices.Contains(job.Engines, p.Engine) {
 				t.Errorf("engine %q", p.Engine)
 			}
-			if !contains(p.Capabilities, "has:git") {
+			if !slices.Contains(p.Capabilities, "has:git") {
 				t.Errorf("capabilities %v lack has:git", p.Capabilities)
 			}
 			b := p.Budget
@@ -63,7 +64,7 @@ func TestEmbedded(t *testing.T) {
 		})
 	}
 	fe, _ := c.Get("frontend-dev")
-	if !contains(fe.Capabilities, "node:>=20") {
+	if !slices.Contains(fe.Capabilities, "node:>=20") {
 		t.Errorf("frontend-dev capabilities %v lack node:>=20", fe.Capabilities)
 	}
 }
