@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/daemon"
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
 )
 
@@ -357,27 +358,7 @@ func (r *run) printSummary(sum *Summary) {
 	tw.Flush()
 	r.say("")
 	r.say("8. Expected events")
-	for _, c := range sum.Checks {
-		mark := "ok  "
-		if !c.OK {
-			mark = "FAIL"
-		}
-		line := "   " + mark + " " + c.What
-		if c.Note != "" {
-			line += " — " + c.Note
-		}
-		r.say("%s", line)
-	}
+	demo.WriteChecks(r.out, sum.Checks)
 	r.say("")
-	r.say("fleet act: %d of %d checks passed in %s", passed(sum.Checks), len(sum.Checks), time.Since(r.start).Round(100*time.Millisecond))
-}
-
-func passed(cs []Check) int {
-	n := 0
-	for _, c := range cs {
-		if c.OK {
-			n++
-		}
-	}
-	return n
+	r.say("fleet act: %d of %d checks passed in %s", demo.Passed(sum.Checks), len(sum.Checks), time.Since(r.start).Round(100*time.Millisecond))
 }

@@ -38,6 +38,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/process"
 )
@@ -150,21 +151,10 @@ type GCRow struct {
 }
 
 // Check is one expected event.
-type Check struct {
-	What string `json:"what"`
-	OK   bool   `json:"ok"`
-	Note string `json:"note,omitempty"`
-}
+type Check = demo.Check
 
 // Passed reports whether every check passed.
-func (s *Summary) Passed() bool {
-	for _, c := range s.Checks {
-		if !c.OK {
-			return false
-		}
-	}
-	return len(s.Checks) > 0
-}
+func (s *Summary) Passed() bool { return demo.AllPassed(s.Checks) }
 
 // run is one demo run.
 type run struct {
@@ -331,7 +321,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 	// The broker: the Service Bus peer, when Node and its packages are here.
 	peerDir := r.o.PeerDir
 	if peerDir == "" {
-		peerDir = findPeerDir(r.aq)
+		peerDir = demo.FindPeerDir(r.aq)
 	}
 	switch {
 	case r.o.NoBroker:

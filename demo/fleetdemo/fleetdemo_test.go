@@ -5,10 +5,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
@@ -46,7 +48,7 @@ func runDemo(t *testing.T, o Options) (*Summary, string) {
 // peer's packages are installed, the gated poll path otherwise.
 func TestFleetDemo(t *testing.T) {
 	sum, out := runDemo(t, Options{})
-	if peerMissing(os.Environ(), findPeerDir("")) == "" && sum.Path != "broker" {
+	if peerMissing(os.Environ(), demo.FindPeerDir("")) == "" && sum.Path != "broker" {
 		t.Errorf("Node and the peer are installed, but the demo used the %s path (%s)", sum.Path, sum.PathNote)
 	}
 	for _, want := range []string{"kill -9", "the reaper:", "409 Conflict", "aq gc", "Expected events"} {
@@ -97,7 +99,7 @@ func hideFromPath(t *testing.T, env []string, hide ...string) []string {
 			t.Fatal(err)
 		}
 		for _, e := range entries {
-			if contains(hide, e.Name()) {
+			if slices.Contains(hide, e.Name()) {
 				continue
 			}
 			_ = os.Symlink(filepath.Join(dir, e.Name()), filepath.Join(mirror, e.Name()))
@@ -105,13 +107,4 @@ func hideFromPath(t *testing.T, env []string, hide ...string) []string {
 		dirs = append(dirs, mirror)
 	}
 	return append(out, "PATH="+strings.Join(dirs, string(filepath.ListSeparator)))
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

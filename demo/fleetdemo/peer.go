@@ -43,36 +43,6 @@ func peerMissing(env []string, dir string) string {
 	return ""
 }
 
-// findPeerDir finds demo/sbpeer: from the working directory or the aq
-// binary's directory, walking up to the module root (bin/aq's parent in a
-// clone).
-func findPeerDir(aqBin string) string {
-	var starts []string
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	if aqBin != "" {
-		if p, err := filepath.EvalSymlinks(aqBin); err == nil {
-			starts = append(starts, filepath.Dir(p))
-		}
-	}
-	for _, dir := range starts {
-		for {
-			if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module github.com/aqfleet/aq\n")) {
-				if _, err := os.Stat(filepath.Join(dir, "demo", "sbpeer", "sbpeer.js")); err == nil {
-					return filepath.Join(dir, "demo", "sbpeer")
-				}
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				break
-			}
-			dir = parent
-		}
-	}
-	return ""
-}
-
 // startPeer runs the peer with one subscription per factory on topic, each
 // with the correlation rule targetFactoryId = '<factory>'.
 func startPeer(dir, work string, env []string, topic string, factories []string) (*peer, error) {

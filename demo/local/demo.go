@@ -25,6 +25,7 @@ import (
 	agentlocal "github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -63,21 +64,10 @@ type Summary struct {
 }
 
 // Check is one expected event.
-type Check struct {
-	What string `json:"what"`
-	OK   bool   `json:"ok"`
-	Note string `json:"note,omitempty"`
-}
+type Check = demo.Check
 
 // Passed reports whether every check passed.
-func (s *Summary) Passed() bool {
-	for _, c := range s.Checks {
-		if !c.OK {
-			return false
-		}
-	}
-	return len(s.Checks) > 0
-}
+func (s *Summary) Passed() bool { return demo.AllPassed(s.Checks) }
 
 // Run runs the local demo.
 func Run(ctx context.Context, o Options) (*Summary, error) {
@@ -198,17 +188,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	sum.Checks = check(ctx, cfg, sum)
 	say("")
 	say("5. Expected events")
-	for _, c := range sum.Checks {
-		mark := "ok  "
-		if !c.OK {
-			mark = "FAIL"
-		}
-		line := "   " + mark + " " + c.What
-		if c.Note != "" {
-			line += " — " + c.Note
-		}
-		say("%s", line)
-	}
+	demo.WriteChecks(out, sum.Checks)
 	if o.Keep || o.Dir != "" {
 		say("")
 		say("workspace kept: AQ_HOME=%s AQ_REPO_BASE=%s aq status", cfg.Home, cfg.RepoBase)
