@@ -225,14 +225,35 @@ func (f *factory) enroll(ctx context.Context) (*fleet.Credentials, error) {
 		Request: fleet.EnrollRequest{FactoryID: f.id, Capabilities: []string{"os:linux", "engine:script"}, Repos: []string{}, Engines: []string{"script"}, SeatLimit: 1}})
 }
 
-// waitScript is an engine that touches started, writes partial.txt, waits
-// (bounded) for go, then writes result.txt.
-func (wd *world) waitScript(id string) (script, started, goFile string) {
-	started = filepath.Join(wd.dir, id+".started")
+// runWaiting submits job id (ship: ship) whose engine writes partial.txt,
+// then waits (bounded) for goFile before it writes result.txt; it runs f once
+// in the background and returns when the engine has started.
+func (wd *world) runWaiting(ctx context.Context, f *factory, id, ship string) (done <-chan runResult, goFile string, err error) {
+	started := filepath.Join(wd.dir, id+".started")
 	goFile = filepath.Join(wd.dir, id+".go")
-	script = fmt.Sprintf("echo partial > partial.txt\ntouch %s\ni=0\nwhile [ ! -f %s ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\necho result > result.txt",
+	script := fmt.Sprintf("echo partial > partial.txt\ntouch %s\ni=0\nwhile [ ! -f %s ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\necho result > result.txt",
 		shq(started), shq(goFile))
-	return script, started, goFile
+	if err := wd.submit(ctx, id, "repo: app\nengine: script\n"+yamlBlock("script", script)+"\nship: "+ship); err != nil {
+		return nil, "", err
+	}
+	done = f.runOnceBackground(ctx)
+	if err := waitFor(ctx, "the engine to start", func() bool { return fileExists(started) }); err != nil {
+		return nil, "", err
+	}
+	return done, goFile, nil
+}
+
+// takeOver makes factory name and runs it once, for job id that another
+// factory failed: the job's processes now carry this factory's scope too.
+func (wd *world) takeOver(ctx context.Context, name, id string) (*factory, *fleet.Result, error) {
+	f, err := wd.newFactory(ctx, name, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	wd.w.tag(id, f.scope)
+	time.Sleep(10 * time.Millisecond) // the stub's 1ms backoff cap
+	res, err := f.runOnce(ctx)
+	return f, res, err
 }
 
 func fileMode(p string) os.FileMode {

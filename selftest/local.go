@@ -90,6 +90,23 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 	return l, nil
 }
 
+// newLocal is a scenario's set-up: installation name with repositories
+// repos (each with a README, no origin) under its repo base. When it cannot
+// be made the scenario is stopped (setupFailed) and newLocal returns nil.
+func (s *session) newLocal(ctx context.Context, name string, o localOpt, repos ...string) *localSetup {
+	l, err := s.ws.newLocal(name, o)
+	for _, r := range repos {
+		if err == nil {
+			_, _, err = l.repo(ctx, r, nil, false)
+		}
+	}
+	if err != nil {
+		s.setupFailed(err)
+		return nil
+	}
+	return l
+}
+
 // localConfig is the configuration of a throw-away installation.
 func localConfig(home, base string) *config.Config {
 	return &config.Config{
@@ -101,6 +118,9 @@ func localConfig(home, base string) *config.Config {
 
 // id is a job id of this run, tagged with this installation's scope.
 func (l *localSetup) id(name string) string { return l.w.id(name, l.scope) }
+
+// repoDir is where repository name is (or goes) under the repo base.
+func (l *localSetup) repoDir(name string) string { return filepath.Join(l.base, name) }
 
 // repo makes a repository under the installation's repo base.
 func (l *localSetup) repo(ctx context.Context, name string, files map[string]string, origin bool) (string, string, error) {

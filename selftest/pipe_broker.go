@@ -19,6 +19,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
@@ -82,7 +83,7 @@ func runBroker(ctx context.Context, s *session) {
 		st, err = startStub(ctx, coord.Options{}, "127.0.0.1:0")
 	}
 	if err != nil {
-		s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		s.setupFailed(err)
 		return
 	}
 	wd.st = st
@@ -105,7 +106,7 @@ func runBroker(ctx context.Context, s *session) {
 		misc, err = client.NewSender(miscTopic, nil)
 	}
 	if err != nil {
-		s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		s.setupFailed(err)
 		return
 	}
 	publish := func(ctx context.Context, snd *azservicebus.Sender, id, target string) error {
@@ -320,31 +321,9 @@ func findPeerDir(explicit string) (string, string) {
 		}
 		return "", "no sbpeer.js in " + explicit
 	}
-	var starts []string
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	if exe, err := os.Executable(); err == nil {
-		if real, err := filepath.EvalSymlinks(exe); err == nil {
-			exe = real
-		}
-		starts = append(starts, filepath.Dir(exe))
-	}
-	for _, dir := range starts {
-		for {
-			b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-			if err == nil && bytes.Contains(b, []byte("module github.com/aqfleet/aq\n")) {
-				p := filepath.Join(dir, "demo", "sbpeer")
-				if fileExists(filepath.Join(p, "sbpeer.js")) {
-					return p, ""
-				}
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				break
-			}
-			dir = parent
-		}
+	exe, _ := os.Executable()
+	if dir := demo.FindPeerDir(exe); dir != "" {
+		return dir, ""
 	}
 	return "", "the local AMQP peer (demo/sbpeer) is part of aq's source tree, which is not here: run aq selftest from a checkout (make test) to include the broker checks"
 }

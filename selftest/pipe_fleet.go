@@ -19,12 +19,12 @@ import (
 func fleetSetup(ctx context.Context, s *session, name string, o coord.Options) (*world, func()) {
 	wd, err := s.ws.newWorld(ctx, name, "app")
 	if err != nil {
-		s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		s.setupFailed(err)
 		return nil, nil
 	}
 	st, err := startStub(ctx, o, "127.0.0.1:0")
 	if err != nil {
-		s.stop = &Result{Status: Fail, Reason: "set-up: the coordinator stub: " + err.Error()}
+		s.setupFailed(fmt.Errorf("the coordinator stub: %w", err))
 		return nil, nil
 	}
 	wd.st = st
@@ -216,12 +216,8 @@ func fleetFenceScenario() *scenario {
 				return "", err
 			}
 			id = f.jobID("victim")
-			script, started, _ := wd.waitScript(id)
-			if err := wd.submit(ctx, id, "repo: app\nengine: script\n"+yamlBlock("script", script)+"\nship: branch"); err != nil {
-				return "", err
-			}
-			done := f.runOnceBackground(ctx)
-			if err := waitFor(ctx, "the engine to start", func() bool { return fileExists(started) }); err != nil {
+			done, _, err := wd.runWaiting(ctx, f, id, "branch")
+			if err != nil {
 				return "", err
 			}
 			if _, err := wd.st.Action(id, "requeue"); err != nil {
@@ -321,13 +317,7 @@ func fleetFailScenario() *scenario {
 			return
 		}
 		s.step(ctx, "pipeline.fleet.dead-letter", 30*time.Second, func(ctx context.Context) (string, error) {
-			f2, err := wd.newFactory(ctx, "selftest-second", nil)
-			if err != nil {
-				return "", err
-			}
-			s.ws.tag(id, f2.scope)
-			time.Sleep(10 * time.Millisecond) // the stub's 1ms backoff cap
-			res, err := f2.runOnce(ctx)
+			_, res, err := wd.takeOver(ctx, "selftest-second", id)
 			if err != nil {
 				return "", err
 			}
@@ -371,13 +361,13 @@ func fleetSpoolScenario() *scenario {
 	}, run: func(ctx context.Context, s *session) {
 		wd, err := s.ws.newWorld(ctx, "fleet-spool", "app")
 		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+			s.setupFailed(err)
 			return
 		}
 		opts := coord.Options{StateFile: filepath.Join(wd.dir, "coord.json"), LeaseTTL: time.Minute, FailRate: 1, FaultRoutes: []string{coord.RoutePatch}}
 		st1, err := startStub(ctx, opts, "127.0.0.1:0")
 		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+			s.setupFailed(err)
 			return
 		}
 		wd.st = st1
@@ -389,12 +379,8 @@ func fleetSpoolScenario() *scenario {
 				return "", err
 			}
 			id = f.jobID("durable")
-			script, started, goFile := wd.waitScript(id)
-			if err := wd.submit(ctx, id, "repo: app\nengine: script\n"+yamlBlock("script", script)+"\nship: none"); err != nil {
-				return "", err
-			}
-			done := f.runOnceBackground(ctx)
-			if err := waitFor(ctx, "the engine to start", func() bool { return fileExists(started) }); err != nil {
+			done, goFile, err := wd.runWaiting(ctx, f, id, "none")
+			if err != nil {
 				return "", err
 			}
 			st1.kill() // the coordinator dies mid-job
@@ -553,13 +539,7 @@ func fleetResumeScenario() *scenario {
 			return
 		}
 		s.step(ctx, "pipeline.fleet.resume-other-host", 30*time.Second, func(ctx context.Context) (string, error) {
-			f2, err := wd.newFactory(ctx, "selftest-host-b", nil)
-			if err != nil {
-				return "", err
-			}
-			s.ws.tag(id, f2.scope)
-			time.Sleep(10 * time.Millisecond) // the stub's 1ms backoff cap
-			res, err := f2.runOnce(ctx)
+			f2, res, err := wd.takeOver(ctx, "selftest-host-b", id)
 			if err != nil {
 				return "", err
 			}

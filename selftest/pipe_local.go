@@ -282,15 +282,8 @@ func locksScenario() *scenario {
 		check(g, "pipeline.locks.same-repo", "a job on a repository whose lock is held waits for it, then runs"),
 		check(g, "pipeline.locks.other-repo", "a job on another repository runs meanwhile (repos run in parallel)"),
 	}, run: func(ctx context.Context, s *session) {
-		l, err := s.ws.newLocal("locks", localOpt{})
-		if err == nil {
-			_, _, err = l.repo(ctx, "one", nil, false)
-		}
-		if err == nil {
-			_, _, err = l.repo(ctx, "two", nil, false)
-		}
-		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		l := s.newLocal(ctx, "locks", localOpt{}, "one", "two")
+		if l == nil {
 			return
 		}
 		script := func(id string) string {
@@ -392,12 +385,8 @@ func failuresScenario() *scenario {
 		check(g, "pipeline.fail.engine-unavailable", "an engine that reports itself unavailable fails engine_unavailable and is retried later"),
 		check(g, "pipeline.fail.capability", "a job this host lacks a capability for stays queued, and the reason is explained"),
 	}, run: func(ctx context.Context, s *session) {
-		l, err := s.ws.newLocal("failures", localOpt{})
-		if err == nil {
-			_, _, err = l.repo(ctx, "app", nil, false)
-		}
-		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		l := s.newLocal(ctx, "failures", localOpt{}, "app")
+		if l == nil {
 			return
 		}
 		s.step(ctx, "pipeline.fail.no-engine", 20*time.Second, func(ctx context.Context) (string, error) {

@@ -32,15 +32,11 @@ func retryScenario() *scenario {
 		now := time.Now().UTC()
 		clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 		advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-		l, err := s.ws.newLocal("retry", localOpt{clock: clock})
-		var repo string
-		if err == nil {
-			repo, _, err = l.repo(ctx, "app", nil, false)
-		}
-		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		l := s.newLocal(ctx, "retry", localOpt{clock: clock}, "app")
+		if l == nil {
 			return
 		}
+		repo := l.repoDir("app")
 		flaky := l.id("flaky")
 		twoSteps := "if [ -f step-1.txt ]; then echo two > step-2.txt; else echo one > step-1.txt; echo 'failing after step 1' >&2; exit 1; fi"
 		if !s.step(ctx, "pipeline.retry.backoff", 20*time.Second, func(ctx context.Context) (string, error) {
@@ -117,15 +113,11 @@ func budgetScenario() *scenario {
 		check(g, "pipeline.budget.tokens", "a token budget stops an engine whose ::aq-usage goes over it (budget_exceeded), work checkpointed"),
 		check(g, "pipeline.budget.usd", "a USD budget stops an engine whose reported cost goes over it (budget_exceeded)"),
 	}, run: func(ctx context.Context, s *session) {
-		l, err := s.ws.newLocal("budget", localOpt{})
-		var repo string
-		if err == nil {
-			repo, _, err = l.repo(ctx, "app", nil, false)
-		}
-		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		l := s.newLocal(ctx, "budget", localOpt{}, "app")
+		if l == nil {
 			return
 		}
+		repo := l.repoDir("app")
 		s.step(ctx, "pipeline.budget.wall", 30*time.Second, func(ctx context.Context) (string, error) {
 			id := l.id("wall")
 			pidFile := l.markFile("wall-grandchild.pid")
@@ -209,12 +201,8 @@ func secretsScenario() *scenario {
 			"AQ_SB_CONNECTION_STRING=Endpoint=sb://127.0.0.1;SharedAccessKeyName=selftest;SharedAccessKey=" + sbKey,
 			"SELFTEST_API_TOKEN=" + apiTok,
 		}
-		l, err := s.ws.newLocal("secrets", localOpt{env: extra})
-		if err == nil {
-			_, _, err = l.repo(ctx, "app", nil, false)
-		}
-		if err != nil {
-			s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+		l := s.newLocal(ctx, "secrets", localOpt{env: extra}, "app")
+		if l == nil {
 			return
 		}
 		id := l.id("secrets")

@@ -153,6 +153,12 @@ func (s *session) step(ctx context.Context, name string, timeout time.Duration, 
 
 func (s *session) record(r Result) { s.rec.add(r) }
 
+// setupFailed ends the scenario before its first check: each check it
+// declares fails, "not run: set-up: " and why.
+func (s *session) setupFailed(err error) {
+	s.stop = &Result{Status: Fail, Reason: "set-up: " + err.Error()}
+}
+
 // pending reports whether a selected check of the scenario has no result yet.
 func (s *session) pending() bool {
 	for _, c := range s.sc.checks {

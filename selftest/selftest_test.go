@@ -14,6 +14,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
 )
@@ -32,20 +33,6 @@ func hostConfig(t *testing.T) *config.Config {
 		t.Fatal(err)
 	}
 	return cfg
-}
-
-// sbpeerReady reports whether the local AMQP peer can run here (the broker
-// checks must then pass, not skip).
-func sbpeerReady() bool {
-	if _, err := os.Stat("../demo/sbpeer/node_modules/rhea/package.json"); err != nil {
-		return false
-	}
-	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
-		if fi, err := os.Stat(filepath.Join(d, "node")); err == nil && !fi.IsDir() {
-			return true
-		}
-	}
-	return false
 }
 
 var namePattern = regexp.MustCompile(`^(host|pipeline)\.[a-z0-9]+(?:[.-][a-z0-9]+)*$`)
@@ -111,7 +98,7 @@ func TestRunAllPassOrSkip(t *testing.T) {
 	if rep.Counts.Total != len(Catalog()) || len(rep.Checks) != len(Catalog()) {
 		t.Fatalf("%d results for %d checks", len(rep.Checks), len(Catalog()))
 	}
-	broker := sbpeerReady()
+	broker := sbpeertest.Missing() == "" // the broker checks must then pass, not skip
 	for _, r := range rep.Checks {
 		t.Logf("%-4s %-36s %6dms %s", r.Status, r.Name, r.DurationMS, r.Reason)
 		switch {
@@ -190,7 +177,7 @@ func TestGitMissingFails(t *testing.T) {
 	cfg := hostConfig(t)
 	bin := t.TempDir()
 	for _, tool := range []string{"sh", "sleep"} {
-		if p, err := lookPathOS(tool); err == nil {
+		if p, err := exec.LookPath(tool); err == nil {
 			if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
 				t.Fatal(err)
 			}
@@ -381,16 +368,6 @@ func TestNoTestingInBinary(t *testing.T) {
 			t.Errorf("the aq binary depends on %s", p)
 		}
 	}
-}
-
-func lookPathOS(name string) (string, error) {
-	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
-		p := filepath.Join(d, name)
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
-			return p, nil
-		}
-	}
-	return "", os.ErrNotExist
 }
 
 // withEnv returns env with each KEY=value of set replacing its key.
