@@ -184,13 +184,6 @@ func printCaps(w io.Writer, h *caps.Host) error {
 	return tw.Flush()
 }
 
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 // wrapWords joins words with spaces, breaking with sep before a line would
 // exceed width.
 func wrapWords(words []string, width int, sep string) string {

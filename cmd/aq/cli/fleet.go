@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -100,19 +98,11 @@ func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	o := r.Outcome
 	switch {
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:
-		fmt.Fprintf(f.IO.Err, "aq: job %s %s (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", r.JobID, "stopped", o.Reason, o.Detail, r.JobID)
+		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", r.JobID, o.Reason, o.Detail, r.JobID)
 	case o.Failed():
 		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.Report)
 	default:
-		in := o.Insights
-		what := "no changes"
-		if o.Branch != "" {
-			what = fmt.Sprintf("%s, %d files +%d/-%d", o.Branch, in.FilesChanged, in.LinesAdded, in.LinesDeleted)
-		}
-		if o.PRURL != "" {
-			what += ", PR " + o.PRURL
-		}
-		fmt.Fprintf(f.IO.Out, "job %s: %s (%s; engine %s, %s; epoch %d, report %s)\n", r.JobID, r.Stage, what, in.Engine, time.Duration(in.WallMS)*time.Millisecond, r.LeaseEpoch, r.Report)
+		fmt.Fprintf(f.IO.Out, "job %s: %s (%s; epoch %d, report %s)\n", r.JobID, r.Stage, shippedText(o), r.LeaseEpoch, r.Report)
 	}
 }
 
@@ -131,31 +121,9 @@ func runFleetSubmit(ctx context.Context, f *Factory, opts *submitOptions) error 
 	if err != nil {
 		return err
 	}
-	type parsed struct {
-		file string
-		j    *job.Job
-		raw  []byte
-	}
-	var jobs []parsed
-	bad := 0
-	for _, file := range opts.Files {
-		raw, err := os.ReadFile(file)
-		if err != nil {
-			fmt.Fprintf(f.IO.Err, "%s: cannot read: %v\n", file, errors.Unwrap(err))
-			bad++
-			continue
-		}
-		j, err := manifest.Parse(file, raw, cat)
-		if err != nil {
-			printManifestErrors(f, file, err)
-			bad++
-			continue
-		}
-		jobs = append(jobs, parsed{file, j, raw})
-	}
-	if bad > 0 {
-		fmt.Fprintf(f.IO.Err, "aq: %d of %d manifests are invalid; nothing was submitted (fix the lines above, `aq validate` checks without submitting)\n", bad, len(opts.Files))
-		return &aqerr.Silent{Code: aqerr.Usage}
+	ms, err := readManifests(f, opts.Files, func(file string, raw []byte) (*job.Job, error) { return manifest.Parse(file, raw, cat) })
+	if err != nil {
+		return err
 	}
 	c, err := fleet.NewClientFromConfig(cfg, f.Logger(), f.Redactor(), nil, nil)
 	if err != nil {
@@ -164,43 +132,22 @@ func runFleetSubmit(ctx context.Context, f *Factory, opts *submitOptions) error 
 	if _, err := fleet.EnsureEnrolled(ctx, c, fleet.EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, NoEnroll: true, Log: f.Logger()}); err != nil {
 		return fleetError(err)
 	}
-	var out []submitted
-	var firstErr error
-	for _, p := range jobs {
-		a, err := c.Submit(ctx, p.j, p.raw)
+	where := func(s job.Stage) string { return "the fleet (" + s.FleetName() + ")" }
+	return submitEach(f, opts, ms, where, func(m manifestFile) (submitted, error) {
+		a, err := c.Submit(ctx, m.j, m.raw)
 		if err != nil {
 			err = fleetError(err)
-			fmt.Fprintf(f.IO.Err, "aq: %s: %s\n", p.file, aqerr.Message(err))
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
+			return submitted{}, aqerr.Wrap(aqerr.ExitCode(err), err, m.file+": "+aqerr.Message(err), "")
 		}
 		stage := job.StageFromFleet(a.Stage)
 		if a.Stage == "" {
 			stage = job.Inbox
 		}
-		if a.Duplicate && a.JobID != p.j.ID {
-			fmt.Fprintf(f.IO.Err, "aq: %s: job %s duplicates job %s in the fleet (idempotencyKey %q); not submitted again\n", p.file, p.j.ID, a.JobID, p.j.IdempotencyKey)
+		if a.Duplicate && a.JobID != m.j.ID {
+			fmt.Fprintf(f.IO.Err, "aq: %s: job %s duplicates job %s in the fleet (idempotencyKey %q); not submitted again\n", m.file, m.j.ID, a.JobID, m.j.IdempotencyKey)
 		}
-		out = append(out, submitted{ID: a.JobID, Stage: stage, File: p.file})
-	}
-	if opts.JSON {
-		if out == nil {
-			out = []submitted{}
-		}
-		if err := writeJSON(f.IO.Out, out); err != nil {
-			return err
-		}
-	} else {
-		for _, s := range out {
-			fmt.Fprintf(f.IO.Out, "submitted %s to the fleet (%s)\n", s.ID, job.Stage(s.Stage).FleetName())
-		}
-	}
-	if firstErr != nil {
-		return &aqerr.Silent{Code: aqerr.ExitCode(firstErr)}
-	}
-	return nil
+		return submitted{ID: a.JobID, Stage: stage, File: m.file}, nil
+	})
 }
 
 // shadowHook is shadow mode in the local `aq run` loop; nil when off.
@@ -298,10 +245,17 @@ func fleetStatus(cfg *config.Config, now time.Time) *FleetStatus {
 	if c, err := fleet.LoadShadowCounts(fleet.ShadowFile(cfg.StateDir())); err == nil {
 		st.Shadow = c
 	}
-	if sp, err := openSpoolIfAny(cfg.SpoolDir()); sp != nil && err == nil {
-		st.Spool, st.SpoolDead = sp.Depth(), len(sp.Dead())
+	if dir := cfg.SpoolDir(); exists(dir) {
+		if sp, err := fleet.OpenSpool(dir); err == nil {
+			st.Spool, st.SpoolDead = sp.Depth(), len(sp.Dead())
+		}
 	}
-	recs := readJobRecords(filepath.Join(cfg.StateDir(), "jobs"))
+	var recs []jobstate.Record
+	if dir := filepath.Join(cfg.StateDir(), "jobs"); exists(dir) {
+		if s, err := jobstate.Open(dir); err == nil {
+			recs, _ = s.List()
+		}
+	}
 	for _, r := range recs {
 		fj := FleetJob{ID: r.ID, Repo: r.Repo, Stage: r.Stage, Reason: r.Reason, LeaseEpoch: r.LeaseEpoch, Fenced: r.Fenced, Engine: r.Engine, PID: r.PID}
 		if r.Running() {
@@ -359,23 +313,4 @@ func printFleetStatus(f *Factory, st *FleetStatus) {
 		}
 		fmt.Fprintln(w)
 	}
-}
-
-func openSpoolIfAny(dir string) (*fleet.Spool, error) {
-	if _, err := os.Stat(dir); err != nil {
-		return nil, err
-	}
-	return fleet.OpenSpool(dir)
-}
-
-func readJobRecords(dir string) []jobstate.Record {
-	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	st, err := jobstate.Open(dir)
-	if err != nil {
-		return nil
-	}
-	recs, _ := st.List()
-	return recs
 }

@@ -7,22 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-// gcGit runs git for the test's setup with a fixed identity and no host
-// configuration.
-func gcGit(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=T", "GIT_AUTHOR_EMAIL=t@e", "GIT_COMMITTER_NAME=T", "GIT_COMMITTER_EMAIL=t@e")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
+	"github.com/aqfleet/aq/internal/testenv"
+)
 
 func TestGCCommand(t *testing.T) {
 	dir := cleanEnv(t)
@@ -35,27 +22,29 @@ func TestGCCommand(t *testing.T) {
 	t.Setenv("AQ_REPO_BASE", base)
 	repo := filepath.Join(base, "shop")
 	origin := filepath.Join(dir, "origin.git")
-	gcGit(t, "", "init", "-q", "-b", "main", repo)
-	gcGit(t, repo, "commit", "-q", "--allow-empty", "-m", "init")
-	gcGit(t, "", "init", "-q", "--bare", "-b", "main", origin)
-	gcGit(t, repo, "remote", "add", "origin", origin)
+	testenv.Git(t, "", "init", "-q", "-b", "main", repo)
+	testenv.Git(t, repo, "commit", "-q", "--allow-empty", "-m", "init")
+	testenv.Git(t, "", "init", "-q", "--bare", "-b", "main", origin)
+	testenv.Git(t, repo, "remote", "add", "origin", origin)
 	for _, b := range []string{"aq/job/merged", "aq/job/protected", "aq/job/open", "feature"} {
-		gcGit(t, repo, "branch", b, "main")
+		testenv.Git(t, repo, "branch", b, "main")
 	}
-	gcGit(t, repo, "checkout", "-q", "aq/job/open")
+	testenv.Git(t, repo, "checkout", "-q", "aq/job/open")
 	if err := os.WriteFile(filepath.Join(repo, "open.txt"), []byte("open\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	gcGit(t, repo, "add", "open.txt")
-	gcGit(t, repo, "commit", "-q", "-m", "open work")
-	gcGit(t, repo, "checkout", "-q", "main")
-	gcGit(t, repo, "push", "-q", "origin", "main", "aq/job/merged", "aq/job/protected", "aq/job/open", "feature")
+	testenv.Git(t, repo, "add", "open.txt")
+	testenv.Git(t, repo, "commit", "-q", "-m", "open work")
+	testenv.Git(t, repo, "checkout", "-q", "main")
+	testenv.Git(t, repo, "push", "-q", "origin", "main", "aq/job/merged", "aq/job/protected", "aq/job/open", "feature")
 	// origin refuses to delete one branch (a protected branch, a hook).
 	hook := filepath.Join(origin, "hooks", "update")
 	if err := os.WriteFile(hook, []byte("#!/bin/sh\n[ \"$1\" = refs/heads/aq/job/protected ] && [ \"$3\" = 0000000000000000000000000000000000000000 ] && { echo protected >&2; exit 1; }\nexit 0\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	refsOf := func(dir string) string { return gcGit(t, dir, "for-each-ref", "--format=%(refname)", "refs/heads/") }
+	refsOf := func(dir string) string {
+		return testenv.Git(t, dir, "for-each-ref", "--format=%(refname)", "refs/heads/")
+	}
 	before := refsOf(repo)
 
 	// --dry-run: every action and why; nothing changes.
@@ -130,7 +119,7 @@ func TestGCCommand(t *testing.T) {
 	if rep.Kept["jobBranches"] != 1 || rep.Kept["remoteRefs"] != 1 {
 		t.Errorf("kept %v", rep.Kept)
 	}
-	gcGit(t, repo, "branch", "aq/job/done", "main")
+	testenv.Git(t, repo, "branch", "aq/job/done", "main")
 	_, errOut, code = runAQ(t, "gc", "--verbose")
 	if code != 0 || !strings.Contains(errOut, "gc: deleted") || !strings.Contains(errOut, "aq/job/done") {
 		t.Errorf("--verbose: exit %d stderr %q", code, errOut)

@@ -23,3 +23,11 @@ func table(w io.Writer) *tabwriter.Writer {
 func writeJSONLine(w io.Writer, v any) error {
 	return json.NewEncoder(w).Encode(v)
 }
+
+// orDash shows an unset field as "-" in human output.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

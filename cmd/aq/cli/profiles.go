@@ -67,8 +67,8 @@ func runProfilesList(f *Factory, opts *profilesListOptions) error {
 	tw := table(f.IO.Out)
 	fmt.Fprintln(tw, "NAME\tENGINE\tMODEL\tCAPABILITIES\tBUDGET\tSOURCE")
 	for _, p := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, dashIfEmpty(p.Engine), dashIfEmpty(p.Model),
-			dashIfEmpty(strings.Join(p.Capabilities, ",")), budgetSummary(p.Budget), p.Source)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, orDash(p.Engine), orDash(p.Model),
+			orDash(strings.Join(p.Capabilities, ",")), budgetSummary(p.Budget), p.Source)
 	}
 	return tw.Flush()
 }
@@ -116,9 +116,9 @@ func runProfilesShow(f *Factory, opts *profilesShowOptions) error {
 	}
 	tw := table(f.IO.Out)
 	fmt.Fprintf(tw, "name:\t%s\n", p.Name)
-	fmt.Fprintf(tw, "engine:\t%s\n", dashIfEmpty(p.Engine))
-	fmt.Fprintf(tw, "model:\t%s\n", dashIfEmpty(p.Model))
-	fmt.Fprintf(tw, "capabilities:\t%s\n", dashIfEmpty(strings.Join(p.Capabilities, ", ")))
+	fmt.Fprintf(tw, "engine:\t%s\n", orDash(p.Engine))
+	fmt.Fprintf(tw, "model:\t%s\n", orDash(p.Model))
+	fmt.Fprintf(tw, "capabilities:\t%s\n", orDash(strings.Join(p.Capabilities, ", ")))
 	fmt.Fprintf(tw, "budget:\t%s\n", budgetSummary(p.Budget))
 	fmt.Fprintf(tw, "source:\t%s\n", p.Source)
 	if err := tw.Flush(); err != nil {
@@ -126,14 +126,6 @@ func runProfilesShow(f *Factory, opts *profilesShowOptions) error {
 	}
 	_, err = fmt.Fprintf(f.IO.Out, "\n%s\n", p.Persona)
 	return err
-}
-
-// dashIfEmpty shows an unset field as "-" in tables.
-func dashIfEmpty(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // budgetSummary renders a budget compactly ("wall=45m usd=5 tokens=2000000

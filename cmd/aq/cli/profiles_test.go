@@ -9,7 +9,7 @@ import (
 
 func TestProfilesList(t *testing.T) {
 	manifestEnv(t)
-	out, errOut, code := aq(t, "profiles", "list")
+	out, errOut, code := runAQ(t, "profiles", "list")
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d stderr %q", code, errOut)
 	}
@@ -31,7 +31,7 @@ func TestProfilesList(t *testing.T) {
 func TestProfilesListJSON(t *testing.T) {
 	home, _ := manifestEnv(t)
 	override := writeFile(t, filepath.Join(home, "profiles", "reviewer.md"), "---\nengine: claude\nmodel: claude-opus-4-1\n---\nStrict.\n")
-	out, errOut, code := aq(t, "profiles", "list", "--json")
+	out, errOut, code := runAQ(t, "profiles", "list", "--json")
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d stderr %q", code, errOut)
 	}
@@ -61,7 +61,7 @@ func TestProfilesListJSON(t *testing.T) {
 
 func TestProfilesShow(t *testing.T) {
 	manifestEnv(t)
-	out, errOut, code := aq(t, "profiles", "show", "test-fixer")
+	out, errOut, code := runAQ(t, "profiles", "show", "test-fixer")
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d stderr %q", code, errOut)
 	}
@@ -71,7 +71,7 @@ func TestProfilesShow(t *testing.T) {
 		}
 	}
 
-	out, _, code = aq(t, "profiles", "show", "docs-writer", "--json")
+	out, _, code = runAQ(t, "profiles", "show", "docs-writer", "--json")
 	var p map[string]any
 	if code != 0 || json.Unmarshal([]byte(out), &p) != nil {
 		t.Fatalf("exit %d: %s", code, out)
@@ -94,12 +94,12 @@ func TestProfilesUsageErrors(t *testing.T) {
 		{[]string{"profiles", "list", "extra"}, `aq: `},
 		{[]string{"profiles", "nope"}, `aq: unknown command "nope" for aq profiles`},
 	} {
-		out, errOut, code := aq(t, tc.args...)
+		out, errOut, code := runAQ(t, tc.args...)
 		if code != 2 || out != "" || !strings.HasPrefix(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: exit %d stdout %q stderr %q, want exit 2 and %q", tc.args, code, out, errOut, tc.want)
 		}
 	}
-	out, _, code := aq(t, "profiles")
+	out, _, code := runAQ(t, "profiles")
 	if code != 0 || !strings.Contains(out, "aq profiles [command]") {
 		t.Errorf("bare 'aq profiles': exit %d\n%s", code, out)
 	}
@@ -108,7 +108,7 @@ func TestProfilesUsageErrors(t *testing.T) {
 func TestProfilesBrokenOverride(t *testing.T) {
 	home, _ := manifestEnv(t)
 	bad := writeFile(t, filepath.Join(home, "profiles", "x.md"), "---\nname: y\n---\nP.\n")
-	out, errOut, code := aq(t, "profiles", "list")
+	out, errOut, code := runAQ(t, "profiles", "list")
 	if code != 2 || out != "" || !strings.HasPrefix(errOut, bad+`:2: name "y" does not match the file name "x.md"`) {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}

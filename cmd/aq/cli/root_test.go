@@ -33,8 +33,14 @@ func cleanEnv(t *testing.T) string {
 // runAQ runs one aq command line in-process and returns its output and code.
 func runAQ(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runAQContext(t, context.Background(), args...)
+}
+
+// runAQContext is runAQ under ctx.
+func runAQContext(t *testing.T, ctx context.Context, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	var out, errb bytes.Buffer
-	code = Run(context.Background(), args, IO{In: strings.NewReader(""), Out: &out, Err: &errb})
+	code = Run(ctx, args, IO{In: strings.NewReader(""), Out: &out, Err: &errb})
 	return out.String(), errb.String(), code
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -135,6 +136,12 @@ func printResult(f *Factory, opts *runOptions, r *local.Result) {
 		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; it is now in %s (see `aq job show %s`)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.JobID)
 		return
 	}
+	fmt.Fprintf(f.IO.Out, "job %s: %s (%s)\n", r.JobID, r.Stage, shippedText(o))
+}
+
+// shippedText sums up a finished job for its result line: the branch and
+// its diff (or "no changes"), the PR, the engine and the wall time.
+func shippedText(o runner.Outcome) string {
 	in := o.Insights
 	what := "no changes"
 	if o.Branch != "" {
@@ -143,5 +150,5 @@ func printResult(f *Factory, opts *runOptions, r *local.Result) {
 	if o.PRURL != "" {
 		what += ", PR " + o.PRURL
 	}
-	fmt.Fprintf(f.IO.Out, "job %s: %s (%s; engine %s, %s)\n", r.JobID, r.Stage, what, in.Engine, time.Duration(in.WallMS)*time.Millisecond)
+	return fmt.Sprintf("%s; engine %s, %s", what, in.Engine, time.Duration(in.WallMS)*time.Millisecond)
 }

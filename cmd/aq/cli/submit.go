@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/job"
-	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
@@ -54,76 +53,86 @@ func runSubmit(f *Factory, opts *submitOptions) error {
 	if err != nil {
 		return err
 	}
-	// Validate everything first: a bad file must not leave half a batch queued.
-	type parsed struct {
-		file string
-		j    *job.Job
-		raw  []byte
+	ms, err := readManifests(f, opts.Files, func(file string, _ []byte) (*job.Job, error) { return a.Parse(file) })
+	if err != nil {
+		return err
 	}
-	var jobs []parsed
+	return submitEach(f, opts, ms, func(s job.Stage) string { return string(s) }, func(m manifestFile) (submitted, error) {
+		st, err := a.Queue.Submit(m.j, m.raw)
+		if err != nil {
+			var dup *queue.DuplicateError
+			if errors.As(err, &dup) {
+				err = aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("%s: job %s duplicates job %s (idempotencyKey %q, in %s)", m.file, m.j.ID, dup.ExistingID, dup.Key, dup.Stage), "see `aq job show "+dup.ExistingID+"`")
+			}
+			return submitted{}, err
+		}
+		return submitted{ID: st.ID, Stage: st.Stage, File: m.file}, nil
+	})
+}
+
+// manifestFile is one manifest read and validated for submission.
+type manifestFile struct {
+	file string
+	j    *job.Job
+	raw  []byte
+}
+
+// readManifests reads and validates every file before anything is
+// submitted: a bad file must not leave half a batch queued. Each problem is
+// printed on stderr; any bad file is a usage error (exit 2).
+func readManifests(f *Factory, files []string, parse func(file string, raw []byte) (*job.Job, error)) ([]manifestFile, error) {
+	var ms []manifestFile
 	bad := 0
-	for _, file := range opts.Files {
+	for _, file := range files {
 		raw, err := os.ReadFile(file)
 		if err != nil {
 			fmt.Fprintf(f.IO.Err, "%s: cannot read: %v\n", file, errors.Unwrap(err))
 			bad++
 			continue
 		}
-		j, err := a.Parse(file)
+		j, err := parse(file, raw)
 		if err != nil {
-			printManifestErrors(f, file, err)
+			printProblems(f, err)
 			bad++
 			continue
 		}
-		jobs = append(jobs, parsed{file, j, raw})
+		ms = append(ms, manifestFile{file, j, raw})
 	}
 	if bad > 0 {
-		fmt.Fprintf(f.IO.Err, "aq: %d of %d manifests are invalid; nothing was submitted (fix the lines above, `aq validate` checks without submitting)\n", bad, len(opts.Files))
-		return &aqerr.Silent{Code: aqerr.Usage}
+		fmt.Fprintf(f.IO.Err, "aq: %d of %d manifests are invalid; nothing was submitted (fix the lines above, `aq validate` checks without submitting)\n", bad, len(files))
+		return nil, &aqerr.Silent{Code: aqerr.Usage}
 	}
-	var out []submitted
+	return ms, nil
+}
+
+// submitEach submits each manifest, prints each refusal on stderr and the
+// accepted jobs on stdout ("submitted ID to " + where(stage), or --json);
+// the exit code is the first refusal's.
+func submitEach(f *Factory, opts *submitOptions, ms []manifestFile, where func(job.Stage) string, submit func(manifestFile) (submitted, error)) error {
+	out := []submitted{}
 	var firstErr error
-	for _, p := range jobs {
-		st, err := a.Queue.Submit(p.j, p.raw)
+	for _, m := range ms {
+		s, err := submit(m)
 		if err != nil {
-			var dup *queue.DuplicateError
-			if errors.As(err, &dup) {
-				err = aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("%s: job %s duplicates job %s (idempotencyKey %q, in %s)", p.file, p.j.ID, dup.ExistingID, dup.Key, dup.Stage), "see `aq job show "+dup.ExistingID+"`")
-			}
 			fmt.Fprintln(f.IO.Err, "aq: "+aqerr.Message(err))
 			if firstErr == nil {
 				firstErr = err
 			}
 			continue
 		}
-		out = append(out, submitted{ID: st.ID, Stage: st.Stage, File: p.file})
+		out = append(out, s)
 	}
 	if opts.JSON {
-		if out == nil {
-			out = []submitted{}
-		}
 		if err := writeJSON(f.IO.Out, out); err != nil {
 			return err
 		}
 	} else {
 		for _, s := range out {
-			fmt.Fprintf(f.IO.Out, "submitted %s to %s\n", s.ID, s.Stage)
+			fmt.Fprintf(f.IO.Out, "submitted %s to %s\n", s.ID, where(s.Stage))
 		}
 	}
 	if firstErr != nil {
 		return &aqerr.Silent{Code: aqerr.ExitCode(firstErr)}
 	}
 	return nil
-}
-
-// printManifestErrors prints each manifest error on its own FILE:LINE line.
-func printManifestErrors(f *Factory, file string, err error) {
-	var errs manifest.Errors
-	if errors.As(err, &errs) {
-		for _, e := range errs {
-			fmt.Fprintln(f.IO.Err, e.Error())
-		}
-		return
-	}
-	fmt.Fprintf(f.IO.Err, "%s: %s\n", file, aqerr.Message(err))
 }

@@ -1,33 +1,22 @@
 package cli
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
-// manifestEnv isolates aq's configuration (no aq variables, no real config
-// file) and returns a fresh AQ_HOME and a folder for manifests.
+// manifestEnv isolates aq's configuration (cleanEnv) and returns a fresh
+// AQ_HOME and a folder for manifests, both made.
 func manifestEnv(t *testing.T) (home, jobs string) {
 	t.Helper()
-	dir := t.TempDir()
-	for _, k := range config.Keys {
-		for _, e := range k.Env {
-			t.Setenv(e, "")
-			os.Unsetenv(e)
-		}
-	}
-	t.Setenv("HOME", dir)
-	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "xdg"))
+	dir := cleanEnv(t)
 	home, jobs = filepath.Join(dir, "aqhome"), filepath.Join(dir, "jobs")
-	t.Setenv("AQ_HOME", home)
 	for _, d := range []string{home, jobs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -36,22 +25,10 @@ func manifestEnv(t *testing.T) (home, jobs string) {
 	return home, jobs
 }
 
-// aq runs one command line in-process.
-func aq(t *testing.T, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	var out, errb bytes.Buffer
-	code = Run(context.Background(), args, IO{In: strings.NewReader(""), Out: &out, Err: &errb})
-	return out.String(), errb.String(), code
-}
-
+// writeFile is testenv.WriteFile returning path.
 func writeFile(t *testing.T, path, content string) string {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteFile(t, path, content)
 	return path
 }
 
@@ -62,7 +39,7 @@ func TestValidateOK(t *testing.T) {
 	a := writeFile(t, filepath.Join(jobs, "fix-a.md"), goodManifest)
 	b := writeFile(t, filepath.Join(jobs, "fix-b.md"), "---\nid: other\nrepo: git@github.com:org/web.git\n---\nDo it.\n")
 
-	out, errOut, code := aq(t, "validate", a, b)
+	out, errOut, code := runAQ(t, "validate", a, b)
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -78,7 +55,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: svc\ntitel: x\nengine: gpt\n---\nx\n")
 	missing := filepath.Join(jobs, "missing.md")
 
-	out, errOut, code := aq(t, "validate", good, bad, missing)
+	out, errOut, code := runAQ(t, "validate", good, bad, missing)
 	if code != 1 {
 		t.Errorf("exit %d, want 1", code)
 	}
@@ -100,7 +77,7 @@ func TestValidateJSON(t *testing.T) {
 	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
 	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: ../x\n---\nx\n")
 
-	out, errOut, code := aq(t, "validate", "--json", good)
+	out, errOut, code := runAQ(t, "validate", "--json", good)
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -124,7 +101,7 @@ func TestValidateJSON(t *testing.T) {
 	}
 
 	// Invalid files: errors on stderr, stdout stays valid JSON.
-	out, errOut, code = aq(t, "validate", "--json", bad)
+	out, errOut, code = runAQ(t, "validate", "--json", bad)
 	if code != 1 || strings.TrimSpace(out) != "[]" || !strings.HasPrefix(errOut, bad+":2: ") {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}
@@ -132,11 +109,11 @@ func TestValidateJSON(t *testing.T) {
 
 func TestValidateUsage(t *testing.T) {
 	manifestEnv(t)
-	out, errOut, code := aq(t, "validate")
+	out, errOut, code := runAQ(t, "validate")
 	if code != 2 || out != "" || errOut != "aq: no manifest files given (name one or more manifests, e.g. aq validate jobs/*.md)\n" {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}
-	_, _, code = aq(t, "validate", "--nope", "x.md")
+	_, _, code = runAQ(t, "validate", "--nope", "x.md")
 	if code != 2 {
 		t.Errorf("unknown flag: exit %d", code)
 	}
@@ -151,7 +128,7 @@ func TestValidateUsesProfileOverrides(t *testing.T) {
 	a := writeFile(t, filepath.Join(jobs, "a.md"), "---\nrepo: svc\nprofile: backend-dev\n---\nx\n")
 	b := writeFile(t, filepath.Join(jobs, "b.md"), "---\nrepo: svc\nprofile: ml\n---\nx\n")
 
-	out, errOut, code := aq(t, "validate", "--json", a, b)
+	out, errOut, code := runAQ(t, "validate", "--json", a, b)
 	var got []job.Job
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 2 {
 		t.Fatalf("exit %d stdout %q stderr %q", code, out, errOut)
@@ -164,7 +141,7 @@ func TestValidateUsesProfileOverrides(t *testing.T) {
 	}
 
 	broken := writeFile(t, filepath.Join(home, "profiles", "broken.md"), "---\nengine: claude\nbudgt: {}\n---\nx\n")
-	out, errOut, code = aq(t, "validate", a)
+	out, errOut, code = runAQ(t, "validate", a)
 	if code != 2 || out != "" || !strings.HasPrefix(errOut, broken+`:3: unknown key "budgt" (did you mean "budget"?)`) {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}
