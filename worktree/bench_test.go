@@ -6,21 +6,23 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // benchRepo is a repository of 1000 files in 10 folders.
 func benchRepo(b *testing.B) string {
 	b.Helper()
 	dir := filepath.Join(b.TempDir(), "repo")
-	git(b, "", "init", "-q", "-b", "main", dir)
+	testenv.Git(b, "", "init", "-q", "-b", "main", dir)
 	for d := 0; d < 10; d++ {
 		for f := 0; f < 100; f++ {
-			writeFile(b, filepath.Join(dir, fmt.Sprintf("pkg%d", d), fmt.Sprintf("file%03d.go", f)),
+			testenv.WriteFile(b, filepath.Join(dir, fmt.Sprintf("pkg%d", d), fmt.Sprintf("file%03d.go", f)),
 				fmt.Sprintf("package pkg%d\n\n// file %d\nvar V%d = %d\n", d, f, f, f))
 		}
 	}
-	git(b, dir, "add", "-A")
-	git(b, dir, "commit", "-q", "-m", "init")
+	testenv.Git(b, dir, "add", "-A")
+	testenv.Git(b, dir, "commit", "-q", "-m", "init")
 	return dir
 }
 
@@ -29,10 +31,10 @@ func benchRepo(b *testing.B) string {
 func changeFiles(b *testing.B, wt string, round int) {
 	b.Helper()
 	for i := 0; i < 90; i++ {
-		writeFile(b, filepath.Join(wt, fmt.Sprintf("pkg%d", i%10), fmt.Sprintf("file%03d.go", i)), "package x // round "+strconv.Itoa(round)+"\n")
+		testenv.WriteFile(b, filepath.Join(wt, fmt.Sprintf("pkg%d", i%10), fmt.Sprintf("file%03d.go", i)), "package x // round "+strconv.Itoa(round)+"\n")
 	}
 	for i := 0; i < 10; i++ {
-		writeFile(b, filepath.Join(wt, "new", fmt.Sprintf("n%d.txt", i)), "round "+strconv.Itoa(round)+"\n")
+		testenv.WriteFile(b, filepath.Join(wt, "new", fmt.Sprintf("n%d.txt", i)), "round "+strconv.Itoa(round)+"\n")
 	}
 }
 
@@ -83,10 +85,10 @@ func BenchmarkFloor(b *testing.B) {
 			b.StopTimer()
 			changeFiles(b, wt, i)
 			b.StartTimer()
-			git(b, wt, "add", "-A")
-			git(b, wt, "commit", "-q", "-m", "wip")
+			testenv.Git(b, wt, "add", "-A")
+			testenv.Git(b, wt, "commit", "-q", "-m", "wip")
 			b.StopTimer()
-			git(b, wt, "reset", "-q", "HEAD~1") // the same 100 changes again, unstaged
+			testenv.Git(b, wt, "reset", "-q", "HEAD~1") // the same 100 changes again, unstaged
 			b.StartTimer()
 		}
 	})
@@ -95,8 +97,8 @@ func BenchmarkFloor(b *testing.B) {
 		wt := filepath.Join(b.TempDir(), "wt")
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			git(b, repo, "worktree", "add", "-q", "-B", "aq/job/bench", wt, "main")
-			git(b, repo, "worktree", "remove", "--force", wt)
+			testenv.Git(b, repo, "worktree", "add", "-q", "-B", "aq/job/bench", wt, "main")
+			testenv.Git(b, repo, "worktree", "remove", "--force", wt)
 		}
 	})
 }

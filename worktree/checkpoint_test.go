@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // engineEdits makes the kinds of change an engine leaves behind: a modified
@@ -15,15 +17,15 @@ import (
 // in a new folder), and ignored build output.
 func engineEdits(tb testing.TB, wt string) {
 	tb.Helper()
-	writeFile(tb, filepath.Join(wt, "src", "main.go"), "package main\n\nfunc main() { println(\"hi\") }\n")
+	testenv.WriteFile(tb, filepath.Join(wt, "src", "main.go"), "package main\n\nfunc main() { println(\"hi\") }\n")
 	if err := os.Remove(filepath.Join(wt, "src", "old.go")); err != nil {
 		tb.Fatal(err)
 	}
-	writeFile(tb, filepath.Join(wt, "notes with space.md"), "draft\n")
-	writeFile(tb, filepath.Join(wt, "dökümanlar", "日本語.txt"), "unicode\n")
-	writeFile(tb, filepath.Join(wt, "pkg", "new", "new.go"), "package new\n")
-	writeFile(tb, filepath.Join(wt, "debug.log"), "ignored\n")
-	writeFile(tb, filepath.Join(wt, "build", "out.bin"), "ignored\n")
+	testenv.WriteFile(tb, filepath.Join(wt, "notes with space.md"), "draft\n")
+	testenv.WriteFile(tb, filepath.Join(wt, "dökümanlar", "日本語.txt"), "unicode\n")
+	testenv.WriteFile(tb, filepath.Join(wt, "pkg", "new", "new.go"), "package new\n")
+	testenv.WriteFile(tb, filepath.Join(wt, "debug.log"), "ignored\n")
+	testenv.WriteFile(tb, filepath.Join(wt, "build", "out.bin"), "ignored\n")
 }
 
 // Checkpoint records modified, deleted and untracked files (not ignored
@@ -34,10 +36,10 @@ func TestCheckpointCapturesEverythingTouchesNothing(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "c1", "main")
-	head := git(t, wt, "rev-parse", "HEAD")
-	git(t, wt, "add", "README.md") // something staged too: the real index differs from HEAD
+	head := testenv.Git(t, wt, "rev-parse", "HEAD")
+	testenv.Git(t, wt, "add", "README.md") // something staged too: the real index differs from HEAD
 	engineEdits(t, wt)
-	writeFile(t, filepath.Join(wt, "README.md"), "# edited after staging\n")
+	testenv.WriteFile(t, filepath.Join(wt, "README.md"), "# edited after staging\n")
 	before := snapshot(t, wt)
 
 	sha, err := Checkpoint(ctx, Git{}, wt, "aq/wip/c1", "aq: checkpoint c1")
@@ -46,7 +48,7 @@ func TestCheckpointCapturesEverythingTouchesNothing(t *testing.T) {
 	}
 	assertSameState(t, "worktree", before, snapshot(t, wt))
 
-	if got := git(t, repo, "rev-parse", "refs/heads/aq/wip/c1"); got != sha {
+	if got := testenv.Git(t, repo, "rev-parse", "refs/heads/aq/wip/c1"); got != sha {
 		t.Fatalf("ref = %s, want %s", got, sha)
 	}
 	files := lsTree(t, repo, sha)
@@ -55,13 +57,13 @@ func TestCheckpointCapturesEverythingTouchesNothing(t *testing.T) {
 	if !reflect.DeepEqual(files, want) {
 		t.Errorf("checkpoint files = %q\nwant %q (old.go deleted, *.log and build/ ignored)", files, want)
 	}
-	if got := git(t, repo, "show", sha+":src/main.go"); !strings.Contains(got, "println") {
+	if got := testenv.Git(t, repo, "show", sha+":src/main.go"); !strings.Contains(got, "println") {
 		t.Errorf("modified file in checkpoint = %q", got)
 	}
-	if got := git(t, repo, "show", sha+":README.md"); got != "# edited after staging" {
+	if got := testenv.Git(t, repo, "show", sha+":README.md"); got != "# edited after staging" {
 		t.Errorf("README in checkpoint = %q, want the worktree's content, not the staged one", got)
 	}
-	stat := git(t, repo, "-c", "core.quotepath=off", "show", "--stat", "--format=%s", sha)
+	stat := testenv.Git(t, repo, "-c", "core.quotepath=off", "show", "--stat", "--format=%s", sha)
 	for _, s := range []string{"aq: checkpoint c1", "src/old.go", "notes with space.md", "日本語.txt", "6 files changed"} {
 		if !strings.Contains(stat, s) {
 			t.Errorf("git show --stat lacks %q:\n%s", s, stat)
@@ -71,7 +73,7 @@ func TestCheckpointCapturesEverythingTouchesNothing(t *testing.T) {
 		t.Errorf("parents = %v, want [HEAD %s]", p, head)
 	}
 	// No temporary index is left in the worktree's git dir.
-	gitDir := git(t, wt, "rev-parse", "--absolute-git-dir")
+	gitDir := testenv.Git(t, wt, "rev-parse", "--absolute-git-dir")
 	if m, _ := filepath.Glob(filepath.Join(gitDir, "aq-checkpoint-*")); len(m) != 0 {
 		t.Errorf("temporary files left: %v", m)
 	}
@@ -84,15 +86,15 @@ func TestCheckpointNothingChanged(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "c2", "main")
-	head := git(t, wt, "rev-parse", "HEAD")
-	objects := func() string { return git(t, repo, "rev-list", "--all", "--count") }
+	head := testenv.Git(t, wt, "rev-parse", "HEAD")
+	objects := func() string { return testenv.Git(t, repo, "rev-list", "--all", "--count") }
 	n0 := objects()
 
 	sha, err := Checkpoint(ctx, Git{}, wt, "aq/wip/c2", "wip")
 	if err != nil || sha != head {
 		t.Fatalf("clean checkpoint = %s %v, want HEAD %s", sha, err, head)
 	}
-	writeFile(t, filepath.Join(wt, "ignored.log"), "only ignored output\n")
+	testenv.WriteFile(t, filepath.Join(wt, "ignored.log"), "only ignored output\n")
 	if sha, _ = Checkpoint(ctx, Git{}, wt, "aq/wip/c2", "wip"); sha != head {
 		t.Errorf("checkpoint with only ignored files = %s, want HEAD", sha)
 	}
@@ -100,7 +102,7 @@ func TestCheckpointNothingChanged(t *testing.T) {
 		t.Errorf("commits %s -> %s: a clean checkpoint made a commit", n0, objects())
 	}
 
-	writeFile(t, filepath.Join(wt, "a.txt"), "a\n")
+	testenv.WriteFile(t, filepath.Join(wt, "a.txt"), "a\n")
 	first, err := Checkpoint(ctx, Git{}, wt, "aq/wip/c2", "wip")
 	if err != nil || first == head {
 		t.Fatal(first, err)
@@ -119,10 +121,10 @@ func TestCheckpointWithStaleIndexLock(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "c3", "main")
-	lockFile := filepath.Join(git(t, wt, "rev-parse", "--absolute-git-dir"), "index.lock")
-	writeFile(t, lockFile, "half-written index from a killed engine")
+	lockFile := filepath.Join(testenv.Git(t, wt, "rev-parse", "--absolute-git-dir"), "index.lock")
+	testenv.WriteFile(t, lockFile, "half-written index from a killed engine")
 	engineEdits(t, wt)
-	if _, err := gitErr(wt, "add", "-A"); err == nil {
+	if _, err := testenv.GitErr(wt, "add", "-A"); err == nil {
 		t.Fatal("git add succeeded despite index.lock: the test does not reproduce the problem")
 	}
 	before := snapshot(t, wt)
@@ -160,7 +162,7 @@ func TestCheckpointParentRule(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "p", "main")
-	base := git(t, wt, "rev-parse", "HEAD")
+	base := testenv.Git(t, wt, "rev-parse", "HEAD")
 	cp := func() string {
 		t.Helper()
 		sha, err := Checkpoint(ctx, Git{}, wt, "aq/wip/p", "wip")
@@ -170,27 +172,27 @@ func TestCheckpointParentRule(t *testing.T) {
 		return sha
 	}
 
-	writeFile(t, filepath.Join(wt, "one.txt"), "1\n")
+	testenv.WriteFile(t, filepath.Join(wt, "one.txt"), "1\n")
 	c1 := cp()
 	if p := parents(t, repo, c1); !reflect.DeepEqual(p, []string{base}) {
 		t.Errorf("c1 parents = %v, want [base]", p)
 	}
 
-	writeFile(t, filepath.Join(wt, "two.txt"), "2\n")
+	testenv.WriteFile(t, filepath.Join(wt, "two.txt"), "2\n")
 	c2 := cp()
 	if p := parents(t, repo, c2); !reflect.DeepEqual(p, []string{base, c1}) {
 		t.Errorf("c2 parents = %v, want [base c1]", p)
 	}
-	if got := git(t, repo, "diff", "--name-only", c2+"^1", c2); got != "one.txt\ntwo.txt" {
+	if got := testenv.Git(t, repo, "diff", "--name-only", c2+"^1", c2); got != "one.txt\ntwo.txt" {
 		t.Errorf("diff first-parent..c2 = %q, want all uncommitted work", got)
 	}
 
 	// The engine commits some of it itself: HEAD moves to e, which does not
 	// contain c2; the next checkpoint keeps c2 as second parent.
-	git(t, wt, "add", "one.txt")
-	git(t, wt, "commit", "-q", "-m", "engine commit")
-	e := git(t, wt, "rev-parse", "HEAD")
-	writeFile(t, filepath.Join(wt, "three.txt"), "3\n")
+	testenv.Git(t, wt, "add", "one.txt")
+	testenv.Git(t, wt, "commit", "-q", "-m", "engine commit")
+	e := testenv.Git(t, wt, "rev-parse", "HEAD")
+	testenv.WriteFile(t, filepath.Join(wt, "three.txt"), "3\n")
 	c3 := cp()
 	if p := parents(t, repo, c3); !reflect.DeepEqual(p, []string{e, c2}) {
 		t.Errorf("c3 parents = %v, want [e c2]", p)
@@ -198,8 +200,8 @@ func TestCheckpointParentRule(t *testing.T) {
 
 	// The worktree was reset to clean base (a restart that did not resume):
 	// the ref is not dropped back to base, a commit keeps c3 reachable.
-	git(t, wt, "reset", "-q", "--hard", base)
-	git(t, wt, "clean", "-fdq")
+	testenv.Git(t, wt, "reset", "-q", "--hard", base)
+	testenv.Git(t, wt, "clean", "-fdq")
 	c4 := cp()
 	if p := parents(t, repo, c4); !reflect.DeepEqual(p, []string{base, c3}) {
 		t.Errorf("clean-worktree c4 parents = %v, want [base c3]", p)
@@ -217,7 +219,7 @@ func TestCheckpointParentRule(t *testing.T) {
 	if err := Add(ctx, Git{}, repo, wt2, "aq/job/p", "aq/wip/p"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(wt2, "four.txt"), "4\n")
+	testenv.WriteFile(t, filepath.Join(wt2, "four.txt"), "4\n")
 	c5, err := Checkpoint(ctx, Git{}, wt2, "aq/wip/p", "wip")
 	if err != nil {
 		t.Fatal(err)
@@ -232,8 +234,8 @@ func TestCheckpointDetachedAndUnborn(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	det := filepath.Join(t.TempDir(), "det")
-	git(t, repo, "worktree", "add", "-q", "--detach", det, "main")
-	writeFile(t, filepath.Join(det, "d.txt"), "d\n")
+	testenv.Git(t, repo, "worktree", "add", "-q", "--detach", det, "main")
+	testenv.WriteFile(t, filepath.Join(det, "d.txt"), "d\n")
 	before := snapshot(t, det)
 	sha, err := Checkpoint(ctx, Git{}, det, "refs/heads/aq/wip/det", "wip")
 	if err != nil {
@@ -248,11 +250,11 @@ func TestCheckpointDetachedAndUnborn(t *testing.T) {
 	}
 
 	unborn := filepath.Join(t.TempDir(), "unborn")
-	git(t, "", "init", "-q", "-b", "main", unborn)
+	testenv.Git(t, "", "init", "-q", "-b", "main", unborn)
 	if sha, err := Checkpoint(ctx, Git{}, unborn, "aq/wip/u", "wip"); err != nil || sha != "" {
 		t.Errorf("empty unborn checkpoint = %q %v, want nothing", sha, err)
 	}
-	writeFile(t, filepath.Join(unborn, "first.txt"), "first\n")
+	testenv.WriteFile(t, filepath.Join(unborn, "first.txt"), "first\n")
 	sha, err = Checkpoint(ctx, Git{}, unborn, "aq/wip/u", "wip")
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +265,7 @@ func TestCheckpointDetachedAndUnborn(t *testing.T) {
 	if got := lsTree(t, unborn, sha); !reflect.DeepEqual(got, []string{"first.txt"}) {
 		t.Errorf("unborn checkpoint files = %v", got)
 	}
-	if _, err := gitErr(unborn, "rev-parse", "-q", "--verify", "HEAD"); err == nil {
+	if _, err := testenv.GitErr(unborn, "rev-parse", "-q", "--verify", "HEAD"); err == nil {
 		t.Error("checkpoint gave the unborn branch a commit")
 	}
 }
@@ -274,9 +276,9 @@ func TestCheckpointPartial(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "part", "main")
-	writeFile(t, filepath.Join(wt, "saved.txt"), "saved\n")
-	git(t, "", "init", "-q", filepath.Join(wt, "scaffold"))
-	writeFile(t, filepath.Join(wt, "scaffold", "x.txt"), "x\n")
+	testenv.WriteFile(t, filepath.Join(wt, "saved.txt"), "saved\n")
+	testenv.Git(t, "", "init", "-q", filepath.Join(wt, "scaffold"))
+	testenv.WriteFile(t, filepath.Join(wt, "scaffold", "x.txt"), "x\n")
 
 	sha, err := Checkpoint(ctxT(t), Git{}, wt, "aq/wip/part", "wip")
 	var pe *PartialError
@@ -286,7 +288,7 @@ func TestCheckpointPartial(t *testing.T) {
 	if !strings.Contains(strings.Join(lsTree(t, repo, sha), " "), "saved.txt") {
 		t.Error("partial checkpoint lacks saved.txt")
 	}
-	if got := git(t, repo, "rev-parse", "aq/wip/part"); got != sha {
+	if got := testenv.Git(t, repo, "rev-parse", "aq/wip/part"); got != sha {
 		t.Error("partial checkpoint not recorded on the ref")
 	}
 }
@@ -296,14 +298,14 @@ func TestCheckpointPartial(t *testing.T) {
 func TestCheckpointKeepsTrackedIgnoredFiles(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
-	writeFile(t, filepath.Join(repo, "keep.log"), "tracked despite *.log\n")
-	git(t, repo, "add", "-f", "keep.log")
-	git(t, repo, "commit", "-q", "-m", "tracked log")
+	testenv.WriteFile(t, filepath.Join(repo, "keep.log"), "tracked despite *.log\n")
+	testenv.Git(t, repo, "add", "-f", "keep.log")
+	testenv.Git(t, repo, "commit", "-q", "-m", "tracked log")
 	wt := addWorktree(t, repo, "ti", "main")
-	writeFile(t, filepath.Join(wt, "keep.log"), "changed\n")
-	writeFile(t, filepath.Join(wt, "x.txt"), "x\n")
+	testenv.WriteFile(t, filepath.Join(wt, "keep.log"), "changed\n")
+	testenv.WriteFile(t, filepath.Join(wt, "x.txt"), "x\n")
 	// Without a usable index to copy, Checkpoint seeds from HEAD.
-	idx := git(t, wt, "rev-parse", "--git-path", "index")
+	idx := testenv.Git(t, wt, "rev-parse", "--git-path", "index")
 	if err := os.Remove(idx); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +313,7 @@ func TestCheckpointKeepsTrackedIgnoredFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := git(t, repo, "show", sha+":keep.log"); got != "changed" {
+	if got := testenv.Git(t, repo, "show", sha+":keep.log"); got != "changed" {
 		t.Errorf("tracked ignored file in checkpoint = %q", got)
 	}
 }
@@ -323,11 +325,11 @@ func TestCheckpointSparseCheckout(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "sp", "main")
-	git(t, wt, "sparse-checkout", "set", "--no-cone", "/src/")
+	testenv.Git(t, wt, "sparse-checkout", "set", "--no-cone", "/src/")
 	if _, err := os.Stat(filepath.Join(wt, "README.md")); !os.IsNotExist(err) {
 		t.Skipf("sparse-checkout did not remove README.md: %v", err)
 	}
-	writeFile(t, filepath.Join(wt, "src", "extra.go"), "package main\n")
+	testenv.WriteFile(t, filepath.Join(wt, "src", "extra.go"), "package main\n")
 	sha, err := Checkpoint(ctxT(t), Git{}, wt, "aq/wip/sp", "wip")
 	if err != nil {
 		t.Fatal(err)
@@ -348,10 +350,10 @@ func TestCheckpointRacilyCleanFile(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "racy", "main")
-	git(t, wt, "config", "core.trustctime", "false") // ctime would give the change away
+	testenv.Git(t, wt, "config", "core.trustctime", "false") // ctime would give the change away
 	f := filepath.Join(wt, "racy.txt")
-	writeFile(t, f, "aaaa\n")
-	git(t, wt, "add", "racy.txt")
+	testenv.WriteFile(t, f, "aaaa\n")
+	testenv.Git(t, wt, "add", "racy.txt")
 	fi, err := os.Stat(f)
 	if err != nil {
 		t.Fatal(err)
@@ -368,7 +370,7 @@ func TestCheckpointRacilyCleanFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The index was written in that same instant.
-	idx := git(t, wt, "rev-parse", "--git-path", "index")
+	idx := testenv.Git(t, wt, "rev-parse", "--git-path", "index")
 	if err := os.Chtimes(idx, mtime, mtime); err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +379,7 @@ func TestCheckpointRacilyCleanFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := git(t, repo, "show", sha+":racy.txt"); got != "bbbb" {
+	if got := testenv.Git(t, repo, "show", sha+":racy.txt"); got != "bbbb" {
 		t.Errorf("checkpoint recorded %q, the staged content, not the file's", got)
 	}
 }

@@ -8,21 +8,23 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // commitOn commits files on branch in repo's main checkout (switching to it
 // and back) and returns the commit.
 func commitOn(tb testing.TB, repo, branch, msg string, files map[string]string) string {
 	tb.Helper()
-	cur := git(tb, repo, "symbolic-ref", "--short", "HEAD")
-	git(tb, repo, "checkout", "-q", branch)
+	cur := testenv.Git(tb, repo, "symbolic-ref", "--short", "HEAD")
+	testenv.Git(tb, repo, "checkout", "-q", branch)
 	for p, c := range files {
-		writeFile(tb, filepath.Join(repo, p), c)
+		testenv.WriteFile(tb, filepath.Join(repo, p), c)
 	}
-	git(tb, repo, "add", "-A")
-	git(tb, repo, "commit", "-q", "-m", msg)
-	sha := git(tb, repo, "rev-parse", "HEAD")
-	git(tb, repo, "checkout", "-q", cur)
+	testenv.Git(tb, repo, "add", "-A")
+	testenv.Git(tb, repo, "commit", "-q", "-m", msg)
+	sha := testenv.Git(tb, repo, "rev-parse", "HEAD")
+	testenv.Git(tb, repo, "checkout", "-q", cur)
 	return sha
 }
 
@@ -30,7 +32,7 @@ func commitOn(tb testing.TB, repo, branch, msg string, files map[string]string) 
 // of loose refs costs seconds on some file systems; this costs nothing).
 func writePackedRefs(tb testing.TB, repo string, refs []Ref) {
 	tb.Helper()
-	git(tb, repo, "pack-refs", "--all")
+	testenv.Git(tb, repo, "pack-refs", "--all")
 	path := filepath.Join(repo, ".git", "packed-refs")
 	var b strings.Builder
 	b.WriteString("# pack-refs with: peeled fully-peeled \n")
@@ -53,10 +55,10 @@ func TestListRefInfoAndMergedInto(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	git(t, repo, "branch", "aq/job/merged", "main")
-	git(t, repo, "branch", "aq/job/open", "main")
+	testenv.Git(t, repo, "branch", "aq/job/merged", "main")
+	testenv.Git(t, repo, "branch", "aq/job/open", "main")
 	open := commitOn(t, repo, "aq/job/open", "open work", map[string]string{"a.txt": "a\n"})
-	git(t, repo, "branch", "other", "main")
+	testenv.Git(t, repo, "branch", "other", "main")
 
 	refs, err := ListRefInfo(ctx, Git{}, repo, "refs/heads/aq/")
 	if err != nil {
@@ -84,13 +86,13 @@ func TestDeleteRefs(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	base := git(t, repo, "rev-parse", "main")
+	base := testenv.Git(t, repo, "rev-parse", "main")
 	for _, b := range []string{"aq/job/ok", "aq/job/moved", "aq/wip/gone", "aq/job/out"} {
-		git(t, repo, "branch", b, "main")
+		testenv.Git(t, repo, "branch", b, "main")
 	}
 	addWorktree(t, repo, "out", "main") // checks out aq/job/out
 	moved := commitOn(t, repo, "aq/job/moved", "moved", map[string]string{"m.txt": "m\n"})
-	git(t, repo, "branch", "-D", "aq/wip/gone")
+	testenv.Git(t, repo, "branch", "-D", "aq/wip/gone")
 
 	res, err := DeleteRefs(ctx, Git{}, repo, []Ref{
 		{Name: "refs/heads/aq/job/ok", SHA: base},
@@ -111,7 +113,7 @@ func TestDeleteRefs(t *testing.T) {
 	if res[1].Now != moved {
 		t.Errorf("moved ref reported at %s, want %s", res[1].Now, moved)
 	}
-	if got := git(t, repo, "for-each-ref", "--format=%(refname)"); !strings.Contains(got, "refs/heads/aq/job/moved") ||
+	if got := testenv.Git(t, repo, "for-each-ref", "--format=%(refname)"); !strings.Contains(got, "refs/heads/aq/job/moved") ||
 		!strings.Contains(got, "refs/heads/aq/job/out") || !strings.Contains(got, "refs/heads/main") || strings.Contains(got, "aq/job/ok") {
 		t.Errorf("refs after delete:\n%s", got)
 	}
@@ -131,7 +133,7 @@ func TestDeleteRefs(t *testing.T) {
 			t.Fatalf("%s: %s %v", r.Ref.Name, r.Outcome, r.Err)
 		}
 	}
-	if got := git(t, repo, "for-each-ref", "refs/heads/aq/wip/"); got != "" {
+	if got := testenv.Git(t, repo, "for-each-ref", "refs/heads/aq/wip/"); got != "" {
 		t.Fatalf("left over: %s", got)
 	}
 }
@@ -142,16 +144,16 @@ func TestDeleteRemoteRefs(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo, origin := newRepoWithOrigin(t)
-	base := git(t, repo, "rev-parse", "main")
+	base := testenv.Git(t, repo, "rev-parse", "main")
 	for _, b := range []string{"aq/job/ok", "aq/wip/moved", "aq/wip/gone"} {
-		git(t, repo, "branch", b, "main")
-		git(t, repo, "push", "-q", "origin", b)
+		testenv.Git(t, repo, "branch", b, "main")
+		testenv.Git(t, repo, "push", "-q", "origin", b)
 	}
 	// Another factory moves aq/wip/moved on origin; aq/wip/gone is deleted.
 	other := filepath.Join(t.TempDir(), "other")
-	git(t, "", "clone", "-q", origin, other)
+	testenv.Git(t, "", "clone", "-q", origin, other)
 	moved := commitOn(t, other, "main", "elsewhere", map[string]string{"x.txt": "x\n"})
-	git(t, other, "push", "-q", "origin", "+"+moved+":refs/heads/aq/wip/moved", ":refs/heads/aq/wip/gone")
+	testenv.Git(t, other, "push", "-q", "origin", "+"+moved+":refs/heads/aq/wip/moved", ":refs/heads/aq/wip/gone")
 
 	res, err := DeleteRemoteRefs(ctx, Git{}, repo, "origin", []Ref{
 		{Name: "refs/heads/aq/job/ok", SHA: base},
@@ -171,21 +173,21 @@ func TestDeleteRemoteRefs(t *testing.T) {
 	if res[1].Now != moved {
 		t.Errorf("moved: now %s, want %s", res[1].Now, moved)
 	}
-	refs := git(t, origin, "for-each-ref", "--format=%(refname)")
+	refs := testenv.Git(t, origin, "for-each-ref", "--format=%(refname)")
 	if !strings.Contains(refs, "refs/heads/main") || !strings.Contains(refs, "refs/heads/aq/wip/moved") || strings.Contains(refs, "aq/job/ok") {
 		t.Errorf("origin refs:\n%s", refs)
 	}
 	// The push also dropped the remote-tracking ref of what it deleted.
-	if _, err := gitErr(repo, "rev-parse", "--verify", "-q", "refs/remotes/origin/aq/job/ok"); err == nil {
+	if _, err := testenv.GitErr(repo, "rev-parse", "--verify", "-q", "refs/remotes/origin/aq/job/ok"); err == nil {
 		t.Error("refs/remotes/origin/aq/job/ok survived the delete")
 	}
 
 	// A server that cannot push atomically still gets its refs deleted.
-	git(t, origin, "config", "receive.advertiseAtomic", "false")
+	testenv.Git(t, origin, "config", "receive.advertiseAtomic", "false")
 	var two []Ref
 	for _, b := range []string{"aq/job/a1", "aq/job/a2"} {
-		git(t, repo, "branch", b, "main")
-		git(t, repo, "push", "-q", "origin", b)
+		testenv.Git(t, repo, "branch", b, "main")
+		testenv.Git(t, repo, "push", "-q", "origin", b)
 		two = append(two, Ref{Name: "refs/heads/" + b, SHA: base})
 	}
 	res, err = DeleteRemoteRefs(ctx, Git{}, repo, "origin", two)
@@ -200,7 +202,7 @@ func TestSquashMerged(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	branch := func(name string, commits ...map[string]string) string {
-		git(t, repo, "branch", name, "main")
+		testenv.Git(t, repo, "branch", name, "main")
 		var sha string
 		for i, files := range commits {
 			sha = commitOn(t, repo, name, fmt.Sprintf("%s %d", name, i), files)
@@ -208,8 +210,8 @@ func TestSquashMerged(t *testing.T) {
 		return sha
 	}
 	squash := func(name string) {
-		git(t, repo, "merge", "-q", "--squash", name)
-		git(t, repo, "commit", "-q", "-m", "squash "+name)
+		testenv.Git(t, repo, "merge", "-q", "--squash", name)
+		testenv.Git(t, repo, "commit", "-q", "-m", "squash "+name)
 	}
 	// One commit, squash-merged, then base moved on (GitHub's squash merge).
 	one := branch("aq/job/one", map[string]string{"one.txt": "one\n", "README.md": "# repo\nedited by one\n"})
@@ -245,9 +247,9 @@ func TestSquashMerged(t *testing.T) {
 	partFirst := branch("aq/job/part", map[string]string{"p1.txt": "p1\n"})
 	_ = partFirst
 	part := commitOn(t, repo, "aq/job/part", "part 2", map[string]string{"p2.txt": "p2\n"})
-	git(t, repo, "cherry-pick", part)
+	testenv.Git(t, repo, "cherry-pick", part)
 
-	tip := git(t, repo, "rev-parse", "main")
+	tip := testenv.Git(t, repo, "rev-parse", "main")
 	cands := []string{one, two, edited, open, part, ctxChange}
 	got, err := SquashMerged(ctx, Git{}, repo, []string{tip}, cands, SquashOptions{})
 	if err != nil {

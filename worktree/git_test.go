@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func TestRunTrimsOnlyTrailingNewlines(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
-	writeFile(t, filepath.Join(repo, "README.md"), "changed\n")
+	testenv.WriteFile(t, filepath.Join(repo, "README.md"), "changed\n")
 	out, err := Git{}.Run(ctxT(t), repo, "status", "--porcelain")
 	if err != nil {
 		t.Fatal(err)
@@ -119,12 +121,12 @@ func TestCommitIdentity(t *testing.T) {
 	ctx := ctxT(t)
 
 	bare := newRepo(t) // no user.* configured anywhere (TestMain isolates global config)
-	writeFile(t, filepath.Join(bare, "x.txt"), "x\n")
+	testenv.WriteFile(t, filepath.Join(bare, "x.txt"), "x\n")
 	sha, changed, err := CommitAll(ctx, Git{}, bare, "aq commit")
 	if err != nil || !changed {
 		t.Fatal(err, changed)
 	}
-	if got := git(t, bare, "log", "-1", "--format=%an <%ae>|%cn <%ce>", sha); got != "aq <aq@localhost>|aq <aq@localhost>" {
+	if got := testenv.Git(t, bare, "log", "-1", "--format=%an <%ae>|%cn <%ce>", sha); got != "aq <aq@localhost>|aq <aq@localhost>" {
 		t.Errorf("fallback identity = %q", got)
 	}
 	cp, err := Checkpoint(ctx, Git{}, bare, "aq/wip/x", "wip")
@@ -136,32 +138,32 @@ func TestCommitIdentity(t *testing.T) {
 	}
 
 	configured := newRepo(t)
-	git(t, configured, "config", "user.name", "Repo Owner")
-	git(t, configured, "config", "user.email", "owner@example.com")
-	writeFile(t, filepath.Join(configured, "x.txt"), "x\n")
+	testenv.Git(t, configured, "config", "user.name", "Repo Owner")
+	testenv.Git(t, configured, "config", "user.email", "owner@example.com")
+	testenv.WriteFile(t, filepath.Join(configured, "x.txt"), "x\n")
 	cp, err = Checkpoint(ctx, Git{}, configured, "aq/wip/x", "wip")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := git(t, configured, "log", "-1", "--format=%an <%ae>", cp); got != "Repo Owner <owner@example.com>" {
+	if got := testenv.Git(t, configured, "log", "-1", "--format=%an <%ae>", cp); got != "Repo Owner <owner@example.com>" {
 		t.Errorf("checkpoint identity = %q, want the repo's", got)
 	}
 	sha, _, err = CommitAll(ctx, Git{}, configured, "aq commit")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := git(t, configured, "log", "-1", "--format=%an <%ae>", sha); got != "Repo Owner <owner@example.com>" {
+	if got := testenv.Git(t, configured, "log", "-1", "--format=%an <%ae>", sha); got != "Repo Owner <owner@example.com>" {
 		t.Errorf("commit identity = %q, want the repo's", got)
 	}
 
 	half := newRepo(t)
-	git(t, half, "config", "user.name", "Only Name")
-	writeFile(t, filepath.Join(half, "x.txt"), "x\n")
+	testenv.Git(t, half, "config", "user.name", "Only Name")
+	testenv.WriteFile(t, filepath.Join(half, "x.txt"), "x\n")
 	sha, _, err = CommitAll(ctx, Git{}, half, "aq commit")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := git(t, half, "log", "-1", "--format=%an <%ae>", sha); got != "Only Name <aq@localhost>" {
+	if got := testenv.Git(t, half, "log", "-1", "--format=%an <%ae>", sha); got != "Only Name <aq@localhost>" {
 		t.Errorf("half-configured identity = %q", got)
 	}
 }

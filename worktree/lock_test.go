@@ -1,11 +1,9 @@
 package worktree
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -165,26 +163,8 @@ func TestHeldAcrossProcessesAndKill9(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "locks")
 	name := JobLockName("crashy")
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=hold-lock", "AQ_LOCKS_DIR="+dir, "AQ_LOCK_NAME="+name)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin := holdLockInOtherProcess(t, dir, name)
 	defer stdin.Close()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || line != "locked\n" {
-		cmd.Process.Kill()
-		t.Fatalf("helper said %q, %v", line, err)
-	}
 
 	if held, err := Held(dir, name); err != nil || !held {
 		t.Errorf("Held = %v, %v while another process holds the lock", held, err)
@@ -219,17 +199,7 @@ func TestHeldAcrossProcessesAndKill9(t *testing.T) {
 func TestLockRepoWaitsForOtherProcess(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=hold-lock", "AQ_LOCKS_DIR="+dir, "AQ_LOCK_NAME="+RepoLockName("shared"), "GORACE=atexit_sleep_ms=0")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "locked\n" {
-		cmd.Process.Kill()
-		t.Fatalf("helper said %q, %v", line, err)
-	}
+	cmd, stdin := holdLockInOtherProcess(t, dir, RepoLockName("shared"), "GORACE=atexit_sleep_ms=0")
 	stdin.Close() // the helper unlocks and exits
 	l, err := LockRepo(ctxT(t), dir, "shared")
 	if err != nil {

@@ -1,7 +1,7 @@
 package worktree
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // helperEnv makes the test binary, re-executed, act as a helper process
@@ -25,22 +27,7 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
 		os.Exit(runHelper(mode))
 	}
-	// Tests must not depend on the host's git configuration (a global
-	// commit.gpgSign, hooks path or identity would change what they see).
-	cfg, err := os.CreateTemp("", "aq-worktree-gitconfig-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cfg.Close()
-	os.Setenv("GIT_CONFIG_GLOBAL", cfg.Name())
-	os.Setenv("GIT_CONFIG_NOSYSTEM", "1")
-	for _, k := range []string{"GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"} {
-		os.Unsetenv(k)
-	}
-	code := m.Run()
-	os.Remove(cfg.Name())
-	os.Exit(code)
+	os.Exit(testenv.Main(m))
 }
 
 // runHelper is the re-executed test binary's main.
@@ -64,79 +51,49 @@ func runHelper(mode string) int {
 	return 2
 }
 
-// testIdentity is the identity the tests' own git commands commit with; the
-// code under test never sees it.
-var testIdentity = []string{
-	"GIT_AUTHOR_NAME=Test Person", "GIT_AUTHOR_EMAIL=test@example.com",
-	"GIT_COMMITTER_NAME=Test Person", "GIT_COMMITTER_EMAIL=test@example.com",
-}
-
-// git runs the real git for a test's own setup and checks; it fails the test
-// on error.
-func git(tb testing.TB, dir string, args ...string) string {
-	tb.Helper()
-	out, err := gitErr(dir, args...)
+// holdLockInOtherProcess starts the test binary as the hold-lock helper
+// (with env added) and returns once it holds lock name in dir: closing stdin
+// makes it unlock and exit.
+func holdLockInOtherProcess(t *testing.T, dir, name string, env ...string) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), helperEnv+"=hold-lock", "AQ_LOCKS_DIR="+dir, "AQ_LOCK_NAME="+name), env...)
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		tb.Fatalf("git %s (in %s): %v", strings.Join(args, " "), dir, err)
+		t.Fatal(err)
 	}
-	return out
-}
-
-func gitErr(dir string, args ...string) (string, error) {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), testIdentity...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("%v: %s", err, stderr.String())
-	}
-	return strings.TrimRight(stdout.String(), "\n"), nil
-}
-
-func writeFile(tb testing.TB, path, content string) {
-	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-}
-
-func readFile(tb testing.TB, path string) string {
-	tb.Helper()
-	b, err := os.ReadFile(path)
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		tb.Fatal(err)
+		t.Fatal(err)
 	}
-	return string(b)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "locked\n" {
+		cmd.Process.Kill()
+		t.Fatalf("helper said %q, %v", line, err)
+	}
+	return cmd, stdin
 }
 
 // newRepo makes a repository on main with a few files, a .gitignore and one
 // commit, and returns its directory.
 func newRepo(tb testing.TB) string {
 	tb.Helper()
-	dir := filepath.Join(tb.TempDir(), "repo")
-	git(tb, "", "init", "-q", "-b", "main", dir)
-	writeFile(tb, filepath.Join(dir, "README.md"), "# repo\n")
-	writeFile(tb, filepath.Join(dir, "src", "main.go"), "package main\n\nfunc main() {}\n")
-	writeFile(tb, filepath.Join(dir, "src", "old.go"), "package main\n// old\n")
-	writeFile(tb, filepath.Join(dir, ".gitignore"), "*.log\nbuild/\n")
-	git(tb, dir, "add", "-A")
-	git(tb, dir, "commit", "-q", "-m", "init")
-	return dir
+	return testenv.NewRepo(tb, tb.TempDir(), "repo", map[string]string{
+		"README.md":   "# repo\n",
+		"src/main.go": "package main\n\nfunc main() {}\n",
+		"src/old.go":  "package main\n// old\n",
+		".gitignore":  "*.log\nbuild/\n",
+	})
 }
 
 // newRepoWithOrigin is newRepo plus a bare "origin" with main pushed.
 func newRepoWithOrigin(tb testing.TB) (repo, origin string) {
 	tb.Helper()
 	repo = newRepo(tb)
-	origin = filepath.Join(filepath.Dir(repo), "origin.git")
-	git(tb, "", "init", "-q", "--bare", "-b", "main", origin)
-	git(tb, repo, "remote", "add", "origin", origin)
-	git(tb, repo, "push", "-q", "origin", "main")
-	return repo, origin
+	return repo, testenv.AddOrigin(tb, repo)
 }
 
 // addWorktree makes a linked worktree of repo on branch aq/job/<id> with
@@ -162,12 +119,12 @@ type state struct {
 func snapshot(tb testing.TB, dir string) state {
 	tb.Helper()
 	s := state{
-		Status: git(tb, dir, "--no-optional-locks", "status", "--porcelain", "--untracked-files=all"),
-		HEAD:   git(tb, dir, "rev-parse", "HEAD"),
+		Status: testenv.Git(tb, dir, "--no-optional-locks", "status", "--porcelain", "--untracked-files=all"),
+		HEAD:   testenv.Git(tb, dir, "rev-parse", "HEAD"),
 		Files:  map[string]string{},
 	}
-	s.Branch, _ = gitErr(dir, "symbolic-ref", "-q", "HEAD")
-	idx := git(tb, dir, "rev-parse", "--git-path", "index")
+	s.Branch, _ = testenv.GitErr(dir, "symbolic-ref", "-q", "HEAD")
+	idx := testenv.Git(tb, dir, "rev-parse", "--git-path", "index")
 	if !filepath.IsAbs(idx) {
 		idx = filepath.Join(dir, idx)
 	}
@@ -187,7 +144,7 @@ func snapshot(tb testing.TB, dir string) state {
 			return nil
 		}
 		if d.Type().IsRegular() {
-			s.Files[rel] = readFile(tb, p)
+			s.Files[rel] = testenv.ReadFile(tb, p)
 		}
 		return nil
 	})
@@ -226,7 +183,7 @@ func keys(m map[string]string) []string {
 // lsTree lists the files in commit.
 func lsTree(tb testing.TB, dir, commit string) []string {
 	tb.Helper()
-	out := git(tb, dir, "-c", "core.quotepath=off", "ls-tree", "-r", "--name-only", commit)
+	out := testenv.Git(tb, dir, "-c", "core.quotepath=off", "ls-tree", "-r", "--name-only", commit)
 	if out == "" {
 		return nil
 	}
@@ -235,7 +192,7 @@ func lsTree(tb testing.TB, dir, commit string) []string {
 
 func parents(tb testing.TB, dir, commit string) []string {
 	tb.Helper()
-	f := strings.Fields(git(tb, dir, "rev-list", "--parents", "-n1", commit))
+	f := strings.Fields(testenv.Git(tb, dir, "rev-list", "--parents", "-n1", commit))
 	return f[1:]
 }
 

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func TestCommitAll(t *testing.T) {
@@ -14,13 +16,13 @@ func TestCommitAll(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "ca", "main")
-	base := git(t, wt, "rev-parse", "HEAD")
+	base := testenv.Git(t, wt, "rev-parse", "HEAD")
 
 	sha, changed, err := CommitAll(ctx, Git{}, wt, "nothing")
 	if err != nil || changed || sha != base {
 		t.Fatalf("CommitAll on a clean worktree = %s %v %v, want HEAD, unchanged", sha, changed, err)
 	}
-	writeFile(t, filepath.Join(wt, "build", "x.o"), "ignored\n")
+	testenv.WriteFile(t, filepath.Join(wt, "build", "x.o"), "ignored\n")
 	if _, changed, _ := CommitAll(ctx, Git{}, wt, "nothing"); changed {
 		t.Error("ignored files made a commit")
 	}
@@ -30,13 +32,13 @@ func TestCommitAll(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatal(sha, changed, err)
 	}
-	if got := git(t, wt, "rev-parse", "HEAD"); got != sha {
+	if got := testenv.Git(t, wt, "rev-parse", "HEAD"); got != sha {
 		t.Errorf("HEAD %s, CommitAll said %s", got, sha)
 	}
 	if p := parents(t, wt, sha); !reflect.DeepEqual(p, []string{base}) {
 		t.Errorf("parents = %v, want base", p)
 	}
-	if got := git(t, wt, "log", "-1", "--format=%B", sha); got != "job: done\n\nbody line" {
+	if got := testenv.Git(t, wt, "log", "-1", "--format=%B", sha); got != "job: done\n\nbody line" {
 		t.Errorf("message = %q", got)
 	}
 	if dirty, err := Dirty(ctx, Git{}, wt); dirty || err != nil {
@@ -45,7 +47,7 @@ func TestCommitAll(t *testing.T) {
 	if files := strings.Join(lsTree(t, wt, sha), " "); strings.Contains(files, "old.go") || strings.Contains(files, ".log") || !strings.Contains(files, "日本語.txt") {
 		t.Errorf("committed files: %s", files)
 	}
-	if got := git(t, wt, "symbolic-ref", "--short", "HEAD"); got != "aq/job/ca" {
+	if got := testenv.Git(t, wt, "symbolic-ref", "--short", "HEAD"); got != "aq/job/ca" {
 		t.Errorf("branch = %s", got)
 	}
 }
@@ -56,13 +58,13 @@ func TestSquashOnto(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	base := git(t, repo, "rev-parse", "main")
+	base := testenv.Git(t, repo, "rev-parse", "main")
 	wt := addWorktree(t, repo, "sq", "main")
-	writeFile(t, filepath.Join(wt, "a.txt"), "a\n")
+	testenv.WriteFile(t, filepath.Join(wt, "a.txt"), "a\n")
 	if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/sq", "wip 1"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(wt, "b.txt"), "b\n")
+	testenv.WriteFile(t, filepath.Join(wt, "b.txt"), "b\n")
 	if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/sq", "wip 2"); err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +75,13 @@ func TestSquashOnto(t *testing.T) {
 	if err := Add(ctx, Git{}, repo, wt, "aq/job/sq", "aq/wip/sq"); err != nil {
 		t.Fatal(err)
 	}
-	git(t, wt, "commit", "-q", "--allow-empty", "-m", "engine's own commit")
-	writeFile(t, filepath.Join(wt, "c.txt"), "c\n")
+	testenv.Git(t, wt, "commit", "-q", "--allow-empty", "-m", "engine's own commit")
+	testenv.WriteFile(t, filepath.Join(wt, "c.txt"), "c\n")
 	if _, _, err := CommitAll(ctx, Git{}, wt, "more"); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(wt, "d.txt"), "uncommitted\n")
-	if n := git(t, wt, "rev-list", "--count", base+"..HEAD"); n == "1" {
+	testenv.WriteFile(t, filepath.Join(wt, "d.txt"), "uncommitted\n")
+	if n := testenv.Git(t, wt, "rev-list", "--count", base+"..HEAD"); n == "1" {
 		t.Fatalf("setup: expected several commits over base, got %s", n)
 	}
 
@@ -87,13 +89,13 @@ func TestSquashOnto(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatal(sha, changed, err)
 	}
-	if n := git(t, wt, "rev-list", "--count", base+"..HEAD"); n != "1" {
+	if n := testenv.Git(t, wt, "rev-list", "--count", base+"..HEAD"); n != "1" {
 		t.Errorf("commits over base = %s, want 1", n)
 	}
 	if p := parents(t, wt, sha); !reflect.DeepEqual(p, []string{base}) {
 		t.Errorf("parents = %v, want [base]", p)
 	}
-	if got := git(t, wt, "diff", "--name-only", base, sha); got != "a.txt\nb.txt\nc.txt\nd.txt" {
+	if got := testenv.Git(t, wt, "diff", "--name-only", base, sha); got != "a.txt\nb.txt\nc.txt\nd.txt" {
 		t.Errorf("squashed change = %q", got)
 	}
 	if dirty, _ := Dirty(ctx, Git{}, wt); dirty {
@@ -102,12 +104,12 @@ func TestSquashOnto(t *testing.T) {
 
 	// A base that is not an ancestor would revert its changes: refused,
 	// nothing moved.
-	git(t, repo, "commit", "-q", "--allow-empty", "-m", "main moved on")
-	moved := git(t, repo, "rev-parse", "main")
+	testenv.Git(t, repo, "commit", "-q", "--allow-empty", "-m", "main moved on")
+	moved := testenv.Git(t, repo, "rev-parse", "main")
 	if _, _, err := SquashOnto(ctx, Git{}, wt, moved, "bad"); err == nil {
 		t.Error("SquashOnto onto a non-ancestor succeeded")
 	}
-	if got := git(t, wt, "rev-parse", "HEAD"); got != sha {
+	if got := testenv.Git(t, wt, "rev-parse", "HEAD"); got != sha {
 		t.Error("a refused SquashOnto moved the branch")
 	}
 	if _, _, err := SquashOnto(ctx, Git{}, wt, "no-such-ref", "bad"); !errors.Is(err, ErrNoRef) {
@@ -116,13 +118,13 @@ func TestSquashOnto(t *testing.T) {
 
 	// Nothing left over base: the branch is base, no commit.
 	wt2 := addWorktree(t, repo, "sq2", base)
-	writeFile(t, filepath.Join(wt2, "tmp.txt"), "t\n")
+	testenv.WriteFile(t, filepath.Join(wt2, "tmp.txt"), "t\n")
 	if _, _, err := CommitAll(ctx, Git{}, wt2, "add"); err != nil {
 		t.Fatal(err)
 	}
 	os.Remove(filepath.Join(wt2, "tmp.txt"))
 	sha, changed, err = SquashOnto(ctx, Git{}, wt2, base, "empty")
-	if err != nil || changed || sha != base || git(t, wt2, "rev-parse", "HEAD") != base {
+	if err != nil || changed || sha != base || testenv.Git(t, wt2, "rev-parse", "HEAD") != base {
 		t.Errorf("net-empty SquashOnto = %s %v %v, want base unchanged", sha, changed, err)
 	}
 }
@@ -131,13 +133,13 @@ func TestDiffStat(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	base := git(t, repo, "rev-parse", "HEAD")
-	writeFile(t, filepath.Join(repo, "src", "main.go"), "package main\n\nfunc main() { run() }\n") // +1 -1
-	os.Remove(filepath.Join(repo, "src", "old.go"))                                                // -2
-	writeFile(t, filepath.Join(repo, "new file.txt"), "1\n2\n3\n")                                 // +3
-	writeFile(t, filepath.Join(repo, "logo.png"), "\x89PNG\x00\x01\x02binary")                     // binary
-	git(t, repo, "add", "-A")
-	git(t, repo, "commit", "-q", "-m", "change")
+	base := testenv.Git(t, repo, "rev-parse", "HEAD")
+	testenv.WriteFile(t, filepath.Join(repo, "src", "main.go"), "package main\n\nfunc main() { run() }\n") // +1 -1
+	os.Remove(filepath.Join(repo, "src", "old.go"))                                                        // -2
+	testenv.WriteFile(t, filepath.Join(repo, "new file.txt"), "1\n2\n3\n")                                 // +3
+	testenv.WriteFile(t, filepath.Join(repo, "logo.png"), "\x89PNG\x00\x01\x02binary")                     // binary
+	testenv.Git(t, repo, "add", "-A")
+	testenv.Git(t, repo, "commit", "-q", "-m", "change")
 
 	files, added, deleted, err := DiffStat(ctx, Git{}, repo, base, "HEAD")
 	if err != nil {
@@ -169,9 +171,9 @@ func TestDirty(t *testing.T) {
 		}
 	}
 	check(false, "clean")
-	writeFile(t, filepath.Join(wt, "x.log"), "ignored\n")
+	testenv.WriteFile(t, filepath.Join(wt, "x.log"), "ignored\n")
 	check(false, "ignored file")
-	writeFile(t, filepath.Join(wt, "x.txt"), "untracked\n")
+	testenv.WriteFile(t, filepath.Join(wt, "x.txt"), "untracked\n")
 	check(true, "untracked file")
 	os.Remove(filepath.Join(wt, "x.txt"))
 	os.Remove(filepath.Join(wt, "README.md"))
@@ -186,7 +188,7 @@ func TestPushAndRemoteRefs(t *testing.T) {
 	ctx := ctxT(t)
 	repo, origin := newRepoWithOrigin(t)
 	wt := addWorktree(t, repo, "pu", "main")
-	writeFile(t, filepath.Join(wt, "w.txt"), "wip\n")
+	testenv.WriteFile(t, filepath.Join(wt, "w.txt"), "wip\n")
 	cp, err := Checkpoint(ctx, Git{}, wt, "aq/wip/pu", "wip")
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +201,7 @@ func TestPushAndRemoteRefs(t *testing.T) {
 	if err := Push(ctx, Git{}, repo, "origin", "refs/heads/aq/job/pu:refs/heads/aq/job/pu", "+refs/heads/aq/wip/pu:refs/heads/aq/wip/pu"); err != nil {
 		t.Fatal(err)
 	}
-	ls := git(t, repo, "ls-remote", "origin")
+	ls := testenv.Git(t, repo, "ls-remote", "origin")
 	for _, want := range []string{job + "\trefs/heads/aq/job/pu", cp + "\trefs/heads/aq/wip/pu"} {
 		if !strings.Contains(ls, want) {
 			t.Errorf("ls-remote lacks %q:\n%s", want, ls)
@@ -213,18 +215,18 @@ func TestPushAndRemoteRefs(t *testing.T) {
 	}
 
 	// Forcing is allowed only in aq's namespace, and refused before git runs.
-	mainBefore := git(t, origin, "rev-parse", "main")
+	mainBefore := testenv.Git(t, origin, "rev-parse", "main")
 	for _, rs := range []string{"+refs/heads/aq/job/pu:refs/heads/main", "+HEAD:main", ":refs/heads/main", "--force", ""} {
 		if err := Push(ctx, Git{}, repo, "origin", rs); err == nil {
 			t.Errorf("Push(%q) allowed", rs)
 		}
 	}
-	if git(t, origin, "rev-parse", "main") != mainBefore {
+	if testenv.Git(t, origin, "rev-parse", "main") != mainBefore {
 		t.Fatal("origin main changed")
 	}
 
 	// A rewritten job branch pushed without force is a *PushError naming the ref.
-	git(t, wt, "commit", "-q", "--amend", "-m", "rewritten")
+	testenv.Git(t, wt, "commit", "-q", "--amend", "-m", "rewritten")
 	err = Push(ctx, Git{}, repo, "origin", "refs/heads/aq/job/pu:refs/heads/aq/job/pu")
 	var pe *PushError
 	var ge *GitError
@@ -235,7 +237,7 @@ func TestPushAndRemoteRefs(t *testing.T) {
 		t.Errorf("PushError message = %q", err)
 	}
 	// A WIP ref may be force-pushed (it is aq's, and checkpoints are rewritten).
-	writeFile(t, filepath.Join(wt, "w2.txt"), "more\n")
+	testenv.WriteFile(t, filepath.Join(wt, "w2.txt"), "more\n")
 	cp2, _ := Checkpoint(ctx, Git{}, wt, "aq/wip/pu", "wip")
 	if err := Push(ctx, Git{}, repo, "origin", "+refs/heads/aq/wip/pu:refs/heads/aq/wip/pu"); err != nil {
 		t.Fatal(err)
@@ -243,7 +245,7 @@ func TestPushAndRemoteRefs(t *testing.T) {
 
 	// Another host fetches the checkpoint into a remote-tracking ref.
 	other := filepath.Join(t.TempDir(), "other")
-	git(t, "", "clone", "-q", origin, other)
+	testenv.Git(t, "", "clone", "-q", origin, other)
 	if err := Fetch(ctx, Git{}, other, "origin", "+refs/heads/aq/wip/pu:refs/remotes/origin/aq/wip/pu"); err != nil {
 		t.Fatal(err)
 	}
@@ -276,9 +278,9 @@ func TestListAndDeleteRefs(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	head := git(t, repo, "rev-parse", "HEAD")
-	git(t, repo, "branch", "aq/wip/a")
-	git(t, repo, "branch", "aq/wip/b")
+	head := testenv.Git(t, repo, "rev-parse", "HEAD")
+	testenv.Git(t, repo, "branch", "aq/wip/a")
+	testenv.Git(t, repo, "branch", "aq/wip/b")
 	addWorktree(t, repo, "live", "main")
 
 	refs, err := ListRefs(ctx, Git{}, repo, "refs/heads/aq/wip/")

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // Add makes a real linked worktree: `git worktree list` shows it on the job
@@ -15,20 +17,20 @@ func TestAddCreatesListedWorktree(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	base := git(t, repo, "rev-parse", "main")
+	base := testenv.Git(t, repo, "rev-parse", "main")
 	wt := filepath.Join(t.TempDir(), "deep", "worktrees", "repo", "j1") // parents do not exist yet
 
 	if err := Add(ctx, Git{}, repo, wt, "aq/job/j1", "main"); err != nil {
 		t.Fatal(err)
 	}
-	list := git(t, repo, "worktree", "list", "--porcelain")
+	list := testenv.Git(t, repo, "worktree", "list", "--porcelain")
 	if !strings.Contains(list, "worktree "+wt+"\nHEAD "+base+"\nbranch refs/heads/aq/job/j1") {
 		t.Fatalf("git worktree list does not show %s on aq/job/j1 at %s:\n%s", wt, base, list)
 	}
-	if got := readFile(t, filepath.Join(wt, "src", "main.go")); !strings.Contains(got, "func main") {
+	if got := testenv.ReadFile(t, filepath.Join(wt, "src", "main.go")); !strings.Contains(got, "func main") {
 		t.Errorf("worktree file = %q", got)
 	}
-	if got := git(t, wt, "symbolic-ref", "HEAD"); got != "refs/heads/aq/job/j1" {
+	if got := testenv.Git(t, wt, "symbolic-ref", "HEAD"); got != "refs/heads/aq/job/j1" {
 		t.Errorf("worktree HEAD = %s", got)
 	}
 
@@ -51,8 +53,8 @@ func TestAddFromWIPRef(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "j2", "main")
-	writeFile(t, filepath.Join(wt, "new file.txt"), "engine output\n")
-	writeFile(t, filepath.Join(wt, "README.md"), "# edited\n")
+	testenv.WriteFile(t, filepath.Join(wt, "new file.txt"), "engine output\n")
+	testenv.WriteFile(t, filepath.Join(wt, "README.md"), "# edited\n")
 	cp, err := Checkpoint(ctx, Git{}, wt, "aq/wip/j2", "wip")
 	if err != nil {
 		t.Fatal(err)
@@ -65,13 +67,13 @@ func TestAddFromWIPRef(t *testing.T) {
 	if err := Add(ctx, Git{}, repo, wt2, "aq/job/j2", "aq/wip/j2"); err != nil {
 		t.Fatal(err)
 	}
-	if got := git(t, wt2, "rev-parse", "HEAD"); got != cp {
+	if got := testenv.Git(t, wt2, "rev-parse", "HEAD"); got != cp {
 		t.Errorf("resumed HEAD = %s, want checkpoint %s", got, cp)
 	}
-	if got := readFile(t, filepath.Join(wt2, "new file.txt")); got != "engine output\n" {
+	if got := testenv.ReadFile(t, filepath.Join(wt2, "new file.txt")); got != "engine output\n" {
 		t.Errorf("untracked file after resume = %q", got)
 	}
-	if got := readFile(t, filepath.Join(wt2, "README.md")); got != "# edited\n" {
+	if got := testenv.ReadFile(t, filepath.Join(wt2, "README.md")); got != "# edited\n" {
 		t.Errorf("modified file after resume = %q", got)
 	}
 }
@@ -123,7 +125,7 @@ func TestAddRepoUnavailable(t *testing.T) {
 			t.Errorf("%s: Checkpoint err = %v, want ErrNotRepo", name, err)
 		}
 	}
-	if strings.Contains(git(t, outer, "for-each-ref"), "aq/") {
+	if strings.Contains(testenv.Git(t, outer, "for-each-ref"), "aq/") {
 		t.Error("a checkpoint of a folder inside a repository wrote to the enclosing repository")
 	}
 	if err := Add(ctx, Git{}, cases["missing"], filepath.Join(t.TempDir(), "wt"), "aq/job/x", "main"); !strings.Contains(err.Error(), "does not exist") {
@@ -131,7 +133,7 @@ func TestAddRepoUnavailable(t *testing.T) {
 	}
 
 	bare := filepath.Join(t.TempDir(), "bare.git")
-	git(t, "", "init", "-q", "--bare", bare)
+	testenv.Git(t, "", "init", "-q", "--bare", bare)
 	if !IsRepo(outer) || !IsRepo(bare) {
 		t.Error("IsRepo false for a checkout or a bare repository")
 	}
@@ -141,13 +143,13 @@ func TestAddRefusesExistingPath(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
 	wt := filepath.Join(t.TempDir(), "wt")
-	writeFile(t, filepath.Join(wt, "precious.txt"), "do not lose me\n")
+	testenv.WriteFile(t, filepath.Join(wt, "precious.txt"), "do not lose me\n")
 	err := Add(ctxT(t), Git{}, repo, wt, "aq/job/x", "main")
 	var pe *PathExistsError
 	if !errors.As(err, &pe) || !errors.Is(err, fs.ErrExist) || pe.Path != wt {
 		t.Fatalf("err = %T %v, want *PathExistsError", err, err)
 	}
-	if got := readFile(t, filepath.Join(wt, "precious.txt")); got != "do not lose me\n" {
+	if got := testenv.ReadFile(t, filepath.Join(wt, "precious.txt")); got != "do not lose me\n" {
 		t.Error("existing directory was touched")
 	}
 }
@@ -159,15 +161,15 @@ func TestMainCheckoutLeftUntouched(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
-	base := git(t, repo, "rev-parse", "HEAD")
-	writeFile(t, filepath.Join(repo, "README.md"), "# my local edit\n")
-	writeFile(t, filepath.Join(repo, "staged.txt"), "staged\n")
-	git(t, repo, "add", "staged.txt")
-	writeFile(t, filepath.Join(repo, "scratch.txt"), "untracked notes\n")
+	base := testenv.Git(t, repo, "rev-parse", "HEAD")
+	testenv.WriteFile(t, filepath.Join(repo, "README.md"), "# my local edit\n")
+	testenv.WriteFile(t, filepath.Join(repo, "staged.txt"), "staged\n")
+	testenv.Git(t, repo, "add", "staged.txt")
+	testenv.WriteFile(t, filepath.Join(repo, "scratch.txt"), "untracked notes\n")
 	before := snapshot(t, repo)
 
 	wt := addWorktree(t, repo, "j3", "main")
-	writeFile(t, filepath.Join(wt, "feature.go"), "package feature\n")
+	testenv.WriteFile(t, filepath.Join(wt, "feature.go"), "package feature\n")
 	if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/j3", "wip"); err != nil {
 		t.Fatal(err)
 	}
@@ -189,15 +191,15 @@ func TestRemove(t *testing.T) {
 	repo := newRepo(t)
 
 	wt := addWorktree(t, repo, "r1", "main")
-	writeFile(t, filepath.Join(wt, "junk.log"), "ignored\n")
-	writeFile(t, filepath.Join(wt, "untracked.txt"), "x\n")
+	testenv.WriteFile(t, filepath.Join(wt, "junk.log"), "ignored\n")
+	testenv.WriteFile(t, filepath.Join(wt, "untracked.txt"), "x\n")
 	if err := Remove(ctx, Git{}, repo, wt); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(wt); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("worktree dir still there: %v", err)
 	}
-	if strings.Contains(git(t, repo, "worktree", "list", "--porcelain"), wt) {
+	if strings.Contains(testenv.Git(t, repo, "worktree", "list", "--porcelain"), wt) {
 		t.Error("worktree still registered")
 	}
 	if ok, _ := BranchExists(ctx, Git{}, repo, "aq/job/r1"); !ok {
@@ -232,11 +234,11 @@ func TestRemove(t *testing.T) {
 
 	// A directory that is not a worktree is never deleted.
 	plain := filepath.Join(t.TempDir(), "plain")
-	writeFile(t, filepath.Join(plain, "keep.txt"), "keep\n")
+	testenv.WriteFile(t, filepath.Join(plain, "keep.txt"), "keep\n")
 	if err := Remove(ctx, Git{}, repo, plain); err == nil {
 		t.Error("Remove of a plain directory succeeded")
 	}
-	if readFile(t, filepath.Join(plain, "keep.txt")) != "keep\n" {
+	if testenv.ReadFile(t, filepath.Join(plain, "keep.txt")) != "keep\n" {
 		t.Error("plain directory touched")
 	}
 }
@@ -245,9 +247,9 @@ func TestListDetachedAndLocked(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
 	dir := t.TempDir()
-	git(t, repo, "worktree", "add", "-q", "--detach", filepath.Join(dir, "det"), "main")
-	git(t, repo, "worktree", "add", "-q", "-b", "side", filepath.Join(dir, "locked"), "main")
-	git(t, repo, "worktree", "lock", "--reason", "on a USB disk", filepath.Join(dir, "locked"))
+	testenv.Git(t, repo, "worktree", "add", "-q", "--detach", filepath.Join(dir, "det"), "main")
+	testenv.Git(t, repo, "worktree", "add", "-q", "-b", "side", filepath.Join(dir, "locked"), "main")
+	testenv.Git(t, repo, "worktree", "lock", "--reason", "on a USB disk", filepath.Join(dir, "locked"))
 	entries, err := List(ctxT(t), Git{}, repo)
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +289,7 @@ func TestResolveRefAndFriends(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	repo, _ := newRepoWithOrigin(t)
-	head := git(t, repo, "rev-parse", "HEAD")
+	head := testenv.Git(t, repo, "rev-parse", "HEAD")
 
 	for _, ref := range []string{"main", "refs/heads/main", "HEAD", head, head[:10]} {
 		if sha, ok, err := ResolveRef(ctx, Git{}, repo, ref); err != nil || !ok || sha != head {
@@ -313,7 +315,7 @@ func TestResolveRefAndFriends(t *testing.T) {
 		t.Error("HasRemote wrong")
 	}
 
-	git(t, repo, "commit", "-q", "--allow-empty", "-m", "two")
+	testenv.Git(t, repo, "commit", "-q", "--allow-empty", "-m", "two")
 	if ok, err := IsAncestor(ctx, Git{}, repo, head, "HEAD"); !ok || err != nil {
 		t.Errorf("IsAncestor(first, HEAD) = %v %v", ok, err)
 	}

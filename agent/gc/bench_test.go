@@ -14,6 +14,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -83,7 +84,7 @@ func newBenchSetup(b *testing.B, squash, withOrigin bool) *benchSetup {
 	b.Helper()
 	f := newFactory(b)
 	repo := f.repoDir("big")
-	git(b, "", "init", "-q", "-b", "main", repo)
+	testenv.Git(b, "", "init", "-q", "-b", "main", repo)
 	var st strings.Builder
 	mark := 0
 	next := func() int { mark++; return mark }
@@ -134,8 +135,8 @@ func newBenchSetup(b *testing.B, squash, withOrigin bool) *benchSetup {
 		}
 		refs = append(refs, worktree.Ref{Name: "refs/heads/main", SHA: marks[fmt.Sprint(":", main)]})
 	}
-	git(b, repo, "update-ref", "-d", "refs/heads/scratch")
-	git(b, repo, "symbolic-ref", "HEAD", "refs/heads/main")
+	testenv.Git(b, repo, "update-ref", "-d", "refs/heads/scratch")
+	testenv.Git(b, repo, "symbolic-ref", "HEAD", "refs/heads/main")
 	var packed bytes.Buffer
 	packed.WriteString("# pack-refs with: peeled fully-peeled \n")
 	for _, r := range refs {
@@ -144,7 +145,7 @@ func newBenchSetup(b *testing.B, squash, withOrigin bool) *benchSetup {
 	s := &benchSetup{f: f, repo: repo, packed: packed.Bytes()}
 	os.Remove(filepath.Join(repo, ".git", "refs", "heads", "main"))
 	s.reset(b)
-	git(b, repo, "reset", "-q", "--hard", "main")
+	testenv.Git(b, repo, "reset", "-q", "--hard", "main")
 
 	recs, err := jobstate.Open(filepath.Join(f.home, "state", "jobs"))
 	if err != nil {
@@ -163,8 +164,8 @@ func newBenchSetup(b *testing.B, squash, withOrigin bool) *benchSetup {
 	s.recs = recs
 	if withOrigin {
 		s.origin = f.originDir("big")
-		git(b, "", "clone", "-q", "--bare", repo, s.origin)
-		git(b, repo, "remote", "add", "origin", s.origin)
+		testenv.Git(b, "", "clone", "-q", "--bare", repo, s.origin)
+		testenv.Git(b, repo, "remote", "add", "origin", s.origin)
 		s.originPacked = slices.Clone(packed.Bytes())
 		s.reset(b)
 	}
@@ -229,8 +230,8 @@ func BenchmarkGC10000Branches(b *testing.B) {
 // transaction of 10,000 is slower: its lock files pile up in two
 // directories), and on origin in atomic pushes of 1,000 leases.
 func floor(b *testing.B, repo string, origin bool) {
-	list := git(b, repo, "for-each-ref", "--format=%(objectname) %(committerdate:unix) %(refname)", "refs/heads/aq/")
-	git(b, repo, "for-each-ref", "--merged=main", "--format=%(refname)", "refs/heads/aq/")
+	list := testenv.Git(b, repo, "for-each-ref", "--format=%(objectname) %(committerdate:unix) %(refname)", "refs/heads/aq/")
+	testenv.Git(b, repo, "for-each-ref", "--merged=main", "--format=%(refname)", "refs/heads/aq/")
 	var refs []worktree.Ref
 	for _, line := range strings.Split(list, "\n") {
 		f := strings.Fields(line)
@@ -251,7 +252,7 @@ func floor(b *testing.B, repo string, origin bool) {
 	if !origin {
 		return
 	}
-	git(b, repo, "ls-remote", "origin", "refs/heads/aq/*")
+	testenv.Git(b, repo, "ls-remote", "origin", "refs/heads/aq/*")
 	for i := 0; i < len(refs); i += 1000 {
 		args := []string{"push", "--atomic", "--porcelain", "--no-verify"}
 		chunk := refs[i:min(i+1000, len(refs))]
@@ -262,6 +263,6 @@ func floor(b *testing.B, repo string, origin bool) {
 		for _, r := range chunk {
 			args = append(args, ":"+r.Name)
 		}
-		git(b, repo, args...)
+		testenv.Git(b, repo, args...)
 	}
 }

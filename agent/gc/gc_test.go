@@ -12,6 +12,7 @@ import (
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -102,7 +103,7 @@ func TestGCEveryCase(t *testing.T) {
 	f.runJob("webapp", "merged", daysAgo(5), map[string]string{"merged.txt": "merged\n"}, true)
 	f.push("webapp", "aq/job/merged", "aq/wip/merged")
 	lj.run("merged", "webapp", daysAgo(5), job.Review)
-	f.onOrigin("webapp", func(c string) { git(t, c, "merge", "-q", "--no-ff", "-m", "Merge PR", "origin/aq/job/merged") })
+	f.onOrigin("webapp", func(c string) { testenv.Git(t, c, "merge", "-q", "--no-ff", "-m", "Merge PR", "origin/aq/job/merged") })
 
 	// Unmerged job branch: its PR is still open.
 	f.runJob("webapp", "unmerged", daysAgo(4), map[string]string{"unmerged.txt": "open\n"}, true)
@@ -115,11 +116,11 @@ func TestGCEveryCase(t *testing.T) {
 	f.push("webapp", "aq/job/squashed", "aq/wip/squashed")
 	lj.run("squashed", "webapp", daysAgo(3), job.Review)
 	f.onOrigin("webapp", func(c string) {
-		git(t, c, "merge", "-q", "--squash", "origin/aq/job/squashed")
-		git(t, c, "commit", "-q", "-m", "Squashed job (#2)")
-		writeFile(t, filepath.Join(c, "later.txt"), "later\n")
-		git(t, c, "add", "-A")
-		git(t, c, "commit", "-q", "-m", "later work")
+		testenv.Git(t, c, "merge", "-q", "--squash", "origin/aq/job/squashed")
+		testenv.Git(t, c, "commit", "-q", "-m", "Squashed job (#2)")
+		testenv.WriteFile(t, filepath.Join(c, "later.txt"), "later\n")
+		testenv.Git(t, c, "add", "-A")
+		testenv.Git(t, c, "commit", "-q", "-m", "later work")
 	})
 
 	// WIP of a shipped job (ship: branch; its branch stays unmerged).
@@ -151,8 +152,8 @@ func TestGCEveryCase(t *testing.T) {
 	// after its last checkpoint.
 	wt = f.runJob("webapp", "dead-dirty", daysAgo(30), map[string]string{"dd.txt": "checkpointed\n"}, false)
 	lj.run("dead-dirty", "webapp", daysAgo(30), job.DeadLetter)
-	writeFile(t, filepath.Join(wt, "unsaved.txt"), "never checkpointed\n")
-	writeFile(t, filepath.Join(wt, "dd.txt"), "changed after the checkpoint\n")
+	testenv.WriteFile(t, filepath.Join(wt, "unsaved.txt"), "never checkpointed\n")
+	testenv.WriteFile(t, filepath.Join(wt, "dd.txt"), "changed after the checkpoint\n")
 
 	// Fleet jobs, from the factory's records: one shipped (WIP on origin
 	// too), one orphaned (its process is gone), one whose process lives.
@@ -180,10 +181,10 @@ func TestGCEveryCase(t *testing.T) {
 
 	// Refs that are not aq's, merged or not, and a WIP ref of a job no
 	// record knows.
-	git(t, web, "branch", "feature/x", "main")
+	testenv.Git(t, web, "branch", "feature/x", "main")
 	f.push("webapp", "feature/x")
-	git(t, web, "branch", "aqx/not-ours", "main")
-	git(t, web, "update-ref", "refs/heads/aq/wip/mystery", git(t, web, "rev-parse", "aq/wip/failed-recent"))
+	testenv.Git(t, web, "branch", "aqx/not-ours", "main")
+	testenv.Git(t, web, "update-ref", "refs/heads/aq/wip/mystery", testenv.Git(t, web, "rev-parse", "aq/wip/failed-recent"))
 
 	// A second repository whose repo lock another process holds: a job runs
 	// there, so none of its worktrees is touched; its refs still are.
@@ -199,7 +200,7 @@ func TestGCEveryCase(t *testing.T) {
 	}
 	lj.run("hand-deleted", "webapp", daysAgo(3), job.DeadLetter)
 
-	webBefore, originBefore, apiBefore := refs(t, web), refs(t, f.originDir("webapp")), refs(t, api)
+	webBefore, originBefore, apiBefore := testenv.RemoteRefs(t, web, "refs/"), testenv.RemoteRefs(t, f.originDir("webapp"), "refs/"), testenv.RemoteRefs(t, api, "refs/")
 	g := f.gc(func(g *GC) { g.Queue, g.Records = q, recs })
 
 	// A dry run changes nothing and announces what the run will do.
@@ -209,7 +210,7 @@ func TestGCEveryCase(t *testing.T) {
 	}
 	// (It fetched origin's main into refs/remotes/origin/main, as git fetch
 	// would; no branch changed.)
-	if got := refs(t, web); !equalMaps(heads(got), heads(webBefore)) {
+	if got := testenv.RemoteRefs(t, web, "refs/"); !equalMaps(heads(got), heads(webBefore)) {
 		t.Fatal("--dry-run changed refs")
 	}
 
@@ -224,7 +225,7 @@ func TestGCEveryCase(t *testing.T) {
 		t.Errorf("dry run would delete %+v, the run deleted %+v", dry.Deleted, rep.Deleted)
 	}
 
-	webAfter, originAfter, apiAfter := refs(t, web), refs(t, f.originDir("webapp")), refs(t, api)
+	webAfter, originAfter, apiAfter := testenv.RemoteRefs(t, web, "refs/"), testenv.RemoteRefs(t, f.originDir("webapp"), "refs/"), testenv.RemoteRefs(t, api, "refs/")
 	gone := func(m map[string]string, names ...string) {
 		t.Helper()
 		for _, n := range names {
@@ -260,7 +261,7 @@ func TestGCEveryCase(t *testing.T) {
 		t.Error("aq/wip/dead-dirty was not checkpointed (or was deleted)")
 	}
 	for p, want := range map[string]string{"unsaved.txt": "never checkpointed\n", "dd.txt": "changed after the checkpoint\n"} {
-		if got := git(t, web, "show", "aq/wip/dead-dirty:"+p); got+"\n" != want {
+		if got := testenv.Git(t, web, "show", "aq/wip/dead-dirty:"+p); got+"\n" != want {
 			t.Errorf("aq/wip/dead-dirty:%s = %q, want %q", p, got, want)
 		}
 	}
@@ -270,7 +271,7 @@ func TestGCEveryCase(t *testing.T) {
 
 	// Worktrees: the running, orphaned, live-fleet and api ones stay; the
 	// rest are gone, and git no longer lists them.
-	list := git(t, web, "worktree", "list", "--porcelain")
+	list := testenv.Git(t, web, "worktree", "list", "--porcelain")
 	for _, id := range []string{"running", "fleet-orphan", "fleet-live"} {
 		if _, err := os.Stat(f.wtPath("webapp", id)); err != nil || !strings.Contains(list, f.wtPath("webapp", id)) {
 			t.Errorf("worktree %s should be kept: %v", id, err)
@@ -384,9 +385,9 @@ func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
 	// Job "starts" starts: its lock is taken in another process.
 	holdInOtherProcess(t, f.locksDir(), worktree.JobLockName("starts"))
 	// Another factory checkpoints "moves" to origin; locally it moves too.
-	moved := git(t, a, "commit-tree", "-p", "aq/wip/moves", "-m", "later", "aq/wip/moves^{tree}")
-	git(t, a, "update-ref", "refs/heads/aq/wip/moves", moved)
-	git(t, a, "push", "-q", "origin", "+refs/heads/aq/wip/moves:refs/heads/aq/wip/moves")
+	moved := testenv.Git(t, a, "commit-tree", "-p", "aq/wip/moves", "-m", "later", "aq/wip/moves^{tree}")
+	testenv.Git(t, a, "update-ref", "refs/heads/aq/wip/moves", moved)
+	testenv.Git(t, a, "push", "-q", "origin", "+refs/heads/aq/wip/moves:refs/heads/aq/wip/moves")
 	// A job starts in repository b.
 	holdInOtherProcess(t, f.locksDir(), worktree.RepoLockName("b"))
 
@@ -394,8 +395,8 @@ func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
 	if len(rep.Errors) != 0 {
 		t.Fatalf("errors: %v", rep.Errors)
 	}
-	after := refs(t, a)
-	origin := refs(t, f.originDir("a"))
+	after := testenv.RemoteRefs(t, a, "refs/")
+	origin := testenv.RemoteRefs(t, f.originDir("a"), "refs/")
 	for _, ref := range []string{"refs/heads/aq/wip/starts", "refs/heads/aq/job/starts"} {
 		if after[ref] == "" {
 			t.Errorf("%s of the job that started was deleted", ref)
@@ -435,10 +436,10 @@ func TestGCOfflineAndGoneRepository(t *testing.T) {
 	ctx := ctxT(t)
 	f := newFactory(t)
 	repo := f.newRepo("x")
-	git(t, repo, "branch", "aq/job/a", "main")
+	testenv.Git(t, repo, "branch", "aq/job/a", "main")
 	f.push("x", "aq/job/a")
 	ghost := f.wtPath("ghost", "j1")
-	writeFile(t, filepath.Join(ghost, "file.txt"), "work\n")
+	testenv.WriteFile(t, filepath.Join(ghost, "file.txt"), "work\n")
 	recs, err := jobstate.Open(filepath.Join(f.home, "state", "jobs"))
 	if err != nil {
 		t.Fatal(err)
@@ -454,7 +455,7 @@ func TestGCOfflineAndGoneRepository(t *testing.T) {
 	if rep.Deleted != (Counts{JobBranches: 1}) {
 		t.Errorf("deleted %+v", rep.Deleted)
 	}
-	if refs(t, f.originDir("x"))["refs/heads/aq/job/a"] == "" {
+	if testenv.RemoteRefs(t, f.originDir("x"), "refs/")["refs/heads/aq/job/a"] == "" {
 		t.Error("--offline deleted a ref on origin")
 	}
 	if _, err := os.Stat(filepath.Join(ghost, "file.txt")); err != nil {

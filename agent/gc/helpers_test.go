@@ -2,7 +2,6 @@ package gc
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -24,21 +24,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "hold-lock" {
 		os.Exit(holdLock())
 	}
-	// Tests must not depend on the host's git configuration.
-	cfg, err := os.CreateTemp("", "aq-gc-gitconfig-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cfg.Close()
-	os.Setenv("GIT_CONFIG_GLOBAL", cfg.Name())
-	os.Setenv("GIT_CONFIG_NOSYSTEM", "1")
-	for _, k := range []string{"GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"} {
-		os.Unsetenv(k)
-	}
-	code := m.Run()
-	os.Remove(cfg.Name())
-	os.Exit(code)
+	os.Exit(testenv.Main(m))
 }
 
 // holdLock takes the lock AQ_LOCK_NAME (a repo or job lock name) in
@@ -93,43 +79,6 @@ func holdInOtherProcess(t *testing.T, locksDir, name string) int {
 	return cmd.Process.Pid
 }
 
-var testIdentity = []string{
-	"GIT_AUTHOR_NAME=Test Person", "GIT_AUTHOR_EMAIL=test@example.com",
-	"GIT_COMMITTER_NAME=Test Person", "GIT_COMMITTER_EMAIL=test@example.com",
-}
-
-// git runs the real git for a test's setup and checks.
-func git(tb testing.TB, dir string, args ...string) string {
-	tb.Helper()
-	out, err := gitErr(dir, args...)
-	if err != nil {
-		tb.Fatalf("git %s (in %s): %v", strings.Join(args, " "), dir, err)
-	}
-	return out
-}
-
-func gitErr(dir string, args ...string) (string, error) {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), testIdentity...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("%v: %s", err, stderr.String())
-	}
-	return strings.TrimRight(stdout.String(), "\n"), nil
-}
-
-func writeFile(tb testing.TB, path, content string) {
-	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-}
-
 func ctxT(tb testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	tb.Cleanup(cancel)
@@ -168,17 +117,15 @@ func (f *factory) wtPath(repo, id string) string {
 // newRepo makes repo under AQ_REPO_BASE on main with a bare origin.
 func (f *factory) newRepo(name string) string {
 	t := f.t
-	dir := f.repoDir(name)
-	git(t, "", "init", "-q", "-b", "main", dir)
-	writeFile(t, filepath.Join(dir, "README.md"), "# "+name+"\n")
-	writeFile(t, filepath.Join(dir, "src", "app.go"), "package app\n\nfunc A() int { return 1 }\n")
-	writeFile(t, filepath.Join(dir, ".gitignore"), "*.log\n")
-	git(t, dir, "add", "-A")
-	git(t, dir, "commit", "-q", "-m", "init")
-	git(t, "", "init", "-q", "--bare", "-b", "main", f.originDir(name))
-	git(t, dir, "remote", "add", "origin", f.originDir(name))
-	git(t, dir, "push", "-q", "origin", "main")
-	git(t, dir, "fetch", "-q", "origin")
+	dir := testenv.NewRepo(t, f.repoBase, name, map[string]string{
+		"README.md":  "# " + name + "\n",
+		"src/app.go": "package app\n\nfunc A() int { return 1 }\n",
+		".gitignore": "*.log\n",
+	})
+	testenv.Git(t, "", "init", "-q", "--bare", "-b", "main", f.originDir(name))
+	testenv.Git(t, dir, "remote", "add", "origin", f.originDir(name))
+	testenv.Git(t, dir, "push", "-q", "origin", "main")
+	testenv.Git(t, dir, "fetch", "-q", "origin")
 	return dir
 }
 
@@ -187,9 +134,9 @@ func (f *factory) newRepo(name string) string {
 func (f *factory) onOrigin(repo string, fn func(clone string)) {
 	t := f.t
 	clone := filepath.Join(t.TempDir(), "clone")
-	git(t, "", "clone", "-q", f.originDir(repo), clone)
+	testenv.Git(t, "", "clone", "-q", f.originDir(repo), clone)
 	fn(clone)
-	git(t, clone, "push", "-q", "origin", "main")
+	testenv.Git(t, clone, "push", "-q", "origin", "main")
 }
 
 // runJob does what the runner does for one job, its commits dated at: a
@@ -206,9 +153,9 @@ func (f *factory) runJob(repo, id string, at time.Time, edits map[string]string,
 	if err := worktree.Add(ctx, g, dir, wt, "aq/job/"+id, "main"); err != nil {
 		t.Fatal(err)
 	}
-	base := git(t, wt, "rev-parse", "HEAD")
+	base := testenv.Git(t, wt, "rev-parse", "HEAD")
 	for p, c := range edits {
-		writeFile(t, filepath.Join(wt, p), c)
+		testenv.WriteFile(t, filepath.Join(wt, p), c)
 	}
 	if _, err := worktree.Checkpoint(ctx, g, wt, "refs/heads/aq/wip/"+id, "aq checkpoint: "+id); err != nil {
 		t.Fatal(err)
@@ -227,20 +174,7 @@ func (f *factory) push(repo string, branches ...string) {
 	for _, b := range branches {
 		args = append(args, "+refs/heads/"+b+":refs/heads/"+b)
 	}
-	git(f.t, f.repoDir(repo), args...)
-}
-
-// refs lists a repository's refs as name → sha.
-func refs(tb testing.TB, dir string) map[string]string {
-	tb.Helper()
-	out := git(tb, dir, "for-each-ref", "--format=%(refname) %(objectname)")
-	m := map[string]string{}
-	for _, line := range strings.Split(out, "\n") {
-		if name, sha, ok := strings.Cut(line, " "); ok {
-			m[name] = sha
-		}
-	}
-	return m
+	testenv.Git(f.t, f.repoDir(repo), args...)
 }
 
 func (f *factory) gc(mods ...func(*GC)) *GC {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -88,13 +89,13 @@ func randomHistory(t *testing.T, seed uint64) {
 		wt := f.runJob("r", id, at, map[string]string{id + ".txt": uniq(id), "src/" + id + ".go": uniq("package app // " + id)}, commitJob)
 		switch r.IntN(4) {
 		case 0: // a second checkpoint after more work (the WIP gets a child)
-			writeFile(t, filepath.Join(wt, id+"-more.txt"), uniq("more"))
+			testenv.WriteFile(t, filepath.Join(wt, id+"-more.txt"), uniq("more"))
 			if _, err := worktree.Checkpoint(ctx, g, wt, worktree.WIPRefPrefix+id, "again"); err != nil {
 				t.Fatal(err)
 			}
 		case 1: // a branch of several commits (the engine committed too)
 			if commitJob {
-				writeFile(t, filepath.Join(wt, id+"-second.txt"), uniq("second"))
+				testenv.WriteFile(t, filepath.Join(wt, id+"-second.txt"), uniq("second"))
 				if _, _, err := worktree.CommitAll(ctx, g, wt, "second commit"); err != nil {
 					t.Fatal(err)
 				}
@@ -113,51 +114,51 @@ func randomHistory(t *testing.T, seed uint64) {
 		if pushedJob {
 			switch r.IntN(7) {
 			case 0: // merged with a merge commit
-				onOriginMain(func(c string) { git(t, c, "merge", "-q", "--no-ff", "-m", "merge "+id, "origin/"+jobBranch) })
+				onOriginMain(func(c string) { testenv.Git(t, c, "merge", "-q", "--no-ff", "-m", "merge "+id, "origin/"+jobBranch) })
 			case 1: // squash-merged
 				onOriginMain(func(c string) {
-					git(t, c, "merge", "-q", "--squash", "origin/"+jobBranch)
-					git(t, c, "commit", "-q", "--allow-empty", "-m", "squash "+id)
+					testenv.Git(t, c, "merge", "-q", "--squash", "origin/"+jobBranch)
+					testenv.Git(t, c, "commit", "-q", "--allow-empty", "-m", "squash "+id)
 				})
 			case 2: // squash-merged, then reverted
 				onOriginMain(func(c string) {
-					git(t, c, "merge", "-q", "--squash", "origin/"+jobBranch)
-					git(t, c, "commit", "-q", "--allow-empty", "-m", "squash "+id)
-					if _, err := gitErr(c, "diff", "--quiet", "HEAD~1", "HEAD"); err != nil {
-						git(t, c, "revert", "--no-edit", "HEAD")
+					testenv.Git(t, c, "merge", "-q", "--squash", "origin/"+jobBranch)
+					testenv.Git(t, c, "commit", "-q", "--allow-empty", "-m", "squash "+id)
+					if _, err := testenv.GitErr(c, "diff", "--quiet", "HEAD~1", "HEAD"); err != nil {
+						testenv.Git(t, c, "revert", "--no-edit", "HEAD")
 					}
 				})
 			case 3: // squash-merged, then its file edited on base
 				onOriginMain(func(c string) {
-					git(t, c, "merge", "-q", "--squash", "origin/"+jobBranch)
-					git(t, c, "commit", "-q", "--allow-empty", "-m", "squash "+id)
-					writeFile(t, filepath.Join(c, id+".txt"), uniq("edited on base"))
-					git(t, c, "add", "-A")
-					git(t, c, "commit", "-q", "-m", "edit "+id)
+					testenv.Git(t, c, "merge", "-q", "--squash", "origin/"+jobBranch)
+					testenv.Git(t, c, "commit", "-q", "--allow-empty", "-m", "squash "+id)
+					testenv.WriteFile(t, filepath.Join(c, id+".txt"), uniq("edited on base"))
+					testenv.Git(t, c, "add", "-A")
+					testenv.Git(t, c, "commit", "-q", "-m", "edit "+id)
 				})
 			case 4: // only its last commit cherry-picked
 				onOriginMain(func(c string) {
-					if _, err := gitErr(c, "cherry-pick", "origin/"+jobBranch); err != nil {
-						git(t, c, "cherry-pick", "--abort")
+					if _, err := testenv.GitErr(c, "cherry-pick", "origin/"+jobBranch); err != nil {
+						testenv.Git(t, c, "cherry-pick", "--abort")
 					}
 				})
 			}
 		}
 		if r.IntN(4) == 0 { // another factory checkpointed this job since: origin's WIP diverged
 			onOriginMain(func(c string) {
-				git(t, c, "checkout", "-q", "-b", "tmp")
-				writeFile(t, filepath.Join(c, id+"-elsewhere.txt"), uniq("elsewhere"))
-				git(t, c, "add", "-A")
-				git(t, c, "commit", "-q", "-m", "elsewhere")
-				git(t, c, "push", "-q", "origin", "+HEAD:refs/heads/"+wipRef)
-				git(t, c, "checkout", "-q", "main")
+				testenv.Git(t, c, "checkout", "-q", "-b", "tmp")
+				testenv.WriteFile(t, filepath.Join(c, id+"-elsewhere.txt"), uniq("elsewhere"))
+				testenv.Git(t, c, "add", "-A")
+				testenv.Git(t, c, "commit", "-q", "-m", "elsewhere")
+				testenv.Git(t, c, "push", "-q", "origin", "+HEAD:refs/heads/"+wipRef)
+				testenv.Git(t, c, "checkout", "-q", "main")
 			})
 		}
 		if r.IntN(3) == 0 { // base moved on, unrelated
 			onOriginMain(func(c string) {
-				writeFile(t, filepath.Join(c, "base.txt"), uniq("base"))
-				git(t, c, "add", "-A")
-				git(t, c, "commit", "-q", "-m", "base work")
+				testenv.WriteFile(t, filepath.Join(c, "base.txt"), uniq("base"))
+				testenv.Git(t, c, "add", "-A")
+				testenv.Git(t, c, "commit", "-q", "-m", "base work")
 			})
 		}
 
@@ -170,17 +171,17 @@ func randomHistory(t *testing.T, seed uint64) {
 		case 1: // files written after its checkpoint
 			dirty[id] = map[string]string{id + "-unsaved.txt": uniq("unsaved")}
 			for p, c := range dirty[id] {
-				writeFile(t, filepath.Join(wt, p), c)
+				testenv.WriteFile(t, filepath.Join(wt, p), c)
 			}
 		case 2: // detached, with a commit only its HEAD holds
-			git(t, wt, "checkout", "-q", "--detach")
-			writeFile(t, filepath.Join(wt, id+"-detached.txt"), uniq("detached"))
-			git(t, wt, "add", "-A")
-			git(t, wt, "commit", "-q", "-m", "detached work")
+			testenv.Git(t, wt, "checkout", "-q", "--detach")
+			testenv.WriteFile(t, filepath.Join(wt, id+"-detached.txt"), uniq("detached"))
+			testenv.Git(t, wt, "add", "-A")
+			testenv.Git(t, wt, "commit", "-q", "-m", "detached work")
 		case 3:
 			handDelete = append(handDelete, wt)
 		case 4:
-			git(t, repo, "worktree", "lock", wt)
+			testenv.Git(t, repo, "worktree", "lock", wt)
 		}
 
 		// What aq's records say.
@@ -213,8 +214,8 @@ func randomHistory(t *testing.T, seed uint64) {
 		}
 	}
 	// Refs that are not aq's.
-	git(t, repo, "branch", "feature", "main")
-	git(t, repo, "tag", "v1", "main")
+	testenv.Git(t, repo, "branch", "feature", "main")
+	testenv.Git(t, repo, "tag", "v1", "main")
 	for _, wt := range handDelete {
 		if err := os.RemoveAll(wt); err != nil {
 			t.Fatal(err)
@@ -230,19 +231,19 @@ func randomHistory(t *testing.T, seed uint64) {
 
 	// Before: every commit each ref and worktree holds.
 	before := map[holder][]string{}
-	for name, sha := range refs(t, repo) {
+	for name, sha := range testenv.RemoteRefs(t, repo, "refs/") {
 		before[holder{"local", name}] = revList(t, repo, sha)
 	}
-	for name, sha := range refs(t, f.originDir("r")) {
+	for name, sha := range testenv.RemoteRefs(t, f.originDir("r"), "refs/") {
 		before[holder{"origin", name}] = revList(t, f.originDir("r"), sha)
 	}
-	wipBefore := refs(t, repo)
+	wipBefore := testenv.RemoteRefs(t, repo, "refs/")
 	for _, w := range listWorktrees(t, repo) {
 		if w.HEAD != "" && w.Detached { // one on a branch holds what its branch holds
 			before[holder{"worktree", w.Path}] = revList(t, repo, w.HEAD)
 		}
 	}
-	originMain := git(t, f.originDir("r"), "rev-parse", "main")
+	originMain := testenv.Git(t, f.originDir("r"), "rev-parse", "main")
 
 	g := f.gc(func(g *GC) { g.Records = recs })
 	rep, err := g.Run(ctx, false)
@@ -264,7 +265,7 @@ func randomHistory(t *testing.T, seed uint64) {
 	// After: what is reachable anywhere.
 	reach := map[string]bool{}
 	for _, dir := range []string{repo, f.originDir("r")} {
-		for _, c := range strings.Fields(git(t, dir, "rev-list", "--all")) {
+		for _, c := range strings.Fields(testenv.Git(t, dir, "rev-list", "--all")) {
 			reach[c] = true
 		}
 	}
@@ -316,7 +317,7 @@ func randomHistory(t *testing.T, seed uint64) {
 			continue // kept
 		}
 		for p, want := range files {
-			got, err := gitErr(repo, "show", worktree.WIPRefPrefix+id+":"+p)
+			got, err := testenv.GitErr(repo, "show", worktree.WIPRefPrefix+id+":"+p)
 			if err != nil {
 				a := decided[holder{"local", worktree.WIPRefPrefix + id}]
 				t.Fatalf("%s's unsaved %s is in no WIP ref (WIP before %.12s, decision %s/%s: %s)", id, p, wipBefore[worktree.WIPRefPrefix+id], a.Result, a.Rule, a.Detail)
@@ -345,7 +346,7 @@ func randomHistory(t *testing.T, seed uint64) {
 
 func revList(tb testing.TB, dir, sha string) []string {
 	tb.Helper()
-	out, err := gitErr(dir, "rev-list", sha)
+	out, err := testenv.GitErr(dir, "rev-list", sha)
 	if err != nil { // a tag or something else that is not a commit
 		return nil
 	}
@@ -366,7 +367,7 @@ func listWorktrees(tb testing.TB, repo string) []worktree.Entry {
 // merging tip into base changes nothing.
 func changeInBase(tb testing.TB, repo, base, tip string) bool {
 	tb.Helper()
-	if out, err := gitErr(repo, "cherry", base, tip); err == nil {
+	if out, err := testenv.GitErr(repo, "cherry", base, tip); err == nil {
 		all := true
 		for _, line := range strings.Split(out, "\n") {
 			if strings.HasPrefix(line, "+") {
@@ -377,11 +378,11 @@ func changeInBase(tb testing.TB, repo, base, tip string) bool {
 			return true
 		}
 	}
-	tree, err := gitErr(repo, "merge-tree", "--write-tree", base, tip)
+	tree, err := testenv.GitErr(repo, "merge-tree", "--write-tree", base, tip)
 	if err != nil {
 		return false
 	}
-	baseTree := git(tb, repo, "rev-parse", base+"^{tree}")
+	baseTree := testenv.Git(tb, repo, "rev-parse", base+"^{tree}")
 	lines := strings.Split(tree, "\n")
 	return lines[0] == baseTree
 }
