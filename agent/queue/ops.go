@@ -12,6 +12,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/atomicfile"
 )
 
 // Submit enqueues j with raw as its manifest (stored byte for byte): into
@@ -102,7 +103,7 @@ func (q *Queue) writeNewLocked(st *State, raw []byte) error {
 		os.Remove(side)
 		return fmt.Errorf("job %s: write manifest: %w", st.ID, err)
 	}
-	syncDir(filepath.Dir(md))
+	atomicfile.SyncDir(filepath.Dir(md))
 	return nil
 }
 

@@ -13,31 +13,17 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/internal/atomicfile"
 )
 
 // This file holds the on-disk mechanics: atomic writes, the sidecar cache,
 // locating a job, moving it, and repairing what a crash or a person left
 // behind. Functions named *Locked must be called holding the queue lock.
 
-// writeAtomic writes data to path so that readers see the old file or the new
-// one, never a part: temp file in the same directory, fsync, rename, fsync
-// the directory.
-func writeAtomic(path string, data []byte) error {
-	tmp, err := writeTemp(path, data)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	syncDir(filepath.Dir(path))
-	return nil
-}
-
 // writeTemp writes data, durably, to a new temp file beside path, to be
-// renamed onto path. Temp names start with "." so scans never take them for
-// jobs.
+// renamed onto path: Submit's two-file commit (single files go through
+// atomicfile.WriteFile). Temp names start with "." so scans never take them
+// for jobs.
 func writeTemp(path string, data []byte) (string, error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -58,15 +44,6 @@ func writeTemp(path string, data []byte) (string, error) {
 		return "", err
 	}
 	return f.Name(), nil
-}
-
-// syncDir makes renames and removals in dir durable. It is best effort: some
-// file systems refuse fsync on a directory, and the data is already safe.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
 }
 
 func exists(path string) (bool, error) {
@@ -213,7 +190,7 @@ func (q *Queue) writeSidecarLocked(st *State) error {
 func (q *Queue) writeSidecarBytes(stage job.Stage, id string, data []byte) error {
 	path := q.sidecar(stage, id)
 	q.cache.drop(path)
-	if err := writeAtomic(path, data); err != nil {
+	if err := atomicfile.WriteFile(path, data, 0o644); err != nil {
 		return fmt.Errorf("job %s: write sidecar: %w", id, err)
 	}
 	return nil
