@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -234,7 +236,7 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 		for _, r := range refs {
 			bases[baseOf(r.Name)] = true
 		}
-		for _, b := range sortedKeys(bases) {
+		for _, b := range slices.Sorted(maps.Keys(bases)) {
 			src := "refs/heads/" + b
 			if err := worktree.Fetch(ctx, gt, dir, remoteName, "+"+src+":refs/remotes/"+remoteName+"/"+b); err != nil {
 				if ctx.Err() != nil {
@@ -346,7 +348,7 @@ func (g *GC) refFacts(ctx context.Context, dir string, local []worktree.RefInfo,
 			byBase[baseOf(r.Name)] = append(byBase[baseOf(r.Name)], tip{r.Name, r.SHA})
 		}
 	}
-	for _, base := range sortedKeys(byBase) {
+	for _, base := range slices.Sorted(maps.Keys(byBase)) {
 		tips := g.baseTips(ctx, dir, base)
 		if len(tips) == 0 {
 			continue // no such branch here: nothing is known to be merged into it
@@ -442,13 +444,4 @@ func canon(p string) string {
 		return filepath.Join(real, filepath.Base(abs))
 	}
 	return abs
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -1,6 +1,7 @@
 package gc
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/aqfleet/aq/agent/job"
@@ -129,24 +130,11 @@ func merge(a, b worktree.JobState) worktree.JobState {
 		out = b
 	}
 	out.InFlight = a.InFlight || b.InFlight
-	if out.Base == "" {
-		out.Base = firstNonEmpty(a.Base, b.Base)
-	}
-	if out.Repo == "" {
-		out.Repo = firstNonEmpty(a.Repo, b.Repo)
-	}
+	out.Base = cmp.Or(out.Base, a.Base, b.Base)
+	out.Repo = cmp.Or(out.Repo, a.Repo, b.Repo)
 	out.EndedAt = a.EndedAt // the later end keeps a failed job's WIP longer
 	if b.EndedAt.After(a.EndedAt) {
 		out.EndedAt = b.EndedAt
 	}
 	return out
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, v := range s {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }

@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -215,7 +216,7 @@ func (p *parser) decode() {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !contains(job.Engines, v) {
+				if !slices.Contains(job.Engines, v) {
 					d.Addf(f.Line, oneOf(v, job.Engines), "engine %q is not known", v)
 				}
 				j.Engine = v
@@ -263,7 +264,7 @@ func (p *parser) decode() {
 			}
 		case "depsMode":
 			if v, ok := d.String(f, "all"); ok {
-				if !contains(DepsModes, v) {
+				if !slices.Contains(DepsModes, v) {
 					d.Addf(f.Line, "all: every dep must ship first; any: one is enough", "depsMode %q is not all or any", v)
 				}
 				j.DepsMode = v
@@ -298,7 +299,7 @@ func (p *parser) decode() {
 			}
 		case "ship":
 			if v, ok := d.String(f, "pr"); ok {
-				if !contains(job.ShipModes, v) {
+				if !slices.Contains(job.ShipModes, v) {
 					d.Addf(f.Line, oneOf(v, job.ShipModes), "ship %q is not known", v)
 				}
 				j.Ship = v
@@ -473,7 +474,7 @@ func (p *parser) check() {
 		d.Addf(p.doc.OpenLine, "add repo: NAME (a git repository under AQ_REPO_BASE) or repo: a git URL", "repo is required")
 	}
 	switch {
-	case !contains(job.Engines, j.Engine): // already reported
+	case !slices.Contains(job.Engines, j.Engine): // already reported
 	case j.Engine == "script" && !p.set("script"):
 		line := p.at["engine"]
 		if line == 0 {
@@ -520,13 +521,4 @@ func oneOf(v string, allowed []string) string {
 		fix = fmt.Sprintf("did you mean %q? %s", s, fix)
 	}
 	return fix
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

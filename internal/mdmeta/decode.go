@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -89,7 +90,7 @@ func (d *Decoder) Fields(n *yaml.Node, path string, known []string) []Field {
 			continue
 		}
 		seen[k.Value] = line
-		if !contains(known, k.Value) {
+		if !slices.Contains(known, k.Value) {
 			fix := "known keys: " + strings.Join(known, ", ")
 			if s := Suggest(k.Value, known); s != "" {
 				fix = fmt.Sprintf("did you mean %q?", s)
@@ -274,13 +275,4 @@ func (d *Decoder) List(f Field, example string) ([]Item, bool) {
 		}
 	}
 	return out, ok
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
