@@ -338,12 +338,18 @@ func firstLine(s string) string {
 func (c *Config) derive() {
 	if c.FactoryID == "" {
 		c.FactoryID = DefaultFactoryID()
-		c.settings["factory_id"] = Setting{Key: "factory_id", Value: c.FactoryID, Source: FromDerived, Origin: "host name", Env: "AQ_FACTORY_ID", Flag: "--factory-id"}
+		c.setDerived("factory_id", c.FactoryID, "host name")
 	}
 	if c.SBSubscription == "" {
 		c.SBSubscription = c.FactoryID
-		c.settings["sb_subscription"] = Setting{Key: "sb_subscription", Value: c.SBSubscription, Source: FromDerived, Origin: "factory_id", Env: "AQ_SB_SUBSCRIPTION", Flag: "--sb-subscription"}
+		c.setDerived("sb_subscription", c.SBSubscription, "factory_id")
 	}
+}
+
+// setDerived records key name's value as computed from origin.
+func (c *Config) setDerived(name, value, origin string) {
+	k, _ := Lookup(name)
+	c.settings[name] = Setting{Key: name, Value: value, Source: FromDerived, Origin: origin, Env: k.Env[0], Flag: "--" + k.Flag}
 }
 
 // DefaultFactoryID is the host name, made into a valid id.
