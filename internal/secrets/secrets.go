@@ -17,7 +17,9 @@ import (
 // Mask is what a secret value is replaced with.
 const Mask = "***"
 
-// aqSecretEnv are aq's own secrets, whatever their names end in.
+// aqSecretEnv are the factory's own credentials, whatever their names end
+// in: masked in logs (IsSecretName) and never passed to an engine
+// (IsAQSecret).
 var aqSecretEnv = map[string]bool{
 	"AQ_FLEET_TOKEN":          true,
 	"AQ_SB_CONNECTION_STRING": true,
@@ -52,9 +54,12 @@ func IsSecretName(name string) bool {
 	return false
 }
 
-// IsAQSecret reports whether name is one of aq's own secrets, which never reach
-// an engine's environment.
-func IsAQSecret(name string) bool { return aqSecretEnv[name] }
+// IsAQSecret reports whether name is one of the factory's own credentials,
+// which never reach an engine's environment: those of aqSecretEnv, and any
+// AQ_* variable with a secret's name.
+func IsAQSecret(name string) bool {
+	return aqSecretEnv[name] || strings.HasPrefix(name, "AQ_") && IsSecretName(name)
+}
 
 // agentMarkers are variables an engine inherits from a parent agent session
 // that change its behaviour (e.g. Claude Code refusing to nest). They are
@@ -76,7 +81,7 @@ func EngineEnv(env []string, drop ...string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
 		name, _, ok := strings.Cut(kv, "=")
-		if !ok || IsAQSecret(name) || dropSet[name] || strings.HasPrefix(name, "AQ_") && IsSecretName(name) {
+		if !ok || IsAQSecret(name) || dropSet[name] {
 			continue
 		}
 		out = append(out, kv)
