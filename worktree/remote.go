@@ -78,32 +78,6 @@ func parsePushRejections(out string) []RefUpdate {
 	return rejected
 }
 
-// DeleteRemoteRef deletes ref (a branch name or full ref under refs/heads/aq/)
-// on remote. With expect set, the delete happens only while the remote ref
-// still points at expect (--force-with-lease), so a checkpoint another factory
-// pushed since is never deleted. A ref that is already gone is not an error.
-func DeleteRemoteRef(ctx context.Context, g Git, repoDir, remote, ref, expect string) error {
-	full := fullBranchRef(ref)
-	if !strings.HasPrefix(full, aqRefPrefix) {
-		return fmt.Errorf("delete remote ref: refusing %q: aq only deletes refs under %s", ref, aqRefPrefix)
-	}
-	args := []string{"push", "--porcelain", "--no-verify"}
-	if expect != "" {
-		args = append(args, "--force-with-lease="+full+":"+expect)
-	}
-	args = append(args, "--end-of-options", remote, ":"+full)
-	err := push(ctx, g, repoDir, remote, args)
-	if err == nil || ctx.Err() != nil {
-		return err
-	}
-	// Some servers refuse to delete a ref that does not exist; that is the
-	// state we wanted.
-	if _, ok, rerr := RemoteRef(ctx, g, repoDir, remote, full); rerr == nil && !ok {
-		return nil
-	}
-	return err
-}
-
 // RemoteRef asks remote where ref points (`git ls-remote`); ok is false when
 // the remote has no such ref.
 func RemoteRef(ctx context.Context, g Git, dir, remote, ref string) (sha string, ok bool, err error) {
@@ -137,50 +111,4 @@ func Fetch(ctx context.Context, g Git, repoDir, remote string, refspecs ...strin
 type Ref struct {
 	Name string // full name, refs/heads/aq/wip/x
 	SHA  string
-}
-
-// ListRefs lists the refs under prefix (e.g. "refs/heads/aq/wip/") in dir.
-func ListRefs(ctx context.Context, g Git, dir, prefix string) ([]Ref, error) {
-	out, err := g.at(dir).Run(ctx, dir, "for-each-ref", "--format=%(objectname) %(refname)", "--end-of-options", prefix)
-	if err != nil {
-		return nil, err
-	}
-	var refs []Ref
-	for _, line := range strings.Split(out, "\n") {
-		sha, name, ok := strings.Cut(line, " ")
-		if ok {
-			refs = append(refs, Ref{Name: name, SHA: sha})
-		}
-	}
-	return refs, nil
-}
-
-// DeleteRef deletes the local ref (a branch name or full ref under
-// refs/heads/aq/). With expect set it is deleted only while it points at
-// expect. A branch checked out in any worktree is refused (deleting it would
-// leave that worktree on an unborn branch). A ref already gone is not an
-// error.
-func DeleteRef(ctx context.Context, g Git, dir, ref, expect string) error {
-	full := fullBranchRef(ref)
-	if !strings.HasPrefix(full, aqRefPrefix) {
-		return fmt.Errorf("delete ref: refusing %q: aq only deletes refs under %s", ref, aqRefPrefix)
-	}
-	wts, err := List(ctx, g, dir)
-	if err != nil {
-		return err
-	}
-	for _, w := range wts {
-		if w.Branch != "" && fullBranchRef(w.Branch) == full {
-			return fmt.Errorf("delete ref: %s is checked out in worktree %s", full, w.Path)
-		}
-	}
-	if _, ok, err := ResolveRef(ctx, g, dir, full); err != nil || !ok {
-		return err
-	}
-	args := []string{"update-ref", "-m", "aq gc", "-d", full}
-	if expect != "" {
-		args = append(args, expect)
-	}
-	_, err = g.at(dir).Run(ctx, dir, args...)
-	return err
 }

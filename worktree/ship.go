@@ -5,9 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -175,27 +172,4 @@ func Dirty(ctx context.Context, g Git, wtPath string) (bool, error) {
 		return false, notRepo(ctx, wtPath, err)
 	}
 	return len(bytes.TrimSpace(out)) > 0, nil
-}
-
-// ClearIndexLock removes the worktree's own index.lock, which a git killed
-// mid-write leaves behind and which makes every later `git add` or `git
-// commit` in that worktree fail. Call it only when nothing can be running in
-// the worktree (the engine's process group is dead and the job lock is held):
-// a live git's lock must never be taken away. Checkpoint does not need it.
-func ClearIndexLock(ctx context.Context, g Git, wtPath string) (removed bool, err error) {
-	p, err := g.at(wtPath).Run(ctx, wtPath, "rev-parse", "--git-path", "index.lock")
-	if err != nil {
-		return false, notRepo(ctx, wtPath, err)
-	}
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(wtPath, p)
-	}
-	switch err := os.Remove(p); {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, fs.ErrNotExist):
-		return false, nil
-	default:
-		return false, err
-	}
 }
