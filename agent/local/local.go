@@ -34,7 +34,8 @@ type Agent struct {
 	// Host detects this host's capabilities; called once per Agent.
 	Host func(ctx context.Context) (*caps.Host, error)
 	Log  *slog.Logger
-	// OnEvent, if set, receives each running job's progress (usage, stage).
+	// OnEvent, if set, receives each running job's progress (started, usage,
+	// checkpoint).
 	OnEvent func(jobID string, e runner.Event)
 
 	hostOnce sync.Once

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/dispatch"
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/fleetdemo"
 	"github.com/aqfleet/aq/demo/local"
@@ -179,23 +180,14 @@ func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
 
 // counts are the demo's checks in all, and how many passed.
 func (s *DemoSummary) counts() (total, ok int) {
-	add := func(passed bool) {
-		total++
-		if passed {
-			ok++
-		}
-	}
+	var all []demo.Check
 	if s.Local != nil {
-		for _, c := range s.Local.Checks {
-			add(c.OK)
-		}
+		all = append(all, s.Local.Checks...)
 	}
 	if s.Fleet != nil {
-		for _, c := range s.Fleet.Checks {
-			add(c.OK)
-		}
+		all = append(all, s.Fleet.Checks...)
 	}
-	return total, ok
+	return len(all), demo.Passed(all)
 }
 
 // demoError maps a demo that could not run (or was interrupted) to an
