@@ -19,6 +19,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/profiles"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -31,6 +32,9 @@ type Agent struct {
 	WorktreesDir string
 	// Parse reads a queued manifest (with profiles applied).
 	Parse func(path string) (*job.Job, error)
+	// Catalog is the profile catalog Parse applies (manifest.Parse of bytes
+	// already read takes it).
+	Catalog *profiles.Catalog
 	// Host detects this host's capabilities; called once per Agent.
 	Host func(ctx context.Context) (*caps.Host, error)
 	Log  *slog.Logger

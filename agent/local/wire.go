@@ -54,6 +54,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		LocksDir:     cfg.LocksDir(),
 		WorktreesDir: cfg.WorktreesDir(),
 		Parse:        parse,
+		Catalog:      cat,
 		Host: func(ctx context.Context) (*caps.Host, error) {
 			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase})
 		},

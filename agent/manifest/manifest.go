@@ -61,11 +61,22 @@ const (
 // cannot be read, or is over MaxSize, is refused without being parsed; the
 // error is then an Errors with one line about the file.
 func ParseFile(path string, cat *profiles.Catalog) (*job.Job, error) {
+	data, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data, cat)
+}
+
+// ReadFile reads the manifest at path for Parse, refusing a directory and a
+// file over MaxSize without reading it whole; the error is then an Errors
+// with one line about the file.
+func ReadFile(path string) ([]byte, error) {
 	data, msg, fix := readFile(path)
 	if msg != "" {
 		return nil, Errors{{File: path, Msg: msg, Fix: fix}}
 	}
-	return Parse(path, data, cat)
+	return data, nil
 }
 
 func readFile(path string) (data []byte, msg, fix string) {

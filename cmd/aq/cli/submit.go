@@ -3,11 +3,11 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
@@ -53,7 +53,7 @@ func runSubmit(f *Factory, opts *submitOptions) error {
 	if err != nil {
 		return err
 	}
-	ms, err := readManifests(f, opts.Files, func(file string, _ []byte) (*job.Job, error) { return a.Parse(file) })
+	ms, err := readManifests(f, opts.Files, func(file string, raw []byte) (*job.Job, error) { return manifest.Parse(file, raw, a.Catalog) })
 	if err != nil {
 		return err
 	}
@@ -84,9 +84,9 @@ func readManifests(f *Factory, files []string, parse func(file string, raw []byt
 	var ms []manifestFile
 	bad := 0
 	for _, file := range files {
-		raw, err := os.ReadFile(file)
+		raw, err := manifest.ReadFile(file)
 		if err != nil {
-			fmt.Fprintf(f.IO.Err, "%s: cannot read: %v\n", file, errors.Unwrap(err))
+			printProblems(f, err)
 			bad++
 			continue
 		}

@@ -60,8 +60,10 @@ func TestSubmitInvalidManifest(t *testing.T) {
 		t.Errorf("stdout: %q", r.Stdout)
 	}
 
-	// A missing file is refused the same way.
-	if r := h.Run(t, "submit", filepath.Join(dir, "nope.md")); r.Code != 2 || !strings.Contains(r.Stderr, "nope.md") {
+	// A missing file is refused the same way, with the line aq validate
+	// prints (both read through manifest.ReadFile).
+	nope := filepath.Join(dir, "nope.md")
+	if r := h.Run(t, "submit", nope); r.Code != 2 || !strings.Contains(r.Stderr, nope+": cannot read: no such file or directory (check the path and its permissions)") {
 		t.Errorf("missing file: %s", r)
 	}
 }
