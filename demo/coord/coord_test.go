@@ -678,3 +678,69 @@ func TestResentFailAfterReclaimIsFenced(t *testing.T) {
 		t.Fatalf("job %+v", j)
 	}
 }
+
+// TestOnCallAudit pins the audit record of every lease call, granted,
+// re-sent and refused: the chaos harness's fencing checks read it.
+func TestOnCallAudit(t *testing.T) {
+	var mu sync.Mutex
+	var calls []Call
+	r := newRig(t, Options{LeaseTTL: time.Minute, OnCall: func(c Call) {
+		mu.Lock()
+		defer mu.Unlock()
+		c.At = time.Time{}
+		calls = append(calls, c)
+	}})
+	tok, tok2 := r.enroll("f1"), r.enroll("f2")
+	r.submit("j1", nil)
+	r.submit("j2", func(j *job.Job) { j.Priority = job.PriorityLow })
+	steps := []struct {
+		method, path, token string
+		body                map[string]any
+		status              int
+	}{
+		{"POST", "/fleet/accept", tok, map[string]any{"jobId": "j1", "factoryId": "f1"}, 200},
+		{"POST", "/fleet/accept", tok2, map[string]any{"jobId": "j1", "factoryId": "f2"}, 409},
+		{"POST", "/fleet/jobs/j1/lease/renew", tok, map[string]any{"factoryId": "f1", "leaseEpoch": 1}, 200},
+		{"POST", "/fleet/jobs/j1/lease/renew", tok2, map[string]any{"factoryId": "f2", "leaseEpoch": 1}, 409},
+		{"PATCH", "/fleet/jobs/j1", tok, map[string]any{"stage": "building", "leaseEpoch": 1}, 200},
+		{"PATCH", "/fleet/jobs/j1", tok, map[string]any{"stage": "review", "leaseEpoch": 1, "reason": "done"}, 200},
+		{"PATCH", "/fleet/jobs/j1", tok, map[string]any{"stage": "review", "leaseEpoch": 1, "reason": "done"}, 200},
+		{"PATCH", "/fleet/jobs/j1", tok, map[string]any{"stage": "shipped", "leaseEpoch": 1}, 409},
+		{"POST", "/fleet/claim", tok2, claimBody("f2"), 200},
+		{"POST", "/fleet/fail", tok2, map[string]any{"jobId": "j2", "factoryId": "f2", "leaseEpoch": 1, "reason": "engine_failed", "retryable": false}, 200},
+		{"POST", "/fleet/fail", tok2, map[string]any{"jobId": "j2", "factoryId": "f2", "leaseEpoch": 1, "reason": "engine_failed", "retryable": false}, 200},
+		{"POST", "/fleet/fail", tok, map[string]any{"jobId": "j2", "factoryId": "f1", "leaseEpoch": 2, "reason": "engine_failed"}, 409},
+		{"POST", "/fleet/jobs/j1/lease/release", tok, map[string]any{"factoryId": "f1", "leaseEpoch": 1}, 409},
+		{"POST", "/fleet/jobs/nope/lease/release", tok, map[string]any{"factoryId": "f1", "leaseEpoch": 1}, 404},
+	}
+	for _, s := range steps {
+		if code, m := r.call(s.method, s.path, s.token, s.body); code != s.status {
+			t.Fatalf("%s %s %v: %d %v, want %d", s.method, s.path, s.body, code, m, s.status)
+		}
+	}
+	want := []Call{
+		{Route: RouteAccept, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Stage: StageAssigned, Attempts: 1, Status: 200},
+		{Route: RouteAccept, JobID: "j1", Factory: "f2", JobEpoch: 1, Holder: "f1", Stage: StageAssigned, Attempts: 1, Status: 409},
+		{Route: RouteRenew, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: StageAssigned, Attempts: 1, Status: 200},
+		{Route: RouteRenew, JobID: "j1", Factory: "f2", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: StageAssigned, Attempts: 1, Status: 409},
+		{Route: RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: StageBuilding, Attempts: 1, Status: 200},
+		{Route: RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Holder: "f1", Stage: StageReview, Reason: "done", Attempts: 1, Status: 200},
+		{Route: RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Stage: StageReview, Reason: "done", Attempts: 1, Status: 200, Resend: true},
+		{Route: RoutePatch, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Stage: StageShipped, Attempts: 1, Status: 409},
+		{Route: RouteClaim, JobID: "j2", Factory: "f2", Epoch: 1, JobEpoch: 1, Stage: StageAssigned, Attempts: 1, Status: 200},
+		{Route: RouteFail, JobID: "j2", Factory: "f2", Epoch: 1, JobEpoch: 1, Holder: "f2", Stage: StageFailed, Reason: "engine_failed", Attempts: 1, Status: 200},
+		{Route: RouteFail, JobID: "j2", Factory: "f2", Epoch: 1, JobEpoch: 1, Stage: StageFailed, Reason: "engine_failed", Attempts: 1, Status: 200, Resend: true},
+		{Route: RouteFail, JobID: "j2", Factory: "f1", Epoch: 2, JobEpoch: 1, Stage: StageFailed, Reason: "engine_failed", Attempts: 1, Status: 409},
+		{Route: RouteRelease, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 1, Stage: StageReview, Attempts: 1, Status: 409},
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != len(want) {
+		t.Fatalf("%d calls audited, want %d: %+v", len(calls), len(want), calls)
+	}
+	for i := range want {
+		if calls[i] != want[i] {
+			t.Errorf("call %d:\n got %+v\nwant %+v", i, calls[i], want[i])
+		}
+	}
+}

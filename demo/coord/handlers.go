@@ -195,25 +195,50 @@ func (s *Server) handleAccept(w http.ResponseWriter, r *http.Request, c who) {
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
 		return
 	}
-	holder := ""
-	j, code, msg := s.mutate(req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
-		holder = j.Holder
+	j, ok := s.leaseCall(w, Call{Route: RouteAccept, Factory: c.factory}, req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
 		if !Runnable(j, now) {
 			return http.StatusConflict, fmt.Sprintf("job %s is %s, not queued and due", j.ID, j.Stage), nil
 		}
 		s.lease(j, c.factory, now)
 		return 0, "", []Event{{JobID: j.ID, Kind: "accepted", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
-	switch code {
-	case 0:
-		s.call(Call{Route: RouteAccept, JobID: j.ID, Factory: c.factory, Epoch: j.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: http.StatusOK})
+	if ok {
 		writeJSON(w, http.StatusOK, claimAnswer{Job: j, LeaseEpoch: j.LeaseEpoch, LeaseExpiresAt: j.LeaseExpiresAt})
+	}
+}
+
+// leaseCall runs a lease call (accept, renew, release, PATCH, fail) on job
+// id through mutate, hands its audit record to Options.OnCall and answers a
+// refusal: 409 (fenced), or the error mutate gave. It returns the job and
+// true when the caller is to answer 200: fn's change was stored, or fn
+// answered 200 for a re-send of the last accepted report (rc.Resend). rc
+// carries what the call sent (route, factory, epoch, reason; a PATCH's
+// stage); the rest is filled in from the job.
+func (s *Server) leaseCall(w http.ResponseWriter, rc Call, id string, fn func(j *Job, now time.Time) (int, string, []Event)) (Job, bool) {
+	j, code, msg := s.mutate(id, func(j *Job, now time.Time) (int, string, []Event) {
+		rc.Holder = j.Holder // before the change
+		return fn(j, now)
+	})
+	rc.JobID, rc.JobEpoch, rc.Attempts = id, j.LeaseEpoch, j.Attempts
+	if rc.Stage == "" {
+		rc.Stage = j.Stage
+	}
+	switch code {
+	case 0, http.StatusOK:
+		if rc.Route == RouteAccept {
+			rc.Epoch = j.LeaseEpoch // an accept carries no epoch: the one it was granted
+		}
+		rc.Status, rc.Resend = http.StatusOK, code == http.StatusOK
+		s.call(rc)
+		return j, true
 	case http.StatusConflict:
-		s.call(Call{Route: RouteAccept, JobID: j.ID, Factory: c.factory, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: http.StatusConflict})
-		s.fenced(w, j, RouteAccept, c.factory, 0, msg)
+		rc.Status = http.StatusConflict
+		s.call(rc)
+		s.fenced(w, j, rc.Route, rc.Factory, rc.Epoch, msg)
 	default:
 		writeErr(w, code, msg)
 	}
+	return j, false
 }
 
 // ---- lease ----
@@ -241,9 +266,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, c who) {
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
 		return
 	}
-	holder := ""
-	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
-		holder = j.Holder
+	j, ok := s.leaseCall(w, Call{Route: RouteRenew, Factory: c.factory, Epoch: req.LeaseEpoch}, r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
 			return http.StatusConflict, why, nil
 		}
@@ -253,17 +276,8 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, c who) {
 		j.LeaseExpiresAt = now.Add(s.o.LeaseTTL)
 		return 0, "", nil
 	})
-	rc := Call{Route: RouteRenew, JobID: j.ID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: code}
-	switch code {
-	case 0:
-		rc.Status = http.StatusOK
-		s.call(rc)
+	if ok {
 		writeJSON(w, http.StatusOK, map[string]any{"leaseExpiresAt": j.LeaseExpiresAt})
-	case http.StatusConflict:
-		s.call(rc)
-		s.fenced(w, j, RouteRenew, c.factory, req.LeaseEpoch, msg)
-	default:
-		writeErr(w, code, msg)
 	}
 }
 
@@ -272,9 +286,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
 		return
 	}
-	holder := ""
-	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
-		holder = j.Holder
+	j, ok := s.leaseCall(w, Call{Route: RouteRelease, Factory: c.factory, Epoch: req.LeaseEpoch}, r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
 		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // already released
 		}
@@ -288,17 +300,8 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 		j.Last = &LastReport{Kind: "release", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: StageQueued}
 		return 0, "", []Event{{JobID: j.ID, Kind: "released", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
-	rc := Call{Route: RouteRelease, JobID: j.ID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Attempts: j.Attempts, Status: code, Resend: code == http.StatusOK}
-	switch code {
-	case 0, http.StatusOK:
-		rc.Status = http.StatusOK
-		s.call(rc)
+	if ok {
 		writeJSON(w, http.StatusOK, map[string]string{"stage": j.Stage})
-	case http.StatusConflict:
-		s.call(rc)
-		s.fenced(w, j, RouteRelease, c.factory, req.LeaseEpoch, msg)
-	default:
-		writeErr(w, code, msg)
 	}
 }
 
@@ -329,9 +332,8 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		return
 	}
 	shipped := false
-	holder := ""
-	j, code, msg := s.mutate(r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
-		holder = j.Holder
+	rc := Call{Route: RoutePatch, Factory: c.factory, Epoch: req.LeaseEpoch, Stage: req.Stage, Reason: req.Reason}
+	j, ok := s.leaseCall(w, rc, r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
 		// A re-send of the last accepted report (its answer was lost) is
 		// idempotent only while nothing happened to the job since: the
 		// epoch still current, and a report that keeps the lease (building)
@@ -365,21 +367,13 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		j.Last = &LastReport{Kind: "patch", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: req.Stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "stage", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
-	rc := Call{Route: RoutePatch, JobID: j.ID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: req.Stage, Reason: req.Reason, Attempts: j.Attempts, Status: code, Resend: code == http.StatusOK}
-	switch code {
-	case 0, http.StatusOK:
-		rc.Status = http.StatusOK
-		s.call(rc)
-		if shipped {
-			s.unblock()
-		}
-		writeJSON(w, http.StatusOK, j)
-	case http.StatusConflict:
-		s.call(rc)
-		s.fenced(w, j, RoutePatch, c.factory, req.LeaseEpoch, msg)
-	default:
-		writeErr(w, code, msg)
+	if !ok {
+		return
 	}
+	if shipped {
+		s.unblock()
+	}
+	writeJSON(w, http.StatusOK, j)
 }
 
 type failReq struct {
@@ -404,9 +398,8 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 		writeErr(w, http.StatusBadRequest, "reason is required")
 		return
 	}
-	holder := ""
-	j, code, msg := s.mutate(req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
-		holder = j.Holder
+	rc := Call{Route: RouteFail, Factory: c.factory, Epoch: req.LeaseEpoch, Reason: req.Reason}
+	j, ok := s.leaseCall(w, rc, req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
 		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // a re-sent report
 		}
@@ -423,17 +416,8 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 		j.Last = &LastReport{Kind: "fail", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "fail", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: stage, Detail: req.Reason}}
 	})
-	rc := Call{Route: RouteFail, JobID: req.JobID, Factory: c.factory, Epoch: req.LeaseEpoch, JobEpoch: j.LeaseEpoch, Holder: holder, Stage: j.Stage, Reason: req.Reason, Attempts: j.Attempts, Status: code, Resend: code == http.StatusOK}
-	switch code {
-	case 0, http.StatusOK:
-		rc.Status = http.StatusOK
-		s.call(rc)
+	if ok {
 		writeJSON(w, http.StatusOK, map[string]string{"stage": j.Stage})
-	case http.StatusConflict:
-		s.call(rc)
-		s.fenced(w, j, RouteFail, c.factory, req.LeaseEpoch, msg)
-	default:
-		writeErr(w, code, msg)
 	}
 }
 

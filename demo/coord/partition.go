@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Partition is a TCP proxy in front of the stub that a test can cut: while
@@ -24,7 +25,13 @@ type Partition struct {
 
 // NewPartition listens on 127.0.0.1 and forwards to target (host:port).
 func NewPartition(target string) (*Partition, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return ListenPartition("127.0.0.1:0", target)
+}
+
+// ListenPartition is NewPartition listening on addr (host:port). Never
+// cut, it is a plain TCP forwarder.
+func ListenPartition(addr, target string) (*Partition, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -38,26 +45,20 @@ func NewPartition(target string) (*Partition, error) {
 func (p *Partition) Addr() string { return p.ln.Addr().String() }
 
 // Cut severs the link: open connections are closed, new ones refused.
-func (p *Partition) Cut() { p.sever(false) }
+func (p *Partition) Cut() { p.set(true, false) }
 
 // Blackhole severs the link the nasty way: open connections are closed and
 // new ones are accepted but never answered (a dropped route), until Heal.
-func (p *Partition) Blackhole() { p.sever(true) }
-
-func (p *Partition) sever(hang bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut, p.hang = true, hang
-	for c := range p.conns {
-		c.Close()
-	}
-}
+func (p *Partition) Blackhole() { p.set(true, true) }
 
 // Heal restores the link (held connections are closed).
-func (p *Partition) Heal() {
+func (p *Partition) Heal() { p.set(false, false) }
+
+// set changes the link's state and closes every open connection.
+func (p *Partition) set(cut, hang bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cut, p.hang = false, false
+	p.cut, p.hang = cut, hang
 	for c := range p.conns {
 		c.Close()
 	}
@@ -118,7 +119,8 @@ func (p *Partition) pipe(c net.Conn) {
 		p.mu.Unlock()
 		c.Close()
 	}()
-	up, err := net.Dial("tcp", p.target)
+	// A target across a link that is down does not refuse: give up.
+	up, err := net.DialTimeout("tcp", p.target, 10*time.Second)
 	if err != nil {
 		return
 	}

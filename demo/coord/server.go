@@ -253,30 +253,43 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if route == "" {
 		route = "unmatched"
 	}
-	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-	defer func() { s.count(route, rec.status) }()
+	rec := &StatusRecorder{ResponseWriter: w}
+	defer func() { s.count(route, rec.Status()) }()
 	if s.injectFault(r.Context(), rec, route) {
 		return
 	}
 	s.mux.ServeHTTP(rec, r)
 }
 
-type statusRecorder struct {
+// StatusRecorder is an http.ResponseWriter that remembers the status it
+// answered: the stub's request counters, and the chaos harness's request
+// log, which wraps the stub from outside.
+type StatusRecorder struct {
 	http.ResponseWriter
-	status int
-	wrote  bool
+	status int // 0 until the answer starts
 }
 
-func (r *statusRecorder) WriteHeader(code int) {
-	if !r.wrote {
-		r.status, r.wrote = code, true
+// WriteHeader records the first status written.
+func (r *StatusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
 	}
 	r.ResponseWriter.WriteHeader(code)
 }
 
-func (r *statusRecorder) Write(b []byte) (int, error) {
-	r.wrote = true
+func (r *StatusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
 	return r.ResponseWriter.Write(b)
+}
+
+// Status is the status answered (200 when nothing was written).
+func (r *StatusRecorder) Status() int {
+	if r.status == 0 {
+		return http.StatusOK
+	}
+	return r.status
 }
 
 func (s *Server) count(route string, status int) {

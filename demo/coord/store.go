@@ -210,17 +210,6 @@ func (s *store) version() int64 {
 	return s.st.Version
 }
 
-// factory returns a copy of factory id.
-func (s *store) factory(id string) (Factory, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	f, ok := s.st.Factories[id]
-	if !ok {
-		return Factory{}, false
-	}
-	return cloneFactory(f), true
-}
-
 // updateFactory applies fn to factory id (created when missing and create
 // is set) and persists.
 func (s *store) updateFactory(id string, create bool, fn func(*Factory)) (Factory, bool, error) {
