@@ -91,10 +91,10 @@ func (r *harness) collect(jobs []JobSpec, gcs []GCResult) (*Input, error) {
 		return nil, err
 	}
 	in.State = st
-	if in.Calls, err = readCalls(r.sb.path("coord", "calls.jsonl")); err != nil {
+	if in.Calls, err = readJSONL(r.sb.path("coord", "calls.jsonl"), func(c coord.Call) time.Time { return c.At }); err != nil {
 		return nil, err
 	}
-	if in.Requests, err = readRequests(r.sb.path("coord", "requests.jsonl")); err != nil {
+	if in.Requests, err = readJSONL(r.sb.path("coord", "requests.jsonl"), func(q Request) time.Time { return q.At }); err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
 	if in.Pushes, err = readPushes(r.sb.pushLog()); err != nil {
@@ -151,42 +151,22 @@ func nonEmptyLines(s string) []string {
 	return out
 }
 
-func readCalls(path string) ([]coord.Call, error) {
+// readJSONL reads a JSON-lines log, sorted by at. A line that does not
+// parse (an empty one, or one torn by a SIGKILL mid-write: not expected) is
+// skipped.
+func readJSONL[T any](path string, at func(T) time.Time) ([]T, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var out []coord.Call
+	var out []T
 	for _, line := range bytes.Split(b, []byte("\n")) {
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
-		}
-		var c coord.Call
-		if err := json.Unmarshal(line, &c); err != nil {
-			continue // a line torn by a SIGKILL mid-write (not expected)
-		}
-		out = append(out, c)
-	}
-	sort.SliceStable(out, func(a, b int) bool { return out[a].At.Before(out[b].At) })
-	return out, nil
-}
-
-func readRequests(path string) ([]Request, error) {
-	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []Request
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		var q Request
-		if json.Unmarshal(line, &q) == nil {
-			out = append(out, q)
+		var v T
+		if json.Unmarshal(line, &v) == nil {
+			out = append(out, v)
 		}
 	}
-	sort.SliceStable(out, func(a, b int) bool { return out[a].At.Before(out[b].At) })
+	sort.SliceStable(out, func(a, b int) bool { return at(out[a]).Before(at(out[b])) })
 	return out, nil
 }
 

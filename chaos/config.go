@@ -85,21 +85,17 @@ func Full(seed uint64) Config {
 	}
 }
 
-// Reduced is the run inside `make test`: 48 jobs, 3 factories, every fault
-// kind the issue names at least once (a kill -9, a partition-induced
-// zombie, a peer restart, a stub restart), on a compressed schedule.
+// Reduced is the run inside `make test`: the full run's repositories, slots
+// and timings with 48 jobs, 3 factories, every fault kind the issue names at
+// least once (a kill -9, a partition-induced zombie, a peer restart, a stub
+// restart), on a compressed schedule.
 func Reduced(seed uint64) Config {
-	return Config{
-		Name: "reduced", Seed: seed, Jobs: 48, Repos: 5, Factories: 3, Slots: 2,
-		Faults:       FaultCounts{Kill9: 1, Term: 1, Abort: 0, PeerRestart: 1, StubRestart: 1, Errors: 1, Partition: 1},
-		Warmup:       5 * time.Second,
-		Window:       35 * time.Second,
-		SubmitSpan:   30 * time.Second,
-		InitialShare: 0.4,
-		LeaseTTL:     10 * time.Second, StaleAfter: 5 * time.Second, DrainTimeout: 6 * time.Second,
-		Wall:  6 * time.Second,
-		Guard: 8 * time.Minute,
-	}
+	c := Full(seed)
+	c.Name, c.Jobs, c.Factories = "reduced", 48, 3
+	c.Faults = FaultCounts{Kill9: 1, Term: 1, PeerRestart: 1, StubRestart: 1, Errors: 1, Partition: 1}
+	c.Warmup, c.Window, c.SubmitSpan, c.InitialShare = 5*time.Second, 35*time.Second, 30*time.Second, 0.4
+	c.Guard = 8 * time.Minute
+	return c
 }
 
 // Fault kinds.

@@ -111,21 +111,16 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 			r.problem("cannot restart the coordinator stub: %v", err)
 		}
 		rec.End = time.Now().UTC()
-	case KindErrors:
+	case KindErrors, KindReports:
 		rec.Start = time.Now().UTC()
-		r.logf("FAULT stub answers 503 for %.0f%% of factory calls, +%s latency, for %s", f.Rate*100, f.Latency, f.Down.Round(100*time.Millisecond))
-		if err := r.setFaults(f.Rate, f.Latency, factoryRoutes); err != nil {
-			r.problem("cannot set the stub's faults: %v", err)
+		routes := factoryRoutes
+		if f.Kind == KindReports {
+			routes = reportRoutes // f.Latency is 0
+			r.logf("FAULT stub answers 503 for %.0f%% of reports (PATCH, /fleet/fail) for %s; every other call works", f.Rate*100, f.Down.Round(100*time.Millisecond))
+		} else {
+			r.logf("FAULT stub answers 503 for %.0f%% of factory calls, +%s latency, for %s", f.Rate*100, f.Latency, f.Down.Round(100*time.Millisecond))
 		}
-		sleepCtx(ctx, f.Down)
-		if err := r.setFaults(0, 0, factoryRoutes); err != nil {
-			r.problem("cannot clear the stub's faults: %v", err)
-		}
-		rec.End = time.Now().UTC()
-	case KindReports:
-		rec.Start = time.Now().UTC()
-		r.logf("FAULT stub answers 503 for %.0f%% of reports (PATCH, /fleet/fail) for %s; every other call works", f.Rate*100, f.Down.Round(100*time.Millisecond))
-		if err := r.setFaults(f.Rate, 0, reportRoutes); err != nil {
+		if err := r.setFaults(f.Rate, f.Latency, routes); err != nil {
 			r.problem("cannot set the stub's faults: %v", err)
 		}
 		sleepCtx(ctx, f.Down)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -188,12 +187,12 @@ func requestLog(h http.Handler, out *os.File) http.Handler {
 			_ = json.Unmarshal(b, &body)
 			r.Body = io.NopCloser(bytes.NewReader(b))
 		}
-		rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		rec := &coord.StatusRecorder{ResponseWriter: w}
 		h.ServeHTTP(rec, r)
 		if !strings.HasPrefix(path, "/fleet/") || path == "/fleet/_stats" || path == "/fleet/_faults" || (r.Method == http.MethodGet && path != "/fleet/queue-state") || path == "/fleet/jobs" {
 			return
 		}
-		q := Request{At: time.Now().UTC(), Method: r.Method, Path: path, Job: body.JobID, Factory: body.FactoryID, Epoch: body.LeaseEpoch, Status: rec.status}
+		q := Request{At: time.Now().UTC(), Method: r.Method, Path: path, Job: body.JobID, Factory: body.FactoryID, Epoch: body.LeaseEpoch, Status: rec.Status()}
 		if rest, ok := strings.CutPrefix(path, "/fleet/jobs/"); ok {
 			q.Job, _, _ = strings.Cut(rest, "/")
 		}
@@ -202,24 +201,6 @@ func requestLog(h http.Handler, out *os.File) http.Handler {
 		_, _ = out.Write(append(b, '\n'))
 		mu.Unlock()
 	})
-}
-
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-	wrote  bool
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if !w.wrote {
-		w.status, w.wrote = code, true
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	w.wrote = true
-	return w.ResponseWriter.Write(b)
 }
 
 // listenRetry listens on addr; a port its predecessor (just killed) held may
@@ -257,7 +238,7 @@ func runForwardHelper(cfgPath string) error {
 	if err := readHelperConfig(cfgPath, &c); err != nil {
 		return err
 	}
-	f, err := newForwarder(c.Listen, c.Target)
+	f, err := coord.ListenPartition(c.Listen, c.Target)
 	if err != nil {
 		return err
 	}
@@ -291,79 +272,4 @@ func runProbeHelper(cfgPath string) error {
 		return fmt.Errorf("GET %s: %s", c.URL, resp.Status)
 	}
 	return nil
-}
-
-// forwarder is a TCP forwarder: each accepted connection is piped to a new
-// connection to the target; when either side ends, both close.
-type forwarder struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[net.Conn]bool
-	wg     sync.WaitGroup
-}
-
-func newForwarder(listen, target string) (*forwarder, error) {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, err
-	}
-	f := &forwarder{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	f.wg.Add(1)
-	go f.accept()
-	return f, nil
-}
-
-func (f *forwarder) Addr() string { return f.ln.Addr().String() }
-
-func (f *forwarder) Close() {
-	f.ln.Close()
-	f.mu.Lock()
-	for c := range f.conns {
-		c.Close()
-	}
-	f.mu.Unlock()
-	f.wg.Wait()
-}
-
-func (f *forwarder) track(c net.Conn, on bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if on {
-		f.conns[c] = true
-	} else {
-		delete(f.conns, c)
-	}
-}
-
-func (f *forwarder) accept() {
-	defer f.wg.Done()
-	for {
-		c, err := f.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		f.wg.Add(1)
-		go f.pipe(c)
-	}
-}
-
-func (f *forwarder) pipe(c net.Conn) {
-	defer f.wg.Done()
-	f.track(c, true)
-	defer func() { f.track(c, false); c.Close() }()
-	up, err := net.DialTimeout("tcp", f.target, 10*time.Second)
-	if err != nil {
-		return
-	}
-	f.track(up, true)
-	defer func() { f.track(up, false); up.Close() }()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); up.Close(); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); c.Close(); done <- struct{}{} }()
-	<-done
-	<-done
 }

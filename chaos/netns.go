@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+
+	"github.com/aqfleet/aq/demo/coord"
 )
 
 // netnsDir keeps one record per harness run that made namespaces, so that a
@@ -54,7 +56,7 @@ type netnsNet struct {
 
 	cport string // the coordinator's port, once it listens
 
-	rootFwd *forwarder
+	rootFwd *coord.Partition
 	nsFwd   []*child
 }
 
@@ -237,7 +239,7 @@ func (nn *netnsNet) CoordListen(port int) string {
 
 func (nn *netnsNet) Attach(coordAddr, brokerAddr string) error {
 	_, nn.cport, _ = net.SplitHostPort(coordAddr)
-	f, err := newForwarder(net.JoinHostPort(nn.hostIP, "0"), brokerAddr)
+	f, err := coord.ListenPartition(net.JoinHostPort(nn.hostIP, "0"), brokerAddr)
 	if err != nil {
 		return err
 	}

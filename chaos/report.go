@@ -25,6 +25,15 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 	cfg := res.Config
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	// items writes a list of n items, item(i) each, cut after the first limit.
+	items := func(n, limit int, item func(i int) string) {
+		for i := range min(n, limit) {
+			p("  - %s\n", item(i))
+		}
+		if n > limit {
+			p("  - … and %d more\n", n-limit)
+		}
+	}
 	verdict := "**all invariants hold**"
 	if res.Checks == nil || !res.Checks.OK() {
 		verdict = "**INVARIANTS BROKEN** (see below)"
@@ -159,13 +168,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 			p("- **%s** — %s.", c.Name, c.Definition)
 			if len(c.Violations) > 0 {
 				p(" Violations (%d):\n", len(c.Violations))
-				for i, v := range c.Violations {
-					if i == 20 {
-						p("  - … and %d more\n", len(c.Violations)-20)
-						break
-					}
-					p("  - %s\n", v)
-				}
+				items(len(c.Violations), 20, func(i int) string { return c.Violations[i] })
 			} else {
 				p("\n")
 			}
@@ -179,26 +182,17 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 				z.Factory, z.Duration, z.Running, z.Reaped, z.Recovered, z.Refused)
 		}
 		p("- Reaper reclaims (%d), each with the fault that explains it:\n", len(rep.Reaps))
-		for i, r := range rep.Reaps {
-			if i == 40 {
-				p("  - … and %d more\n", len(rep.Reaps)-40)
-				break
-			}
+		items(len(rep.Reaps), 40, func(i int) string {
+			r := rep.Reaps[i]
 			ex := r.Explained
 			if ex == "" {
 				ex = "**unexplained**"
 			}
-			p("  - +%s %s epoch %d of %s (last renewal +%s): %s\n", r.At.Sub(t0).Round(100*time.Millisecond), r.Job, r.Epoch, r.Holder, r.LastRenewal.Sub(t0).Round(100*time.Millisecond), ex)
-		}
+			return fmt.Sprintf("+%s %s epoch %d of %s (last renewal +%s): %s", r.At.Sub(t0).Round(100*time.Millisecond), r.Job, r.Epoch, r.Holder, r.LastRenewal.Sub(t0).Round(100*time.Millisecond), ex)
+		})
 		if len(rep.Superseded) > 0 {
 			p("- Job-branch pushes of runs whose result the coordinator did not accept (a run whose report was lost to a kill -9 or a partition and that was run again; the accepted run's push replaced it, as check 2 shows): %d.\n", len(rep.Superseded))
-			for i, s := range rep.Superseded {
-				if i == 15 {
-					p("  - … and %d more\n", len(rep.Superseded)-15)
-					break
-				}
-				p("  - %s\n", s)
-			}
+			items(len(rep.Superseded), 15, func(i int) string { return rep.Superseded[i] })
 		}
 		p("- Calls the stub answered (lease calls, by route and status): %s.\n", callsLine(rep.Calls))
 		p("- ERROR lines in the factories' logs: %d (expected under these faults: unreachable coordinator, refused reports).\n", rep.FactoryErr)

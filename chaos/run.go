@@ -45,8 +45,6 @@ type Result struct {
 	// own, a daemon that would not stop): each is a finding.
 	Problems []string `json:"problems,omitempty"`
 	Checks   *Report  `json:"checks"`
-	// Stats are the stub's request counters at the end of the load.
-	Stats coord.Stats `json:"stats"`
 	// Peer counts the broker peer's events by kind.
 	Peer map[string]int `json:"peer"`
 }
@@ -280,7 +278,6 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if werr != nil && ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	r.res.Stats = r.stubStats()
 
 	// Stop: spools empty, then every factory drained (one SIGTERM each).
 	r.waitSpools(ctx)
@@ -402,14 +399,6 @@ func (r *harness) stubCall(ctx context.Context, method, path string, body []byte
 	}
 }
 
-func (r *harness) stubStats() coord.Stats {
-	var st coord.Stats
-	if b, err := r.stubCall(context.Background(), http.MethodGet, "/fleet/_stats", nil, 10*time.Second); err == nil {
-		_ = json.Unmarshal(b, &st)
-	}
-	return st
-}
-
 // ---- load ----
 
 func (r *harness) submitAll(ctx context.Context, jobs []JobSpec, t0 time.Time) error {
@@ -479,9 +468,7 @@ func (r *harness) waitTerminal(ctx context.Context, jobs []JobSpec, submitted <-
 		}
 		last = strings.Join(parts, ", ")
 		terminal := counts["shipped"] + counts["failed"] + counts["dead_letter"]
-		if line := fmt.Sprintf("%d/%d terminal: %s", terminal, len(jobs), last); line != "" {
-			r.logf("%s", line)
-		}
+		r.logf("%d/%d terminal: %s", terminal, len(jobs), last)
 		if subDone && schedDone && terminal == len(jobs) && r.allUp() {
 			return true, nil
 		}
