@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/agent/fleet"
@@ -122,18 +121,8 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 		// coordinator is slow to take (503s, a restart) must not outlive
 		// it, or the reaper, not the fail, frees it (found by the chaos
 		// harness).
-		var wg sync.WaitGroup
-		lctx, stop := context.WithCancel(ctx)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lease.Run(lctx)
-		}()
-		defer func() {
-			lease.End()
-			stop()
-			wg.Wait()
-		}()
+		lease.Start(ctx)
+		defer lease.End()
 	}
 
 	// 4. Push the WIP ref: a compare-and-swap against what origin has now.

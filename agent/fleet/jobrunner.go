@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/agent/job"
@@ -96,18 +95,10 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 	// by its /fleet/fail. It renews on its own context (a stopped job's
 	// report still holds the lease), and ends the moment the report settles
 	// (JobLease.End: a renewal refused after the terminal report is no loss).
-	var wg sync.WaitGroup
-	lctx, stopLease := context.WithCancel(context.WithoutCancel(jobCtx))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		lease.Run(lctx)
-	}()
+	lease.Start(context.WithoutCancel(jobCtx))
 	end := func() {
 		r.finish(ctx, log, c, lease, res)
 		lease.End()
-		stopLease()
-		wg.Wait()
 		if res.Err == nil {
 			res.Err = lease.AuthErr()
 		}

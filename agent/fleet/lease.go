@@ -28,11 +28,13 @@ type JobLease struct {
 	log    *slog.Logger
 	cancel context.CancelCauseFunc
 
+	stopRenewer context.CancelFunc // set by Start
+	renewer     sync.WaitGroup
+
 	mu       sync.Mutex
 	expiry   time.Time // local clock
 	margin   time.Duration
-	state    *job.StopError // set once fenced or lost
-	ended    bool           // the job's final report settled: no more renewals
+	state    *job.StopError // set once fenced, lost or ended
 	authErr  error
 	renewals int
 	failures int
@@ -145,21 +147,31 @@ func (l *JobLease) Renewals() int {
 // stops the job.
 func (l *JobLease) Fence(detail string) error { return l.stop(job.ReasonFenced, detail) }
 
+// Start renews the lease every interval (see run) in a goroutine of its
+// own, until End, ctx is done or the lease goes.
+func (l *JobLease) Start(ctx context.Context) {
+	ctx, l.stopRenewer = context.WithCancel(ctx)
+	l.renewer.Go(func() { l.run(ctx) })
+}
+
 // End says the job's final report has settled: the lease is over (the
-// coordinator ended it with the report, or will refuse it anyway). Renewals
-// stop, and one refused after this is not taken as a loss.
+// coordinator ended it with the report, or will refuse it anyway). It stops
+// the renewer and waits for it; a renewal refused after this is not taken
+// as a loss (the lease is already over).
 func (l *JobLease) End() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ended = true
+	if l.state == nil {
+		l.state = &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report settled"}
+	}
+	l.mu.Unlock()
+	if l.stopRenewer != nil {
+		l.stopRenewer()
+	}
+	l.renewer.Wait()
 }
 
 func (l *JobLease) stop(reason job.Reason, detail string) error {
 	l.mu.Lock()
-	if l.ended && l.state == nil {
-		l.mu.Unlock()
-		return &job.StopError{Reason: reason, Detail: detail}
-	}
 	if l.state == nil {
 		l.state = &job.StopError{Reason: reason, Detail: detail}
 		l.log.Warn("lease gone: stopping the job", "reason", reason, "detail", detail)
@@ -174,9 +186,8 @@ func (l *JobLease) stop(reason job.Reason, detail string) error {
 // is ours until at least one more renewal interval, else the StopError.
 func (l *JobLease) Confirm(ctx context.Context) error { return l.renewUntil(ctx) }
 
-// Run renews the lease every interval until ctx is done or the lease goes.
-// The caller owns the goroutine and waits for it.
-func (l *JobLease) Run(ctx context.Context) {
+// run renews the lease every interval until ctx is done or the lease goes.
+func (l *JobLease) run(ctx context.Context) {
 	for {
 		l.mu.Lock()
 		every := l.every
@@ -196,14 +207,11 @@ func (l *JobLease) Run(ctx context.Context) {
 func (l *JobLease) renewUntil(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		l.mu.Lock()
-		st, ended := l.state, l.ended
+		st := l.state
 		deadline := l.expiry.Add(-l.margin)
 		l.mu.Unlock()
 		if st != nil {
 			return st
-		}
-		if ended {
-			return &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report settled"}
 		}
 		if ctx.Err() != nil {
 			return stopCause(ctx)
@@ -236,7 +244,7 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 		l.failures++
 		l.mu.Unlock()
 		l.log.Warn("lease renewal failed; retrying until the lease's expiry is near", "err", err, "deadline", deadline.Format(time.RFC3339))
-		wait := min2(Backoff(200*time.Millisecond, 5*time.Second, attempt, nil, l.rnd), deadline.Sub(l.clock.Now()))
+		wait := min(Backoff(200*time.Millisecond, 5*time.Second, attempt, nil, l.rnd), deadline.Sub(l.clock.Now()))
 		if wait > 0 && l.clock.Sleep(ctx, wait) != nil {
 			return stopCause(ctx)
 		}
