@@ -49,7 +49,6 @@ import (
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
-	"github.com/aqfleet/aq/worktree"
 )
 
 // Options configure a Daemon.
@@ -595,15 +594,7 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 		return
 	}
 	id := c.Job.ID
-	lock, locked, err := worktree.TryLockJob(d.cfg.LocksDir(), id)
-	switch {
-	case err != nil:
-		d.log.Warn("cannot take the job's lock; running it without", "job", id, "err", err)
-	case !locked:
-		d.log.Warn("another aq process on this AQ_HOME holds the job's lock; running it anyway (the coordinator leased it to this daemon)", "job", id)
-	default:
-		defer lock.Unlock()
-	}
+	defer d.agent.LockJob(id)()
 	d.mu.Lock()
 	_, taken := d.running[id]
 	d.mu.Unlock()

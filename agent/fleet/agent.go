@@ -159,7 +159,7 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 			}
 			return err
 		}
-		unlock := a.lockJob(c.Job.ID)
+		unlock := a.LockJob(c.Job.ID)
 		res := a.Jobs.Run(s.ctx, c)
 		unlock()
 		ran++
@@ -178,10 +178,10 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 	}
 }
 
-// lockJob takes job id's flock for as long as this process runs it. The
-// coordinator leased the job to this factory, so a lock it cannot take is
-// logged, not fatal.
-func (a *Agent) lockJob(id string) (unlock func()) {
+// LockJob takes job id's flock for as long as this process runs it (`aq
+// run` and `aq daemon` alike). The coordinator leased the job to this
+// factory, so a lock it cannot take is logged, not fatal.
+func (a *Agent) LockJob(id string) (unlock func()) {
 	if a.LocksDir == "" {
 		return func() {}
 	}
