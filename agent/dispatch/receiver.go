@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -147,48 +145,12 @@ func New(opts Options) (*Receiver, error) {
 		r.opts.SettleTimeout = 30 * time.Second
 	}
 	if c.ConnectionString != "" {
-		r.red.Add(c.ConnectionString)
-		if key := csField(c.ConnectionString, "SharedAccessKey"); key != "" {
-			r.red.Add(key)
-		}
-		if sig := csField(c.ConnectionString, "SharedAccessSignature"); sig != "" {
-			r.red.Add(sig)
-		}
-		if err := checkEmulator(c.ConnectionString); err != nil {
+		r.red.Add(ConnectionStringSecrets(c.ConnectionString)...)
+		if err := CheckConnectionString(c.ConnectionString); err != nil {
 			return nil, err
 		}
 	}
 	return r, nil
-}
-
-// csField reads one key of a connection string (keys are case-insensitive).
-func csField(cs, key string) string {
-	for _, part := range strings.Split(cs, ";") {
-		k, v, ok := strings.Cut(part, "=")
-		if ok && strings.EqualFold(strings.TrimSpace(k), key) {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
-}
-
-// checkEmulator refuses UseDevelopmentEmulator=true towards a host that is not
-// loopback: the SDK then speaks plain AMQP, and the SAS token would cross the
-// network in clear.
-func checkEmulator(cs string) error {
-	if !strings.EqualFold(csField(cs, "UseDevelopmentEmulator"), "true") {
-		return nil
-	}
-	ep := csField(cs, "Endpoint")
-	host := strings.TrimSuffix(strings.TrimPrefix(ep, "sb://"), "/")
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || strings.EqualFold(host, "localhost") {
-		return nil
-	}
-	return aqerr.Usagef("point AQ_SB_CONNECTION_STRING at a loopback emulator, or use AQ_SB_NAMESPACE with managed identity",
-		"AQ_SB_CONNECTION_STRING has UseDevelopmentEmulator=true for a host that is not loopback (%s): that would send the key over plain AMQP", host)
 }
 
 // Healthy reports whether the broker link is connected and receiving.
