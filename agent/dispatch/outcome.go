@@ -139,10 +139,7 @@ func (b Backoff) withDefaults() Backoff {
 	if b.Max < b.Initial {
 		b.Max = b.Initial
 	}
-	if b.Jitter < 0 || b.Jitter >= 1 {
-		b.Jitter = 0.2
-	}
-	if b.Jitter == 0 {
+	if b.Jitter <= 0 || b.Jitter >= 1 {
 		b.Jitter = 0.2
 	}
 	return b

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // fakePoll answers ticks from a channel of jobs (none: no job) and counts
@@ -39,17 +41,6 @@ func (p *fakePoll) count() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ticks
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute) // a deadlock guard
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // sourceRig drives a Source's poll loop with health reports by hand (a
@@ -99,7 +90,7 @@ func TestSourceConnectGrace(t *testing.T) {
 	if r.s.Live() != LiveNone || r.poll.count() != 0 {
 		t.Fatalf("live %s, %d ticks before the grace passed", r.s.Live(), r.poll.count())
 	}
-	eventually(t, "polling after the grace", func() bool { return r.poll.count() > 0 })
+	testenv.WaitFor(t, time.Minute, "polling after the grace", func() bool { return r.poll.count() > 0 })
 	if r.s.Live() != LivePoll {
 		t.Fatalf("live %s", r.s.Live())
 	}
@@ -115,7 +106,7 @@ func TestSourceHandOff(t *testing.T) {
 		t.Fatalf("live %s", r.s.Live())
 	}
 	r.s.brokerHealth(Health{Healthy: false, Err: errors.New("link detached")})
-	eventually(t, "poll ticks", func() bool { return r.poll.count() > 0 })
+	testenv.WaitFor(t, time.Minute, "poll ticks", func() bool { return r.poll.count() > 0 })
 	r.poll.jobs <- Accepted{Message: Message{JobID: "j1"}}
 	if got := <-r.ran; got != "j1" {
 		t.Fatalf("ran %s", got)
@@ -124,7 +115,7 @@ func TestSourceHandOff(t *testing.T) {
 		t.Fatal("the polled job holds no slot")
 	}
 	r.s.brokerHealth(Health{Healthy: true})
-	eventually(t, "the poll path's slot back", func() bool { return r.slots.Free() == 1 }) // j1 keeps its own
+	testenv.WaitFor(t, time.Minute, "the poll path's slot back", func() bool { return r.slots.Free() == 1 }) // j1 keeps its own
 	n := r.poll.count()
 	r.s.brokerHealth(Health{Healthy: true}) // no change: nothing happens
 	if r.s.Live() != LiveBroker || r.poll.count() != n {
@@ -149,7 +140,7 @@ func TestSourcePollWaitsForSlot(t *testing.T) {
 		t.Fatalf("%d ticks with no free slot", r.poll.count())
 	}
 	r.slots.Release()
-	eventually(t, "a tick once the slot is free", func() bool { return r.poll.count() > 0 })
+	testenv.WaitFor(t, time.Minute, "a tick once the slot is free", func() bool { return r.poll.count() > 0 })
 }
 
 // A fatal poll error (credentials refused) ends the loop with it.

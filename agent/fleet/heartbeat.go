@@ -102,7 +102,7 @@ func (h *Heartbeater) Run(ctx context.Context) error {
 		wait := Jitter(h.Interval, 0.1, h.rand())
 		if fails > 0 {
 			// Retry sooner than the cadence, backing off up to it.
-			wait = min2(Backoff(time.Second, h.Interval, fails-1, nil, h.rand()), wait)
+			wait = min(Backoff(time.Second, h.Interval, fails-1, nil, h.rand()), wait)
 		}
 		if h.clock().Sleep(ctx, wait) != nil {
 			return nil

@@ -72,26 +72,24 @@ func DefaultBudgets(hb time.Duration) Budgets {
 const maxRetryAfter = 5 * time.Minute
 
 // Backoff is the wait before retry attempt n (0 for the first retry):
-// exponential from min, capped at max, with "equal jitter" (half fixed, half
+// exponential from lo, capped at hi, with "equal jitter" (half fixed, half
 // random) so that a fleet of factories does not retry in step. A 429 or 503
 // with a Retry-After header waits what the server asked (capped).
-func Backoff(min, max time.Duration, n int, resp *http.Response, rnd func() float64) time.Duration {
+func Backoff(lo, hi time.Duration, n int, resp *http.Response, rnd func() float64) time.Duration {
 	if resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
 		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-			return min2(d, maxRetryAfter)
+			return min(d, maxRetryAfter)
 		}
 	}
-	if min <= 0 {
-		min = 100 * time.Millisecond
+	if lo <= 0 {
+		lo = 100 * time.Millisecond
 	}
-	if max < min {
-		max = min
-	}
-	d := min
-	for i := 0; i < n && d < max; i++ {
+	hi = max(hi, lo)
+	d := lo
+	for i := 0; i < n && d < hi; i++ {
 		d *= 2
 	}
-	d = min2(d, max)
+	d = min(d, hi)
 	half := d / 2
 	return half + time.Duration(rnd()*float64(d-half))
 }
@@ -190,13 +188,6 @@ func (a *attempts) checkRetry(ctx context.Context, resp *http.Response, err erro
 // chose.
 func (a *attempts) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration {
 	return a.next
-}
-
-func min2(a, b time.Duration) time.Duration {
-	if a < b {
-		return a
-	}
-	return b
 }
 
 // defaultRand is the jitter source.

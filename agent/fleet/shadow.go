@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+
+	"github.com/aqfleet/aq/internal/atomicfile"
 )
 
 // Shadow is shadow mode (AQ_FLEET_SHADOW=1): the local queue decides what
@@ -124,7 +126,7 @@ func (s *Shadow) bump(fn func(*ShadowCounts)) {
 	}
 	fn(c)
 	c.UpdatedAt = time.Now().UTC()
-	if err := writeFileSync(filepath.Dir(s.Path), filepath.Base(s.Path), c); err != nil {
+	if err := atomicfile.WriteJSON(s.Path, c, 0o600); err != nil {
 		s.log().Warn("shadow: cannot keep counts", "err", err)
 	}
 }

@@ -102,7 +102,7 @@ func (s *Spool) Append(r Report) (Report, error) {
 	if r.CreatedAt.IsZero() {
 		r.CreatedAt = time.Now().UTC()
 	}
-	if err := writeFileSync(s.dir, fmt.Sprintf("%020d-%s.json", r.Seq, r.JobID), r); err != nil {
+	if err := atomicfile.WriteJSON(s.path(r), r, 0o600); err != nil {
 		return r, fmt.Errorf("write to the report spool: %w", err)
 	}
 	return r, nil
@@ -197,15 +197,13 @@ func (s *Spool) Remove(r Report) error {
 // Reject moves r to dead/ with why: the coordinator refused it for good.
 func (s *Spool) Reject(r Report, why string) error {
 	r.Why = why
-	name := fmt.Sprintf("%020d-%s.json", r.Seq, r.JobID)
 	if r.Seq == 0 { // never spooled: give it a number
 		var err error
 		if r, err = s.Append(r); err != nil {
 			return err
 		}
-		name = fmt.Sprintf("%020d-%s.json", r.Seq, r.JobID)
 	}
-	if err := writeFileSync(filepath.Join(s.dir, "dead"), name, r); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(s.dir, "dead", fileName(r)), r, 0o600); err != nil {
 		return err
 	}
 	return s.Remove(r)
@@ -223,12 +221,7 @@ func (s *Spool) Dead() []string {
 	return out
 }
 
-func (s *Spool) path(r Report) string {
-	return filepath.Join(s.dir, fmt.Sprintf("%020d-%s.json", r.Seq, r.JobID))
-}
+func (s *Spool) path(r Report) string { return filepath.Join(s.dir, fileName(r)) }
 
-// writeFileSync writes v as JSON to dir/name: temp file, fsync, rename,
-// fsync of the directory.
-func writeFileSync(dir, name string, v any) error {
-	return atomicfile.WriteJSON(filepath.Join(dir, name), v, 0o600)
-}
+// fileName is r's file name in the spool (and in dead/): <seq>-<jobId>.json.
+func fileName(r Report) string { return fmt.Sprintf("%020d-%s.json", r.Seq, r.JobID) }
