@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -49,23 +48,6 @@ func fastBudgets() fleet.Budgets {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // rig is one coordinator stub (optionally publishing to a local AMQP peer),
 // a set of repos with bare origins, and one in-process daemon.
 type rig struct {
@@ -81,7 +63,7 @@ type rig struct {
 	home    string
 	base    string
 	cfg     *config.Config
-	logs    *syncBuffer
+	logs    *testenv.SyncBuffer
 	d       *daemon.Daemon
 
 	evMu   sync.Mutex
@@ -123,7 +105,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if len(o.repos) == 0 {
 		o.repos = []string{"app"}
 	}
-	r := &rig{t: t, o: o, origins: map[string]string{}, dir: t.TempDir(), logs: &syncBuffer{}}
+	r := &rig{t: t, o: o, origins: map[string]string{}, dir: t.TempDir(), logs: &testenv.SyncBuffer{}}
 	root := t.TempDir()
 	r.home, r.base = filepath.Join(root, "home"), filepath.Join(root, "src")
 	for _, name := range o.repos {
@@ -209,7 +191,7 @@ func (r *rig) build() *daemon.Daemon {
 	if r.o.parts != nil {
 		r.o.parts(&parts)
 	}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(r.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	d, err := daemon.New(daemon.Options{
 		Config: r.cfg, Log: log, Redactor: secrets.NewRedactor(nil), Parts: parts,
 		Broker: daemon.BrokerTuning{

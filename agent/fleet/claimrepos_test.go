@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // A claim can advertise fewer repos than the factory has (a daemon leaves
@@ -20,14 +21,14 @@ func TestClaimReposAndPollerRepos(t *testing.T) {
 	if _, err := EnsureEnrolled(context.Background(), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "repos"}}); err != nil {
 		t.Fatal(err)
 	}
-	s.submit(t, jid("on-app"), "app", "script: true")
-	s.submit(t, jid("on-lib"), "lib", "script: true")
+	s.submit(t, testenv.ID("on-app"), "app", "script: true")
+	s.submit(t, testenv.ID("on-lib"), "lib", "script: true")
 
 	var mu sync.Mutex
 	repos := []string{"lib"} // app is busy
 	p := &Poller{Client: c, Gate: true, Repos: func() []string { mu.Lock(); defer mu.Unlock(); return append([]string{}, repos...) }}
 	cl, err := p.Tick(context.Background())
-	if err != nil || cl == nil || cl.Job.ID != jid("on-lib") {
+	if err != nil || cl == nil || cl.Job.ID != testenv.ID("on-lib") {
 		t.Fatalf("first claim: %+v %v (want the lib job although the app job is older)", cl, err)
 	}
 	mu.Lock()
@@ -47,7 +48,7 @@ func TestClaimReposAndPollerRepos(t *testing.T) {
 	repos = []string{"app"}
 	mu.Unlock()
 	cl, err = p.Tick(context.Background())
-	if err != nil || cl == nil || cl.Job.ID != jid("on-app") {
+	if err != nil || cl == nil || cl.Job.ID != testenv.ID("on-app") {
 		t.Fatalf("claim after app came back: %+v %v", cl, err)
 	}
 }

@@ -25,25 +25,25 @@ import (
 // tagged with a job's id when the job ends, host-wide, so two test binaries
 // running jobs of the same id at once would kill each other's engines.
 var (
-	idOne       = jid("one")
-	idTwo       = jid("two")
-	idVictim    = jid("victim")
-	idIsland    = jid("island")
-	idFlaky     = jid("flaky")
-	idBroken    = jid("broken")
-	idDurable   = jid("durable")
-	idSteady    = jid("steady")
-	idFresh     = jid("fresh")
-	idSecretive = jid("secretive")
-	idAlpha     = jid("alpha")
-	idBeta      = jid("beta")
-	idUnstarted = jid("unstarted")
-	idStormA    = jid("storm-a")
-	idStormB    = jid("storm-b")
-	idStormC    = jid("storm-c")
-	idStormD    = jid("storm-d")
-	idRefused   = jid("refused")
-	idLocked    = jid("locked")
+	idOne       = testenv.ID("one")
+	idTwo       = testenv.ID("two")
+	idVictim    = testenv.ID("victim")
+	idIsland    = testenv.ID("island")
+	idFlaky     = testenv.ID("flaky")
+	idBroken    = testenv.ID("broken")
+	idDurable   = testenv.ID("durable")
+	idSteady    = testenv.ID("steady")
+	idFresh     = testenv.ID("fresh")
+	idSecretive = testenv.ID("secretive")
+	idAlpha     = testenv.ID("alpha")
+	idBeta      = testenv.ID("beta")
+	idUnstarted = testenv.ID("unstarted")
+	idStormA    = testenv.ID("storm-a")
+	idStormB    = testenv.ID("storm-b")
+	idStormC    = testenv.ID("storm-c")
+	idStormD    = testenv.ID("storm-d")
+	idRefused   = testenv.ID("refused")
+	idLocked    = testenv.ID("locked")
 )
 
 // TestRunOnceEndToEnd: enroll, heartbeat, claim, building, run through the
@@ -111,7 +111,7 @@ func TestClaimRaceExactlyOneWins(t *testing.T) {
 	s := startStub(t, coord.Options{Latency: 2 * time.Millisecond})
 	const jobs = 12
 	for i := range jobs {
-		s.submit(t, jid(fmt.Sprintf("race-%02d", i)), "app", "script: true")
+		s.submit(t, testenv.ID(fmt.Sprintf("race-%02d", i)), "app", "script: true")
 	}
 	w := newWorld(t, "app")
 	var clients []*Client
@@ -682,7 +682,7 @@ func TestShadowAgreeAndDiverge(t *testing.T) {
 	f := newFactory(t, s, w, "shadowy")
 	c := f.Agent.Client
 	c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	sh := &Shadow{Client: c, Path: ShadowFile(filepath.Join(f.Home, "state")), Log: newTestLogger(logs),
 		Prepare: func(ctx context.Context) error {
 			_, err := EnsureEnrolled(ctx, c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "shadowy"}})

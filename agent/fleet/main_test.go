@@ -1,19 +1,16 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,12 +25,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-// runID makes this test binary's job ids unique on the host (see jid).
-var runID = fmt.Sprintf("%06x", rand.Uint32()&0xffffff)
-
-// jid is a job id unique to this test binary run.
-func jid(name string) string { return name + "-" + runID }
-
 // fastBudgets are retry budgets for tests: long enough to ride out injected
 // faults, short enough that an outage reaches the spool in a second or two.
 func fastBudgets() Budgets {
@@ -43,24 +34,6 @@ func fastBudgets() Budgets {
 		FinalReport: 2 * time.Second, Drain: time.Second, Submit: 5 * time.Second,
 		MinWait: 5 * time.Millisecond, MaxWait: 50 * time.Millisecond, PerTry: 2 * time.Second,
 	}
-}
-
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // stub is a coordinator stub on a real 127.0.0.1 listener.
@@ -167,7 +140,7 @@ type factory struct {
 	Home  string
 	Base  string
 	Agent *Agent
-	Logs  *syncBuffer
+	Logs  *testenv.SyncBuffer
 	Cfg   *config.Config
 }
 
@@ -176,39 +149,22 @@ type factoryOpt func(*config.Config, *Parts)
 func newFactory(t testing.TB, s *stub, w *world, id string, opts ...factoryOpt) *factory {
 	t.Helper()
 	root := t.TempDir()
-	f := &factory{ID: id, Home: filepath.Join(root, "home"), Base: filepath.Join(root, "src"), Logs: &syncBuffer{}}
-	var repos []string
+	f := &factory{ID: id, Home: filepath.Join(root, "home"), Base: filepath.Join(root, "src"), Logs: &testenv.SyncBuffer{}}
 	for name, origin := range w.origins {
 		testenv.Git(t, root, "clone", "-q", origin, filepath.Join(f.Base, name))
-		repos = append(repos, name)
 	}
-	cfg := &config.Config{
+	f.Cfg = &config.Config{
 		Home: f.Home, RepoBase: f.Base, Fleet: true, FleetAPI: s.API, FleetToken: s.EnrollToken(), FactoryID: id,
 		FleetRoute: true, Heartbeat: time.Second, LeaseRenew: 200 * time.Millisecond, Poll: 50 * time.Millisecond,
 		Slots: 1, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
 	}
-	b := fastBudgets()
-	tokens := []string{"os:linux", "arch:amd64", "engine:script", "has:git"}
-	for _, r := range repos {
-		tokens = append(tokens, "repo:"+r)
-	}
-	parts := Parts{Budgets: &b, Host: func(context.Context) (*caps.Host, error) { return caps.FromTokens(tokens), nil }}
-	for _, o := range opts {
-		o(cfg, &parts)
-	}
-	f.Cfg = cfg
-	// The logs are captured raw (no redactor) so a test can prove no secret
-	// was ever written, rather than masked.
-	log := slog.New(slog.NewTextHandler(f.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a, err := New(cfg, log, secrets.NewRedactor(nil), parts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Agent = a
+	f.rebuild(t, opts...)
 	return f
 }
 
-// rebuild makes a new Agent on the same home (a restarted aq).
+// rebuild makes a new Agent on the factory's home and repos (at first, and
+// again for a restarted aq). The logs are captured raw (no redactor) so a
+// test can prove no secret was ever written, rather than masked.
 func (f *factory) rebuild(t testing.TB, opts ...factoryOpt) {
 	t.Helper()
 	b := fastBudgets()
@@ -221,8 +177,7 @@ func (f *factory) rebuild(t testing.TB, opts ...factoryOpt) {
 	for _, o := range opts {
 		o(f.Cfg, &parts)
 	}
-	log := slog.New(slog.NewTextHandler(f.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a, err := New(f.Cfg, log, secrets.NewRedactor(nil), parts)
+	a, err := New(f.Cfg, newTestLogger(f.Logs), secrets.NewRedactor(nil), parts)
 	if err != nil {
 		t.Fatal(err)
 	}

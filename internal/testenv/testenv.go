@@ -226,6 +226,26 @@ func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool
 	}
 }
 
+// SyncBuffer is a bytes.Buffer safe for concurrent writers: a log sink, or
+// the stdout of a command running in another goroutine.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String is what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // BuildAQ builds the aq binary once per test binary (with -race when the
 // tests run with it) and returns its path.
 func BuildAQ(tb testing.TB) string {

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,23 +30,6 @@ import (
 // systemd would.
 
 const daemonGuard = 3 * time.Minute // a deadlock guard, never a speed limit
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // daemonEnv is a stub, a home with repo app (bare origin) and the aq binary.
 type daemonEnv struct {
@@ -99,14 +81,14 @@ func newDaemonEnv(t testing.TB, broker bool, env ...string) *daemonEnv {
 // proc is one running aq daemon.
 type proc struct {
 	cmd      *exec.Cmd
-	out, err *lockedBuf
+	out, err *testenv.SyncBuffer
 	done     chan struct{}
 	code     int
 }
 
 func (e *daemonEnv) startDaemon(args ...string) *proc {
 	e.t.Helper()
-	p := &proc{cmd: e.h.Command(e.t, append([]string{"daemon"}, args...)...), out: &lockedBuf{}, err: &lockedBuf{}, done: make(chan struct{})}
+	p := &proc{cmd: e.h.Command(e.t, append([]string{"daemon"}, args...)...), out: &testenv.SyncBuffer{}, err: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.err
 	if err := p.cmd.Start(); err != nil {
 		e.t.Fatal(err)

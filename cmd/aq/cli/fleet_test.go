@@ -1,17 +1,13 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,11 +22,10 @@ import (
 // tagged with a finished job's id, host-wide, so two test binaries running
 // jobs of the same id at once would kill each other's engines.
 var (
-	fleetRunID  = fmt.Sprintf("%06x", rand.Uint32()&0xffffff)
-	idCLIJob    = "cli-job-" + fleetRunID
-	idContested = "contested-" + fleetRunID
-	idSame      = "same-" + fleetRunID
-	idLocalOnly = "local-only-" + fleetRunID
+	idCLIJob    = testenv.ID("cli-job")
+	idContested = testenv.ID("contested")
+	idSame      = testenv.ID("same")
+	idLocalOnly = testenv.ID("local-only")
 )
 
 // fleetEnv starts a coordinator stub on 127.0.0.1 and points aq's
@@ -186,24 +181,6 @@ func TestFleetShadowInLocalRun(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a writer for a command running in another goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestDemoCoordinatorCommand(t *testing.T) {
 	cleanEnv(t)
 	out, _, code := runAQ(t, "demo", "--help") // bare `aq demo` runs the demo
@@ -214,7 +191,7 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 		t.Fatalf("bad --fail-rate: %d", code)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr lockedBuffer
+	var stdout, stderr testenv.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- Run(ctx, []string{"demo", "coordinator", "--listen", "127.0.0.1:0", "--lease-ttl", "30s"}, IO{In: strings.NewReader(""), Out: &stdout, Err: &stderr})
@@ -249,9 +226,9 @@ func TestFleetFencedExits4(t *testing.T) {
 		t.Fatal(errOut)
 	}
 	done := make(chan int, 1)
-	var stderr lockedBuffer
+	var stderr testenv.SyncBuffer
 	go func() {
-		done <- Run(context.Background(), []string{"run", "--once"}, IO{In: strings.NewReader(""), Out: &lockedBuffer{}, Err: &stderr})
+		done <- Run(context.Background(), []string{"run", "--once"}, IO{In: strings.NewReader(""), Out: &testenv.SyncBuffer{}, Err: &stderr})
 	}()
 	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
 	if _, err := s.Action(idContested, "requeue"); err != nil {
