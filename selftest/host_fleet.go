@@ -297,28 +297,14 @@ func checkSBEmulator(ctx context.Context, s *session) (string, error) {
 	if cs == "" {
 		return "", skipf("no Service Bus connection string")
 	}
-	if !strings.EqualFold(csField(cs, "UseDevelopmentEmulator"), "true") {
+	host, emulator, loopback := dispatch.EmulatorEndpoint(cs)
+	if !emulator {
 		return "", skipf("the connection string is not an emulator's (no UseDevelopmentEmulator=true)")
 	}
-	host := strings.TrimSuffix(strings.TrimPrefix(csField(cs, "Endpoint"), "sb://"), "/")
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || strings.EqualFold(host, "localhost") {
+	if loopback {
 		return "emulator endpoint " + host + " is loopback", nil
 	}
 	return "", failf("AQ_SB_CONNECTION_STRING has UseDevelopmentEmulator=true for %s, which is not loopback: the key would cross the network over plain AMQP (use a loopback emulator, or AQ_SB_NAMESPACE with managed identity)", host)
-}
-
-// csField reads one key of a connection string (keys are case-insensitive).
-func csField(cs, key string) string {
-	for _, part := range strings.Split(cs, ";") {
-		k, v, ok := strings.Cut(part, "=")
-		if ok && strings.EqualFold(strings.TrimSpace(k), key) {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
 }
 
 func checkSBFleet(ctx context.Context, s *session) (string, error) {
