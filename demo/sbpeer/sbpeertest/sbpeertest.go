@@ -37,6 +37,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // Options configure the peer. Zero values take the peer's defaults (lock 30 s,
@@ -75,7 +77,7 @@ type Peer struct {
 	port   int
 	cmd    *exec.Cmd
 	done   chan struct{}
-	stderr *lockedBuffer
+	stderr *testenv.SyncBuffer
 }
 
 // ServerName is the TLS server name in the peer's certificate.
@@ -189,7 +191,7 @@ func (p *Peer) start(port int) error {
 	cmd := exec.Command("node", p.args(port)...)
 	cmd.Dir = filepath.Dir(p.script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stderr := &lockedBuffer{}
+	stderr := &testenv.SyncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -393,21 +395,4 @@ func (p *Peer) makeCert() error {
 	p.roots = x509.NewCertPool()
 	p.roots.AppendCertsFromPEM(certPEM)
 	return nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(b)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
