@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // These tests exec shell scripts they have just written. They do not call
@@ -220,7 +221,7 @@ func TestDetectProbeFailures(t *testing.T) {
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		deadline := time.Now().Add(3 * time.Second)
-		for processAlive(pid) {
+		for process.Alive(pid) {
 			if time.Now().After(deadline) {
 				t.Fatalf("the hung probe's child (pid %d) is still running", pid)
 			}
@@ -259,23 +260,9 @@ func killLeftover(pidFile string) {
 	if err != nil {
 		return
 	}
-	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); processAlive(pid) {
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); process.Alive(pid) {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
-}
-
-// processAlive reports whether pid runs (a zombie waiting for its reaper is
-// dead).
-func processAlive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
 }
 
 func TestDetectNode(t *testing.T) {

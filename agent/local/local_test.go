@@ -215,7 +215,7 @@ func TestRecoverOrphan(t *testing.T) {
 	if err != nil || len(ids) != 1 || ids[0] != id {
 		t.Fatalf("Recover: %v %v", ids, err)
 	}
-	if alive(engine) {
+	if process.Alive(engine) {
 		t.Fatal("the orphan's engine is still running after Recover")
 	}
 	noTagged(t, id)
@@ -279,17 +279,6 @@ func noTagged(t *testing.T, id string) {
 	if pids, err := process.FindTagged(id); err != nil || len(pids) > 0 {
 		t.Errorf("processes tagged %s alive: %v %v", id, pids, err)
 	}
-}
-
-// alive reports whether pid is a live process (a zombie is dead).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
 }
 
 // startTagged starts sh -c script in dir as an engine of job id would run:

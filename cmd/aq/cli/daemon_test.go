@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -268,7 +267,7 @@ func TestDaemonSecondSignalCheckpointsAndFails(t *testing.T) {
 	if files := testenv.TreeFiles(t, e.origin, sha); !strings.Contains(files["wip.txt"], "wip of "+id) {
 		t.Fatalf("checkpoint files %v", files)
 	}
-	if pid := readPID(t, e.path(id, "pid")); running(pid) {
+	if pid := readPID(t, e.path(id, "pid")); process.Alive(pid) {
 		t.Fatalf("the engine (pid %d) still runs", pid)
 	}
 }
@@ -326,20 +325,6 @@ func TestDaemonHeartbeat401Exits5(t *testing.T) {
 	}
 }
 
-// running reports whether pid is a live process (a zombie, which nobody
-// reaps when its parent aq was killed, counts as gone).
-func running(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
-}
-
 func readPID(t *testing.T, path string) int {
 	t.Helper()
 	pid, err := strconv.Atoi(strings.TrimSpace(testenv.ReadFile(t, path)))
@@ -391,7 +376,7 @@ while :; do sleep 0.05; done
 	}
 	p.wait(t)
 	engine := readPID(t, e.path(id, "pid"))
-	if !running(engine) {
+	if !process.Alive(engine) {
 		t.Fatal("the engine died with aq: nothing left to recover")
 	}
 	if r := e.h.Run(t, "status"); !strings.Contains(r.Stdout, "daemon: not running") {
@@ -410,7 +395,7 @@ while :; do sleep 0.05; done
 			t.Fatalf("recovery's fail: %+v", ev)
 		}
 	}
-	if running(engine) {
+	if process.Alive(engine) {
 		t.Fatalf("the orphan's engine (pid %d) still runs", engine)
 	}
 	files := testenv.TreeFiles(t, e.origin, "refs/heads/"+job.JobBranch(id))

@@ -408,7 +408,7 @@ wait`, "ship: none"))
 			}
 			noTagged(t, sigID)
 			pid, _ := strconv.Atoi(strings.TrimSpace(testenv.ReadFile(t, filepath.Join(mark, "sleep.pid"))))
-			if err := syscall.Kill(pid, 0); err == nil && !zombie(pid) {
+			if process.Alive(pid) {
 				t.Errorf("the engine's child %d survived", pid)
 			}
 			v := show(t, h, sigID)
@@ -430,15 +430,6 @@ wait`, "ship: none"))
 			}
 		})
 	}
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
 
 // TestRunFailureReasons: every failure reason of local mode is reachable from
