@@ -1,0 +1,144 @@
+package runner
+
+// Engine: the engine's spec and environment, the run under the wall, USD
+// and token budgets, and the judgement of its result.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/secrets"
+)
+
+func (ru *run) spec() engines.Spec {
+	j := ru.j
+	withPersona := true
+	if ru.eng != nil && ru.eng.Name() == "claude" {
+		withPersona = false // claude takes it through --append-system-prompt
+	}
+	return engines.Spec{
+		JobID:          j.ID,
+		Scope:          Scope(ru.r.Cfg.Home),
+		Dir:            ru.wtPath,
+		Prompt:         j.Prompt(withPersona),
+		Persona:        j.Persona,
+		Model:          j.Model,
+		Script:         j.Script,
+		Budget:         engines.Budget{USD: j.Budget.USD, Tokens: j.Budget.Tokens, Turns: j.Budget.Turns},
+		PermissionMode: ru.r.Cfg.PermissionMode,
+		LogDir:         ru.logDir,
+		Attempt:        ru.o.Attempt,
+		Env:            secrets.EngineEnv(ru.r.env()),
+		Grace:          ru.r.Cfg.Grace,
+		Redactor:       ru.r.Redactor,
+		Prices:         ru.r.Cfg.Prices,
+	}
+}
+
+func (r *Runner) env() []string {
+	if r.Env != nil {
+		return r.Env
+	}
+	return os.Environ()
+}
+
+// wall is the job's wall budget, which bounds the engine and verify each.
+func (ru *run) wall() time.Duration {
+	if w := ru.j.Budget.Wall.D(); w > 0 {
+		return w
+	}
+	return job.DefaultWall
+}
+
+// runEngine runs the engine under the wall, USD and token budgets.
+func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
+	j, wall := ru.j, ru.wall()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	runCtx, cancelT := context.WithTimeoutCause(runCtx, wall, job.Stop(job.ReasonTimeout, "wall budget "+wall.String()+" spent"))
+	defer cancelT()
+
+	spec := ru.spec()
+	var (
+		mu   sync.Mutex
+		last engines.Usage
+	)
+	spec.Meter = engines.MeterFunc(func(u engines.Usage) {
+		mu.Lock()
+		last = u
+		mu.Unlock()
+		ru.event(Event{Kind: "usage", Usage: u, Engine: ru.eng.Name()})
+		if j.Budget.USD > 0 && u.CostUSD > j.Budget.USD {
+			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("cost $%.4f over budget $%.2f", u.CostUSD, j.Budget.USD)))
+		}
+		if j.Budget.Tokens > 0 && u.Tokens() > j.Budget.Tokens {
+			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("%d tokens over budget %d", u.Tokens(), j.Budget.Tokens)))
+		}
+	})
+	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "worktree", ru.wtPath)
+	res, err := ru.eng.Run(runCtx, spec)
+	mu.Lock()
+	if res.Usage == (engines.Usage{}) {
+		res.Usage = last
+	}
+	mu.Unlock()
+	// The run's own stop cause (timeout, budget) wins over the parent's.
+	if runCtx.Err() != nil && res.Outcome != engines.Succeeded {
+		if reason, detail, ok := job.StopReason(runCtx); ok {
+			ru.fail(reason, detail)
+		}
+	}
+	return res, err
+}
+
+// judgeEngine records the engine's result and decides whether to go on.
+func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) bool {
+	in := &ru.out.Insights
+	in.Engine = ru.eng.Name()
+	if res.Version != "" {
+		in.EngineVersion = res.Version
+	}
+	in.Model = firstNonEmpty(res.Model, ru.j.Model)
+	in.SessionID, in.Subtype = res.SessionID, res.Subtype
+	in.TokensIn, in.TokensOut, in.TokensCached = res.Usage.TokensIn, res.Usage.TokensOut, res.Usage.TokensCached
+	in.CostUSD, in.CostEstimated, in.Turns = res.Usage.CostUSD, res.Usage.Estimated, res.Usage.Turns
+	in.ExitCode = res.ExitCode
+
+	if ru.out.Reason != "" { // stopped by its own budget
+		return false
+	}
+	if err != nil {
+		if errors.Is(err, engines.ErrNotInstalled) {
+			ru.fail(job.ReasonNoEngine, err.Error())
+		} else if !ru.stopped(ctx, "engine") {
+			ru.fail(job.ReasonCrash, "engine did not run: "+err.Error())
+		}
+		return false
+	}
+	if ru.stopped(ctx, "engine running") {
+		return false
+	}
+	switch res.Outcome {
+	case engines.Succeeded:
+		ru.log.Info("engine finished", "engine", in.Engine, "turns", in.Turns, "cost_usd", in.CostUSD)
+		ru.noOutcome = res.NoStructuredOutcome
+		return true
+	case engines.Unavailable:
+		ru.fail(job.ReasonEngineUnavailable, firstNonEmpty(res.Detail, "the engine is unavailable"))
+	case engines.Stopped:
+		if res.BudgetExceeded { // the engine stopped itself at the budget aq gave it
+			ru.fail(job.ReasonBudgetExceeded, firstNonEmpty(res.Detail, "the engine stopped at its budget"))
+			break
+		}
+		ru.fail(job.ReasonCrash, firstNonEmpty(res.Detail, "the engine was stopped"))
+	default:
+		ru.fail(job.ReasonEngineFailed, firstNonEmpty(res.Detail, "the engine did not finish the task"))
+	}
+	return false
+}

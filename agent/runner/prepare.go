@@ -1,0 +1,257 @@
+package runner
+
+// Preparation: the pre-flight (engine, shipping tools, repo), the clone, and
+// the worktree with its resume point (the WIP checkpoint, else the base).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/worktree"
+)
+
+func (ru *run) preflight(ctx context.Context) bool {
+	j := ru.j
+	eng, info, reason, detail := ru.pickEngine(ctx)
+	if reason != "" {
+		ru.fail(reason, detail)
+		return false
+	}
+	ru.eng, ru.info = eng, info
+	ru.out.Insights.Engine, ru.out.Insights.EngineVersion = eng.Name(), info.Version
+
+	if j.Ship == "pr" || j.Ship == "merge" {
+		if ru.r.Shipper == nil {
+			ru.fail(job.ReasonCapabilityMismatch, "ship: "+j.Ship+" needs has:gh (the GitHub CLI), which this aq cannot use")
+			return false
+		}
+	}
+	repoDir := filepath.Join(ru.r.Cfg.RepoBase, j.Repo)
+	if !worktree.IsRepo(repoDir) {
+		if j.RepoURL == "" {
+			ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("no git repository %s under AQ_REPO_BASE (clone it there or fix repo:)", repoDir))
+			return false
+		}
+		if err := ru.clone(ctx, repoDir); err != nil {
+			if !ru.stopped(ctx, "cloning the repo") {
+				ru.fail(job.ReasonRepoUnavailable, err.Error())
+			}
+			return false
+		}
+	}
+	ru.repoDir = repoDir
+	if j.Ship == "pr" || j.Ship == "merge" {
+		if err := ru.r.Shipper.Ready(ctx, repoDir); err != nil {
+			ru.fail(job.ReasonCapabilityMismatch, err.Error())
+			return false
+		}
+	}
+	return true
+}
+
+func (ru *run) clone(ctx context.Context, dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("cannot create %s: %v", filepath.Dir(dir), err)
+	}
+	if _, err := ru.r.Git.Run(ctx, filepath.Dir(dir), "clone", "--", ru.j.RepoURL, dir); err != nil {
+		return fmt.Errorf("cannot clone %s: %v", ru.j.RepoURL, err)
+	}
+	return nil
+}
+
+// pickEngine resolves the manifest's engine (any = the first installed) and
+// runs its pre-flight.
+func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, job.Reason, string) {
+	names := []string{ru.j.Engine}
+	if ru.j.Engine == "" || ru.j.Engine == "any" {
+		names = ru.r.Engines.Names()
+	}
+	spec := ru.spec()
+	var firstErr error
+	for _, name := range names {
+		eng, ok := ru.r.Engines.Get(name)
+		if !ok {
+			continue
+		}
+		info, err := eng.Preflight(ctx, spec)
+		if err == nil {
+			return eng, info, "", ""
+		}
+		var ue *engines.UnavailableError
+		if errors.As(err, &ue) && len(names) == 1 {
+			return nil, engines.Info{}, job.ReasonEngineUnavailable, err.Error()
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr == nil {
+		firstErr = fmt.Errorf("engine %q is not available on this host", ru.j.Engine)
+	}
+	var ue *engines.UnavailableError
+	if errors.As(firstErr, &ue) {
+		return nil, engines.Info{}, job.ReasonEngineUnavailable, firstErr.Error()
+	}
+	return nil, engines.Info{}, job.ReasonNoEngine, firstErr.Error()
+}
+
+// prepareWorktree makes $AQ_HOME/worktrees/<repo>/<id> on aq/job/<id>. A
+// worktree left by a crashed run is checkpointed before it is replaced, so no
+// file in it is lost.
+func (ru *run) prepareWorktree(ctx context.Context) bool {
+	j, g := ru.j, ru.r.Git
+	ru.wtPath = filepath.Join(ru.r.Cfg.worktreesDir(), j.Repo, j.ID)
+	wip := "refs/heads/" + job.WIPBranch(j.ID)
+
+	remoteWIP := "refs/remotes/origin/" + job.WIPBranch(j.ID)
+	if ru.hasOrigin(ctx) {
+		// Another host may have checkpointed this job: fetch its WIP ref
+		// beside ours (never over it).
+		// ls-remote first: it tells "none" from "cannot tell", and what it
+		// says is the value a later WIP push must still find there.
+		sha, ok, err := worktree.RemoteRef(ctx, g, ru.repoDir, "origin", wip)
+		switch {
+		case err != nil:
+			ru.log.Warn("cannot look for a WIP checkpoint on origin", "err", err)
+		case ok:
+			ru.wipOnOrigin = sha
+			if err := worktree.Fetch(ctx, g, ru.repoDir, "origin", "+"+wip+":"+remoteWIP); err != nil {
+				ru.log.Warn("cannot fetch the WIP checkpoint from origin", "err", err)
+			}
+		default:
+			// None on origin: forget a stale copy from an earlier run.
+			_, _ = g.Run(ctx, ru.repoDir, "update-ref", "-d", remoteWIP)
+		}
+		if ru.r.Cfg.FetchBase {
+			if err := worktree.Fetch(ctx, g, ru.repoDir, "origin", "+refs/heads/"+j.Base+":refs/remotes/origin/"+j.Base); err != nil && ctx.Err() == nil {
+				ru.log.Warn("cannot fetch base from origin; using the local copy", "base", j.Base, "err", err)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		ru.stopped(ctx, "preparing the worktree")
+		return false
+	}
+	baseRef, ok := ru.resolveBase(ctx)
+	if !ok {
+		return false
+	}
+
+	if _, err := os.Stat(ru.wtPath); err == nil {
+		// A run of this job died here (its aq was killed): its engine may
+		// still be running and writing. Stop whatever carries the job's tag
+		// first, so the checkpoint below is final and nothing keeps writing
+		// into a worktree that is about to be replaced.
+		if n, err := process.KillScoped(ctx, j.ID, Scope(ru.r.Cfg.Home), ru.r.Cfg.Grace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+			ru.log.Warn("cannot stop the processes of an earlier run of this job", "err", err)
+		} else if n > 0 {
+			ru.log.Warn("stopped processes left running by an earlier run of this job", "count", n)
+		}
+		sha, err := worktree.Checkpoint(ctx, g, ru.wtPath, wip, ru.checkpointMessage("stale worktree"))
+		var partial *worktree.PartialError
+		switch {
+		case errors.As(err, &partial):
+			ru.log.Warn("checkpointed a stale worktree, but for files git cannot read, before replacing it", "checkpoint", partial.SHA, "err", err)
+		case err != nil:
+			// Its files may be the only copy of work no checkpoint has:
+			// never remove it unrecorded.
+			if !ru.stopped(ctx, "checkpointing the worktree of an earlier run") {
+				ru.fail(job.ReasonCrash, "cannot checkpoint the worktree an earlier run left at "+ru.wtPath+" (it is kept as it is): "+err.Error())
+			}
+			return false
+		default:
+			ru.log.Info("checkpointed a stale worktree before replacing it", "checkpoint", sha)
+		}
+		if err := worktree.Remove(ctx, g, ru.repoDir, ru.wtPath); err != nil {
+			ru.fail(job.ReasonRepoUnavailable, "cannot remove the stale worktree "+ru.wtPath+": "+err.Error())
+			return false
+		}
+	}
+
+	start, mb := baseRef, baseRef
+	if sha := ru.resumePoint(ctx, wip, remoteWIP); sha != "" {
+		start = sha
+		ru.out.Checkpoint = sha
+		ru.log.Info("resuming from WIP checkpoint", "checkpoint", sha)
+		// The base commit the result is squashed onto: where base and the
+		// start point meet (base itself when starting from base).
+		if m, ok, err := worktree.MergeBase(ctx, g, ru.repoDir, start, baseRef); err == nil && ok {
+			mb = m
+		}
+	}
+	ru.baseSHA, ru.start = mb, start
+	if err := worktree.Add(ctx, g, ru.repoDir, ru.wtPath, job.JobBranch(j.ID), start); err != nil {
+		if !ru.stopped(ctx, "creating the worktree") {
+			ru.fail(job.ReasonRepoUnavailable, "cannot create the worktree: "+err.Error())
+		}
+		_ = worktree.Remove(context.WithoutCancel(ctx), g, ru.repoDir, ru.wtPath)
+		return false
+	}
+	ru.out.Worktree = ru.wtPath
+	return true
+}
+
+// resumePoint picks the checkpoint to start from: the one the coordinator
+// recorded when it is known here; else whichever of the local and origin WIP
+// refs contains the other; else origin's (the latest owner's). The local ref is
+// never moved here, so a diverged local checkpoint stays reachable (the next
+// checkpoint takes it as a second parent).
+func (ru *run) resumePoint(ctx context.Context, localRef, remoteRef string) string {
+	g := ru.r.Git
+	if h := ru.o.Checkpoint; h != "" {
+		if sha, ok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, h+"^{commit}"); ok {
+			return sha
+		}
+		ru.log.Warn("the recorded checkpoint is not in this repository; using the WIP refs", "checkpoint", h)
+	}
+	local, lok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, localRef)
+	var remote string
+	var rok bool
+	if ru.hasOrigin(ctx) {
+		remote, rok, _ = worktree.ResolveRef(ctx, g, ru.repoDir, remoteRef)
+	}
+	switch {
+	case !lok && !rok:
+		return ""
+	case !rok || local == remote:
+		return local
+	case !lok:
+		return remote
+	}
+	if anc, err := worktree.IsAncestor(ctx, g, ru.repoDir, remote, local); err == nil && anc {
+		return local
+	}
+	return remote
+}
+
+// resolveBase finds the commit of the job's base branch.
+func (ru *run) resolveBase(ctx context.Context) (string, bool) {
+	g, base := ru.r.Git, ru.j.Base
+	cands := []string{"refs/heads/" + base}
+	if ru.hasOrigin(ctx) {
+		cands = append(cands, "refs/remotes/origin/"+base)
+		if ru.r.Cfg.FetchBase {
+			cands[0], cands[1] = cands[1], cands[0]
+		}
+	}
+	for _, ref := range cands {
+		if sha, ok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, ref); ok {
+			return sha, true
+		}
+	}
+	ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("base branch %q does not exist in %s (create it or fix base:)", base, ru.repoDir))
+	return "", false
+}
+
+// hasOrigin reports whether the repository has an origin remote; asked once
+// per run.
+func (ru *run) hasOrigin(ctx context.Context) bool {
+	ru.originOnce.Do(func() { ru.origin = worktree.HasRemote(ctx, ru.r.Git, ru.repoDir, "origin") })
+	return ru.origin
+}

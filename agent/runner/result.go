@@ -1,0 +1,232 @@
+package runner
+
+// Results: the result commit on the job branch (one commit on base, without
+// the PR description file) and verify.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/worktree"
+)
+
+// prFile is the engine's PR description; it never reaches a commit.
+const prFile = ".aq_pr.md"
+
+// commitResult commits the engine's work onto the job branch as one commit on
+// base, and records the size of the change.
+func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
+	j, g := ru.j, ru.r.Git
+	hasPR := false
+	if b, err := os.ReadFile(filepath.Join(ru.wtPath, prFile)); err == nil {
+		prBody, hasPR = string(b), true
+		if err := os.MkdirAll(ru.logDir, 0o700); err == nil {
+			_ = os.WriteFile(filepath.Join(ru.logDir, "pr.md"), b, 0o600)
+		}
+		if err := os.Remove(filepath.Join(ru.wtPath, prFile)); err != nil {
+			ru.fail(job.ReasonCrash, "cannot remove "+prFile+": "+err.Error())
+			return "", false
+		}
+	}
+	msg := fmt.Sprintf("%s\n\naq-job: %s\naq-engine: %s\naq-attempt: %d", firstNonEmpty(j.Title, "aq job "+j.ID), j.ID, ru.eng.Name(), ru.o.Attempt)
+	sha, changed, done, err := ru.commitFromCheckpoint(ctx, msg, hasPR)
+	if !done && err == nil {
+		ru.log.Debug("committing the result by squashing the worktree")
+		sha, changed, err = worktree.SquashOnto(ctx, g, ru.wtPath, ru.baseSHA, msg)
+	}
+	if err != nil {
+		if !ru.stopped(ctx, "committing the result") {
+			ru.fail(job.ReasonCrash, "cannot commit the result: "+err.Error())
+		}
+		return "", false
+	}
+	if !changed {
+		if ru.noOutcome {
+			// Exit 0 is all such an engine says; with nothing changed there
+			// is no sign it did the task.
+			ru.fail(job.ReasonEngineFailed, "the engine exited 0 without a machine-readable outcome and changed no file")
+			return "", false
+		}
+		ru.log.Info("the engine made no changes")
+		ru.out.Detail = "the engine finished without changing any file; nothing to ship"
+		return prBody, true
+	}
+	ru.out.Commit, ru.out.Branch = sha, job.JobBranch(j.ID)
+	files, added, deleted, err := worktree.DiffStat(ctx, g, ru.wtPath, ru.baseSHA, sha)
+	if err == nil {
+		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = files, added, deleted
+	}
+	return prBody, true
+}
+
+// commitFromCheckpoint makes the result commit out of the checkpoint just
+// taken, rather than staging the whole worktree a second time: the
+// checkpoint's tree is everything in the worktree, so the result is that tree
+// (without .aq_pr.md when the engine wrote one) as one commit on base, on the
+// job branch, and the worktree's index is brought to it. It is SquashOnto's
+// result at a fraction of the cost (no second `git add --all`, no `git commit`
+// refreshing the index again).
+//
+// done is false, with no error, when the checkpoint cannot stand for the
+// worktree, or the repository asks for more than commit-tree gives: no
+// checkpoint, a partial one, HEAD not on the job branch or moved off base,
+// or signed commits (commit.gpgSign). The caller then squashes the worktree.
+func (ru *run) commitFromCheckpoint(ctx context.Context, msg string, dropPR bool) (sha string, changed, done bool, err error) {
+	cp := ru.cpAfter // not out.Checkpoint: that may be the checkpoint the run started from
+	if cp == "" || ru.cpPartial {
+		return "", false, false, nil
+	}
+	wg := ru.r.Git
+	branch := "refs/heads/" + job.JobBranch(ru.j.ID)
+	// One git for HEAD, the checkpoint's tree, base's tree, the job branch
+	// and the branch HEAD is on (cp and baseSHA are hashes aq resolved: no
+	// option can hide in them).
+	out, err := wg.Run(ctx, ru.wtPath, "rev-parse", "HEAD", cp+"^{tree}", ru.baseSHA+"^{tree}", branch, "--symbolic-full-name", "HEAD", "--")
+	lines := strings.Split(out, "\n")
+	if err != nil || len(lines) != 6 {
+		return "", false, false, nil // no HEAD, or no job branch: squash what is there
+	}
+	head, tree, baseTree, old, onBranch := lines[0], lines[1], lines[2], lines[3], lines[4] == branch
+	if head != ru.start {
+		// The engine committed, or moved HEAD (even to another branch): the
+		// worktree's content must still sit on base, or committing it on
+		// base would revert base's newer commits.
+		if anc, err := worktree.IsAncestor(ctx, wg, ru.wtPath, ru.baseSHA, head); err != nil || !anc {
+			return "", false, false, nil
+		}
+	}
+	cfg, err := wg.Run(ctx, ru.wtPath, "config", "--get-regexp", `^(user\.(name|email)|commit\.gpgsign)$`)
+	if err != nil && !isExit(err, 1) {
+		return "", false, false, nil
+	}
+	ident, sign := identityArgs(cfg)
+	if sign {
+		return "", false, false, nil // commit-tree would not sign it; git commit does
+	}
+	if dropPR {
+		if tree, err = ru.treeWithout(ctx, tree, prFile); err != nil {
+			return "", false, false, nil
+		}
+	}
+	result := ru.baseSHA
+	if tree != baseTree {
+		args := append(ident, "commit-tree", "--no-gpg-sign", "-m", msg, "-p", ru.baseSHA, tree)
+		if result, err = wg.Run(ctx, ru.wtPath, args...); err != nil {
+			return "", false, true, err
+		}
+	}
+	if result != old {
+		// Compare-and-swap: nobody moved the branch meanwhile.
+		if _, err := wg.Run(ctx, ru.wtPath, "update-ref", "-m", "aq: result of job "+ru.j.ID, branch, result, old); err != nil {
+			return "", false, true, err
+		}
+	}
+	if onBranch && result != head {
+		// The index follows the branch; entries that did not change keep
+		// their stat data, so the worktree reads clean at once. (An engine
+		// that switched HEAD to a branch of its own keeps it.)
+		if _, err := wg.Run(ctx, ru.wtPath, "read-tree", "--reset", result); err != nil {
+			ru.log.Warn("the job branch holds the result, but the worktree's index could not be updated to it", "err", err)
+		}
+	}
+	return result, tree != baseTree, true, nil
+}
+
+// treeWithout is tree less the top-level entry name, built in a throw-away
+// index (the worktree's own is not touched).
+func (ru *run) treeWithout(ctx context.Context, tree, name string) (string, error) {
+	dir, err := os.MkdirTemp("", "aq-tree-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	ig := ru.r.Git
+	ig.Env = append(append([]string(nil), ig.Env...), "GIT_INDEX_FILE="+filepath.Join(dir, "index"))
+	if _, err := ig.Run(ctx, ru.wtPath, "read-tree", tree); err != nil {
+		return "", err
+	}
+	if _, err := ig.Run(ctx, ru.wtPath, "update-index", "--force-remove", "--", name); err != nil {
+		return "", err
+	}
+	return ig.Run(ctx, ru.wtPath, "write-tree")
+}
+
+// identityArgs reads `git config --get-regexp` output for user.name,
+// user.email and commit.gpgsign: the -c options that give aq's commits an
+// identity where the repository has none (as worktree's commits do), and
+// whether commits are to be signed.
+func identityArgs(cfg string) (args []string, sign bool) {
+	var name, email bool
+	for _, line := range strings.Split(cfg, "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		v = strings.TrimSpace(v)
+		switch strings.ToLower(k) {
+		case "user.name":
+			name = name || v != ""
+		case "user.email":
+			email = email || v != ""
+		case "commit.gpgsign":
+			sign = v == "true" || v == "yes" || v == "on" || v == "1"
+		}
+	}
+	if !name {
+		args = append(args, "-c", "user.name="+worktree.DefaultUserName)
+	}
+	if !email {
+		args = append(args, "-c", "user.email="+worktree.DefaultUserEmail)
+	}
+	return args, sign
+}
+
+// isExit reports whether err is a git run that exited with code.
+func isExit(err error, code int) bool {
+	var ge *worktree.GitError
+	return errors.As(err, &ge) && ge.ExitCode == code
+}
+
+// verify runs the manifest's verify: command in the worktree.
+func (ru *run) verify(ctx context.Context) bool {
+	cmd := strings.TrimSpace(ru.j.Verify)
+	if cmd == "" {
+		return true
+	}
+	f, err := os.OpenFile(filepath.Join(ru.logDir, "verify.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		ru.fail(job.ReasonCrash, "cannot open the verify log: "+err.Error())
+		return false
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "=== aq job %s attempt %d: verify %q at %s ===\n", ru.j.ID, ru.o.Attempt, cmd, ru.r.now().UTC().Format(time.RFC3339))
+	w := secrets.NewWriter(f, ru.r.Redactor)
+	defer w.Flush()
+	vctx, cancel := context.WithTimeoutCause(ctx, ru.wall(), job.Stop(job.ReasonTimeout, "verify ran past the wall budget"))
+	defer cancel()
+	res, err := process.Run(vctx, process.Spec{
+		Path: "/bin/sh", Args: []string{"-c", cmd}, Dir: ru.wtPath,
+		Env: secrets.EngineEnv(ru.r.env()), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
+	})
+	if err != nil {
+		ru.fail(job.ReasonVerifyFailed, "verify could not start: "+err.Error())
+		return false
+	}
+	if res.Stopped {
+		if !ru.stopped(vctx, "verify") {
+			ru.fail(job.ReasonVerifyFailed, "verify was stopped")
+		}
+		return false
+	}
+	if res.ExitCode != 0 {
+		ru.fail(job.ReasonVerifyFailed, fmt.Sprintf("verify %q exited %d (see aq job logs %s)", cmd, res.ExitCode, ru.j.ID))
+		return false
+	}
+	ru.log.Info("verify passed", "verify", cmd)
+	return true
+}
