@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/job"
 )
 
 // CheckResult is one invariant and what the run showed of it.

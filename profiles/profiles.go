@@ -21,9 +21,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/aqfleet/aq/agent/caps"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 )
 
 // Profile is one persona with its job defaults. Zero values mean "not set":
@@ -249,7 +248,7 @@ func Parse(file string, data []byte) (Profile, error) {
 			items, _ := d.List(f, "[has:git, \"node:>=20\"]")
 			seen := map[string]bool{}
 			for _, it := range items {
-				r, err := caps.ParseRequirement(it.Value)
+				r, err := job.ParseRequirement(it.Value)
 				switch {
 				case err != nil:
 					d.Addf(it.Line, "", "%v", err) // the message says what is allowed

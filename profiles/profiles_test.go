@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 )
 
 func write(t *testing.T, path, content string) {

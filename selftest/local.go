@@ -10,12 +10,12 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 )
 
 // killGrace is the kill ladder's step in the pipeline's runs: short, so

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/fleet"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/job"
 )
 
 // fleetSetup starts a world with repository app and a stub with o, for a

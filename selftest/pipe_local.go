@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/gc"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/job"
 )
 
 // pipelineScenarios is every pipeline scenario, in catalog order.

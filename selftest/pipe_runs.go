@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/job"
 )
 
 // --- retries and the dead letter ---------------------------------------------------

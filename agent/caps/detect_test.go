@@ -18,6 +18,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/job"
 )
 
 // These tests exec shell scripts they have just written. They do not call
@@ -506,7 +507,7 @@ func TestDefaultTools(t *testing.T) {
 		t.Errorf("DefaultTools is not sorted and unique: %q", tools)
 	}
 	for _, tool := range tools {
-		if _, err := ParseRequirement("has:" + tool); err != nil {
+		if _, err := job.ParseRequirement("has:" + tool); err != nil {
 			t.Errorf("has:%s is not a valid token: %v", tool, err)
 		}
 	}

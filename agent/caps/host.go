@@ -3,6 +3,8 @@ package caps
 import (
 	"sort"
 	"strconv"
+
+	"github.com/aqfleet/aq/job"
 )
 
 // Token joins a kind and a value into a capability token (has:git).
@@ -15,7 +17,7 @@ func (h *Host) Tokens() []string {
 		return []string{}
 	}
 	out := []string{}
-	for _, kind := range Kinds {
+	for _, kind := range job.CapabilityKinds {
 		for _, v := range h.offered(kind) {
 			out = append(out, Token(kind, v))
 		}
@@ -69,7 +71,7 @@ func FromTokens(tokens []string) *Host {
 	h := &Host{Tools: map[string]string{}}
 	seenRepo := map[string]bool{}
 	for _, t := range tokens {
-		r, err := ParseRequirement(t)
+		r, err := job.ParseRequirement(t)
 		if err != nil || r.Op != "" {
 			continue
 		}

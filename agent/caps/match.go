@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/aqfleet/aq/job"
 )
 
 // Missing is one required capability the host does not offer.
@@ -33,7 +35,7 @@ func Match(required []string, h *Host) []Missing {
 	var out []Missing
 	seen := map[string]bool{}
 	for _, raw := range required {
-		r, err := ParseRequirement(raw)
+		r, err := job.ParseRequirement(raw)
 		if err != nil {
 			tok := strings.TrimSpace(raw)
 			if !seen[tok] {
@@ -59,7 +61,7 @@ func Match(required []string, h *Host) []Missing {
 func Satisfies(required []string, h *Host) bool { return len(Match(required, h)) == 0 }
 
 // missingReason says what h has of r's kind, for a requirement it fails.
-func missingReason(r Requirement, h *Host) string {
+func missingReason(r job.Requirement, h *Host) string {
 	if h == nil {
 		h = &Host{}
 	}

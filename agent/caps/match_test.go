@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/job"
 )
 
 // laptop is a host as Detect would return it.
@@ -94,7 +96,7 @@ func TestMatchInvalidRequirement(t *testing.T) {
 			t.Errorf("missing[%d] = %+v, want token %q reported invalid with its parse error", i, m, tok)
 		}
 	}
-	if _, err := ParseRequirement("gpu:a100"); !strings.Contains(got[0].Reason, err.Error()) {
+	if _, err := job.ParseRequirement("gpu:a100"); !strings.Contains(got[0].Reason, err.Error()) {
 		t.Errorf("reason %q does not carry the parse error %q", got[0].Reason, err)
 	}
 }
@@ -131,7 +133,7 @@ func TestTokens(t *testing.T) {
 		t.Errorf("nil host Tokens() = %#v, want empty non-nil", got)
 	}
 	for _, tok := range laptop().Tokens() {
-		if _, err := ParseRequirement(tok); err != nil {
+		if _, err := job.ParseRequirement(tok); err != nil {
 			t.Errorf("token %q does not parse as a requirement: %v", tok, err)
 		}
 	}

@@ -43,12 +43,12 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
+	"github.com/aqfleet/aq/job"
 )
 
 // Options configure a Daemon.

@@ -11,9 +11,9 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // metric reads one sample of the Prometheus text format ("" labels: the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // metrics are the daemon's Prometheus series (DESIGN §11), on a registry of

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/fleet"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // orphan leaves behind what an aq killed with -9 mid-job leaves: this

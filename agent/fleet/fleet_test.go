@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/config"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
 

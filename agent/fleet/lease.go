@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/job"
 )
 
 // JobLease holds a claimed job's lease while it runs: it renews it every

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/job"
 )
 
 // Delivery is what became of a report.

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 func TestSpoolOrderAcrossReopen(t *testing.T) {

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 

@@ -17,8 +17,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/job"
 )
 
 // Record is one fleet job as this factory saw it. Field names are stable.

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 func TestPutGetUpdateList(t *testing.T) {

@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/caps"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 	"github.com/aqfleet/aq/worktree"
 )

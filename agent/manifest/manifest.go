@@ -20,9 +20,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/aqfleet/aq/agent/caps"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
 
@@ -173,7 +172,7 @@ type parser struct {
 }
 
 type capEntry struct {
-	req  caps.Requirement
+	req  job.Requirement
 	line int // 0: from the profile
 }
 
@@ -242,7 +241,7 @@ func (p *parser) decode() {
 		case "capabilities":
 			items, _ := d.List(f, `[os:linux, has:git, "node:>=20"]`)
 			for _, it := range items {
-				r, err := caps.ParseRequirement(it.Value)
+				r, err := job.ParseRequirement(it.Value)
 				if err != nil {
 					d.Addf(it.Line, "", "%v", err) // the message says what is allowed
 					continue
@@ -421,7 +420,7 @@ func (p *parser) mergeCaps(fromProfile []string) {
 	}
 	all := append([]capEntry(nil), p.caps...)
 	for _, tok := range fromProfile {
-		r, err := caps.ParseRequirement(tok)
+		r, err := job.ParseRequirement(tok)
 		if err != nil || overridden[r.Kind] { // profiles are validated when loaded
 			continue
 		}

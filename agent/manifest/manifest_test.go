@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // childEnv makes the test binary act as a second `aq run` process: it opens

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/job"
 )
 
 // runAndFail takes the job attempts times and fails every run with reason;

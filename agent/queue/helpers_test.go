@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // t0 is the injected clock's start. Tests move the clock by hand; none reads

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/job"
 )
 
 func TestNextOrder(t *testing.T) {

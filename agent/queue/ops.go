@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/job"
 )
 
 // Submit enqueues j with raw as its manifest (stored byte for byte): into

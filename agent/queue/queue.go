@@ -15,8 +15,8 @@ import (
 
 	"github.com/gofrs/flock"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/job"
 )
 
 // Queue is a local folder queue. It is safe for concurrent use by many

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // Reads take no lock (see the package comment): they never block behind a

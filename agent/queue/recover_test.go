@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 func TestRecover(t *testing.T) {

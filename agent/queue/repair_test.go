@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // testParser stands in for manifest.ParseFile: it reads "id:" and "deps:"

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // State is a job's queue state: the sidecar <stage>/<id>.json. Field names in

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/job"
 )
 
 // This file holds the on-disk mechanics: atomic writes, the sidecar cache,

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/job"
 )
 
 func TestOpenCreatesStageDirs(t *testing.T) {

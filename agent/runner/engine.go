@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 )
 
 func (ru *run) spec() engines.Spec {

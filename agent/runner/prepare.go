@@ -10,9 +10,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // TestSuccessCommitsResultAndCheckpoint: a successful run leaves one commit

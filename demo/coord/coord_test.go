@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // helperEnv makes the test binary, re-executed, run the stub as a real

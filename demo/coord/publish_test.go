@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
+	"github.com/aqfleet/aq/job"
 )
 
 func TestChooseTarget(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/caps"
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // Offer is what a factory offers when it claims: its capability tokens and

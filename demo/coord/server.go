@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // Options configure the stub.

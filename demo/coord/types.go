@@ -20,7 +20,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/aqfleet/aq/agent/job"
+	"github.com/aqfleet/aq/job"
 )
 
 // Stages of the coordinator's job machine (GIGAFACTORY_SYSTEM_OVERVIEW §4).

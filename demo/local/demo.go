@@ -21,13 +21,13 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/config"
-	"github.com/aqfleet/aq/agent/job"
 	agentlocal "github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 )
 
 //go:embed jobs/*.md

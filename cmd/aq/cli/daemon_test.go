@@ -16,12 +16,12 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/daemon"
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // These tests run the real aq binary as `aq daemon` against the coordinator

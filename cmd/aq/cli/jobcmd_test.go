@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // TestJobCommands: show, logs, requeue, ship and reject on real jobs, and a

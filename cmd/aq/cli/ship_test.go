@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // fakeGH puts a `gh` on PATH that answers like the GitHub CLI (logged in;

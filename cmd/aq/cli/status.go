@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/job"
 )
 
 func init() { register(newStatusCmd) }

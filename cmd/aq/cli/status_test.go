@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // TestStatusBoard: `aq status --json` shows counts per stage, the running

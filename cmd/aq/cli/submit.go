@@ -6,10 +6,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/job"
 )
 
 func init() { register(newSubmitCmd) }

@@ -8,10 +8,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
 

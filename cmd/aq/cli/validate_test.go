@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/agent/job"
 	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
 )
 
 // manifestEnv isolates aq's configuration (cleanEnv) and returns a fresh

@@ -1,8 +1,9 @@
-// Package caps owns capability tokens (DESIGN §4): their grammar, detecting
-// what this host offers (os, arch, engines, node, tools, local repos), and
-// matching a job's requirements against it with an explanation of every
-// missing capability.
-package caps
+// Capability tokens (DESIGN §4): the grammar of what a job requires of a
+// host (os:linux, has:git, node:>=20). Detection and matching live in
+// agent/caps; the grammar is job vocabulary, shared with profiles and
+// manifests.
+
+package job
 
 import (
 	"fmt"
@@ -11,8 +12,8 @@ import (
 	"strings"
 )
 
-// Kinds of capability token.
-var Kinds = []string{"os", "arch", "engine", "node", "has", "repo"}
+// CapabilityKinds of capability token.
+var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo"}
 
 // numericKinds accept comparisons (node:>=20).
 var numericKinds = map[string]bool{"node": true}
@@ -35,16 +36,16 @@ func ParseRequirement(s string) (Requirement, error) {
 	s = strings.TrimSpace(s)
 	kind, val, ok := strings.Cut(s, ":")
 	if !ok || kind == "" || val == "" {
-		return Requirement{}, fmt.Errorf("capability %q is not kind:value (kinds: %s)", s, strings.Join(Kinds, ", "))
+		return Requirement{}, fmt.Errorf("capability %q is not kind:value (kinds: %s)", s, strings.Join(CapabilityKinds, ", "))
 	}
 	known := false
-	for _, k := range Kinds {
+	for _, k := range CapabilityKinds {
 		if k == kind {
 			known = true
 		}
 	}
 	if !known {
-		return Requirement{}, fmt.Errorf("capability %q has unknown kind %q (kinds: %s)", s, kind, strings.Join(Kinds, ", "))
+		return Requirement{}, fmt.Errorf("capability %q has unknown kind %q (kinds: %s)", s, kind, strings.Join(CapabilityKinds, ", "))
 	}
 	r := Requirement{Kind: kind}
 	for _, op := range []string{">=", "<=", ">", "<", "="} {
