@@ -1,18 +1,12 @@
 package selftest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
@@ -21,6 +15,7 @@ import (
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/sbpeer/sbpeerproc"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
 )
@@ -72,7 +67,7 @@ func runBroker(ctx context.Context, s *session) {
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("sbpeer (%s) listening on %s", filepath.Join(dir, "sbpeer.js"), p.addr), nil
+		return fmt.Sprintf("sbpeer (%s) listening on %s", filepath.Join(dir, "sbpeer.js"), p.Addr()), nil
 	}) {
 		return
 	}
@@ -328,108 +323,33 @@ func findPeerDir(explicit string) (string, string) {
 	return "", "the local AMQP peer (demo/sbpeer) is part of aq's source tree, which is not here: run aq selftest from a checkout (make test) to include the broker checks"
 }
 
-// peer is a running demo/sbpeer.
-type peer struct {
-	cmd    *exec.Cmd
-	addr   string
-	events string
-	done   chan struct{}
-	stderr *bytes.Buffer
-	mu     sync.Mutex
-}
+// peer is a running demo/sbpeer, started by the one launcher (sbpeerproc).
+type peer struct{ *sbpeerproc.Peer }
 
-type peerEvent struct {
-	Event     string `json:"event"`
-	MessageID string `json:"messageId"`
-	Outcome   string `json:"outcome"`
-	Reason    string `json:"reason"`
-}
+type peerEvent = sbpeerproc.Event
 
 // startPeer runs node sbpeer.js on a free loopback port, tagged like a job
 // so the clean-up checks see it, and waits for its "listening" line.
-func startPeer(ctx context.Context, w *workspace, node, dir, work string, subs []string) (*peer, error) {
-	p := &peer{events: filepath.Join(work, "events.jsonl"), done: make(chan struct{}), stderr: &bytes.Buffer{}}
-	args := []string{filepath.Join(dir, "sbpeer.js"), "--host", "127.0.0.1", "--port", "0", "--events", p.events}
-	for _, s := range subs {
-		args = append(args, "--sub", s)
-	}
+func startPeer(_ context.Context, w *workspace, node, dir, work string, subs []string) (*peer, error) {
 	scope := "aq-selftest-" + w.token
 	tag := w.id("sbpeer", scope)
-	cmd := exec.Command(node, args...)
-	cmd.Dir = dir
-	cmd.Env = append(append([]string(nil), w.engineEnv...), process.TagEnv+"="+tag, process.ScopeEnv+"="+scope)
-	cmd.Stderr = &lockedWriter{mu: &p.mu, w: p.stderr}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
+	env := append(append([]string(nil), w.engineEnv...), process.TagEnv+"="+tag, process.ScopeEnv+"="+scope)
+	p, err := sbpeerproc.Launch(sbpeerproc.Options{Dir: work, Node: node, PeerDir: dir, Env: env, Subs: subs})
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the peer: %w", err)
-	}
-	p.cmd = cmd
-	lines := make(chan string, 1)
-	go func() {
-		r := bufio.NewReader(out)
-		line, _ := r.ReadString('\n')
-		lines <- line
-		_, _ = r.WriteTo(discard{})
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-ctx.Done():
-		p.stop()
-		return nil, fmt.Errorf("the peer did not start: %v", context.Cause(ctx))
-	}
-	var ready struct {
-		Event string `json:"event"`
-		Port  int    `json:"port"`
-	}
-	if json.Unmarshal([]byte(line), &ready) != nil || ready.Event != "listening" {
-		p.stop()
-		p.mu.Lock()
-		msg := firstLine(p.stderr.String())
-		p.mu.Unlock()
-		return nil, fmt.Errorf("the peer did not start: %s", msg)
-	}
-	p.addr = "127.0.0.1:" + strconv.Itoa(ready.Port)
-	return p, nil
+	return &peer{p}, nil
 }
 
 // connectionString is a development connection string pinned to loopback.
-func (p *peer) connectionString() string {
-	return "Endpoint=sb://" + p.addr + ";SharedAccessKeyName=sbpeer;SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ==;UseDevelopmentEmulator=true"
-}
+func (p *peer) connectionString() string { return p.ConnectionString() }
 
-// stop ends the peer (SIGTERM, then SIGKILL of its group).
-func (p *peer) stop() {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(3 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	p.cmd = nil
-}
+// stop ends the peer (SIGTERM, then its group killed).
+func (p *peer) stop() { p.Stop() }
 
 func (p *peer) eventsNow() []peerEvent {
-	b, _ := os.ReadFile(p.events)
-	var out []peerEvent
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		var e peerEvent
-		if json.Unmarshal(line, &e) == nil {
-			out = append(out, e)
-		}
-	}
-	return out
+	evs, _ := p.Events()
+	return evs
 }
 
 func (p *peer) lastEvent(match func(peerEvent) bool) peerEvent {
@@ -445,21 +365,3 @@ func (p *peer) lastEvent(match func(peerEvent) bool) peerEvent {
 func (p *peer) waitEvent(ctx context.Context, what string, match func(peerEvent) bool) error {
 	return waitFor(ctx, what, func() bool { return p.lastEvent(match).Event != "" })
 }
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.w.Len() > 64<<10 {
-		return len(b), nil
-	}
-	return l.w.Write(b)
-}
-
-type discard struct{}
-
-func (discard) Write(b []byte) (int, error) { return len(b), nil }

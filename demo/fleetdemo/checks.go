@@ -296,7 +296,7 @@ func (r *run) checks(sum *Summary) []Check {
 				alive = append(alive, id+"'s daemon")
 			}
 		}
-		if !r.peer.exited() {
+		if !r.peer.Exited() {
 			alive = append(alive, "the Service Bus peer")
 		}
 		alive = append(alive, ob.leftovers...)

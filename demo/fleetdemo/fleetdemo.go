@@ -40,6 +40,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/sbpeer/sbpeerproc"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -172,7 +173,7 @@ type run struct {
 	srvErr chan error
 	api    string
 	pub    *coord.Publisher
-	peer   *peer
+	peer   *sbpeerproc.Peer
 	broker bool
 	why    string
 
@@ -347,7 +348,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 		r.log = slog.New(slog.NewTextHandler(lf, nil))
 	}
 	if r.broker {
-		pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: r.peer.connectionString(), Topic: topic, Log: r.log,
+		pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: r.peer.ConnectionString(), Topic: topic, Log: r.log,
 			OnSent: func(s coord.Sent) {
 				r.sentMu.Lock()
 				r.sent = append(r.sent, s)
@@ -377,7 +378,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 	r.say("   coordinator stub  %s (in this process; lease TTL %s, reaper every %s, a factory is stale after %s)", r.api, leaseTTL, reapEvery, staleAfter)
 	if r.broker {
 		r.say("   Service Bus peer  node %s on 127.0.0.1:%d (AMQP 1.0); topic %s, one subscription per factory with the rule targetFactoryId = '<id>'",
-			filepath.Join(peerDir, "sbpeer.js"), r.peer.port, topic)
+			filepath.Join(peerDir, "sbpeer.js"), r.peer.Port(), topic)
 		r.say("                     the stub publishes one targeted message per queued job; the factories receive with the azservicebus SDK")
 	} else {
 		r.say("   no Service Bus:   %s — the factories take jobs over the gated poll path (AQ_FLEET_GATE=1) instead", r.why)
@@ -397,7 +398,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 			fmt.Sprintf("AQ_FLEET_LEASE_RENEW_SEC=%d", renewEvery), "AQ_POLL_SECONDS=1", "AQ_FLEET_GATE=1",
 			"AQ_KILL_GRACE=500ms", "AQ_DEMO_SIGNALS="+r.sig)
 		if r.broker {
-			f.env = append(f.env, "AQ_SB_CONNECTION_STRING="+r.peer.connectionString())
+			f.env = append(f.env, "AQ_SB_CONNECTION_STRING="+r.peer.ConnectionString())
 		}
 		r.facs[id] = f
 		r.order = append(r.order, id)
@@ -503,7 +504,7 @@ func (r *run) stopAll(ctx context.Context) {
 			}
 		}
 	}
-	r.peer.stop()
+	r.peer.Stop()
 }
 
 // teardown is the safety net behind stopAll: whatever is still running is
@@ -520,7 +521,7 @@ func (r *run) teardown(ctx context.Context) {
 			_, _ = process.KillScoped(cctx, j, runner.Scope(f.home), 200*time.Millisecond)
 		}
 	}
-	r.peer.stop()
+	r.peer.Stop()
 	if r.srv != nil {
 		_ = r.srv.Shutdown(cctx)
 		<-r.srvErr

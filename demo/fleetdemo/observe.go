@@ -282,7 +282,8 @@ func (r *run) message(id string, epoch int64) (coord.Sent, bool) {
 
 // routedTo is where the peer routed a message (its subscriptions' paths).
 func (r *run) routedTo(messageID string) []string {
-	for _, e := range r.peer.peerEvents() {
+	evs, _ := r.peer.Events()
+	for _, e := range evs {
 		if e.Event == "send" && e.MessageID == messageID {
 			return e.RoutedTo
 		}

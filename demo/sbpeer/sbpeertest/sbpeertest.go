@@ -1,87 +1,37 @@
 // Package sbpeertest runs demo/sbpeer — the local AMQP 1.0 stand-in for Azure
-// Service Bus — as a real child process on 127.0.0.1, for tests, benchmarks and
-// the demo: it starts the peer on a free port, waits until it listens, hands out
-// a loopback-pinned connection string (or a TLS config for the token-credential
-// path), reads the peer's JSON event log, and kills or restarts the peer on the
-// same port.
-//
-// The peer needs `node` on PATH and its packages installed once with
-// `npm ci --prefix demo/sbpeer` (make sbpeer). Start skips the test, saying how
-// to fix it, when either is missing; nothing else is a reason to skip.
+// Service Bus — for tests and benchmarks: Start launches it through
+// sbpeerproc (the one launcher, which the demo and selftest use too), stops
+// it when the test ends, and skips the test, saying how to fix it, when node
+// or the peer's packages are missing; nothing else is a reason to skip.
 package sbpeertest
 
 import (
-	"bufio"
-	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/hex"
-	"encoding/json"
-	"encoding/pem"
-	"errors"
-	"fmt"
-	"io"
-	"math/big"
-	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/demo/sbpeer/sbpeerproc"
 )
 
-// Options configure the peer. Zero values take the peer's defaults (lock 30 s,
-// max delivery count 10, duplicate window 10 min).
-type Options struct {
-	// Subs are the subscriptions, as the peer's --sub flag takes them:
-	// "TOPIC/NAME" (correlation filter targetFactoryId = NAME),
-	// "TOPIC/NAME=FACTORY" (filter targetFactoryId = FACTORY) or
-	// "TOPIC/NAME=*" (matches every message, like a left-over $Default rule).
-	Subs         []string
-	LockDuration time.Duration
-	MaxDelivery  int
-	DupWindow    time.Duration
-	// TLS makes the peer listen with a fresh self-signed certificate, for the
-	// token-credential path (which always dials amqps://).
-	TLS bool
-	// Persist keeps queued messages in a state file, so that Restart finds
-	// them again. Without it a restart starts empty (like a new namespace).
-	Persist bool
-	// Dir holds the event log, state and certificate; default: a temp dir.
-	Dir string
-}
-
-// Peer is one running (or killed) sbpeer process.
-type Peer struct {
-	opts       Options
-	script     string
-	dir        string
-	eventsPath string
-	statePath  string
-	certPath   string
-	keyPath    string
-	roots      *x509.CertPool
-
-	mu     sync.Mutex
-	port   int
-	cmd    *exec.Cmd
-	done   chan struct{}
-	stderr *testenv.SyncBuffer
-}
+// The launcher's types, under the names tests have always used.
+type (
+	Options = sbpeerproc.Options
+	Peer    = sbpeerproc.Peer
+	Event   = sbpeerproc.Event
+)
 
 // ServerName is the TLS server name in the peer's certificate.
-const ServerName = "sbpeer.localhost"
+const ServerName = sbpeerproc.ServerName
+
+var (
+	// Launch starts a peer without a testing.TB; call Stop.
+	Launch = sbpeerproc.Launch
+	// PeerDir finds demo/sbpeer above the working directory.
+	PeerDir = sbpeerproc.PeerDir
+	// Filter returns the events for which keep is true.
+	Filter = sbpeerproc.Filter
+	// TokenHash is how the peer logs a token: never the token itself.
+	TokenHash = sbpeerproc.TokenHash
+)
 
 // Start launches a peer for tb and stops it when tb ends. It skips tb when
 // node or the peer's node_modules are missing, and fails it on anything else.
@@ -93,7 +43,7 @@ func Start(tb testing.TB, opts Options) *Peer {
 	if opts.Dir == "" {
 		opts.Dir = tb.TempDir()
 	}
-	p, err := Launch(opts)
+	p, err := sbpeerproc.Launch(opts)
 	if err != nil {
 		tb.Fatalf("sbpeer: %v", err)
 	}
@@ -106,293 +56,12 @@ func Missing() string {
 	if _, err := exec.LookPath("node"); err != nil {
 		return "sbpeer needs node (Node.js >= 18) on PATH: install it (e.g. apt-get install nodejs npm), then run 'make sbpeer'"
 	}
-	dir, err := PeerDir()
+	dir, err := sbpeerproc.PeerDir()
 	if err != nil {
 		return "sbpeer: " + err.Error()
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "rhea", "package.json")); err != nil {
+	if !sbpeerproc.Installed(dir) {
 		return "sbpeer's packages are not installed: run 'npm ci --prefix demo/sbpeer' (or 'make sbpeer') in the module root"
 	}
 	return ""
-}
-
-// PeerDir finds demo/sbpeer from the working directory by walking up to the
-// module root (the go.mod of github.com/aqfleet/aq).
-func PeerDir() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module github.com/aqfleet/aq\n")) {
-			return filepath.Join(dir, "demo", "sbpeer"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the aq module root (go.mod) above the working directory")
-		}
-		dir = parent
-	}
-}
-
-// Launch starts a peer without a testing.TB (for the demo); call Stop.
-func Launch(opts Options) (*Peer, error) {
-	dir, err := PeerDir()
-	if err != nil {
-		return nil, err
-	}
-	if opts.Dir == "" {
-		return nil, errors.New("Options.Dir is required with Launch")
-	}
-	p := &Peer{
-		opts:       opts,
-		script:     filepath.Join(dir, "sbpeer.js"),
-		dir:        opts.Dir,
-		eventsPath: filepath.Join(opts.Dir, "sbpeer-events.jsonl"),
-	}
-	if opts.Persist {
-		p.statePath = filepath.Join(opts.Dir, "sbpeer-state.json")
-	}
-	if opts.TLS {
-		if err := p.makeCert(); err != nil {
-			return nil, err
-		}
-	}
-	if err := p.start(0); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-func (p *Peer) args(port int) []string {
-	a := []string{p.script, "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--events", p.eventsPath}
-	for _, s := range p.opts.Subs {
-		a = append(a, "--sub", s)
-	}
-	if p.opts.LockDuration > 0 {
-		a = append(a, "--lock-ms", strconv.FormatInt(p.opts.LockDuration.Milliseconds(), 10))
-	}
-	if p.opts.MaxDelivery > 0 {
-		a = append(a, "--max-delivery", strconv.Itoa(p.opts.MaxDelivery))
-	}
-	if p.opts.DupWindow > 0 {
-		a = append(a, "--dup-window-ms", strconv.FormatInt(p.opts.DupWindow.Milliseconds(), 10))
-	}
-	if p.statePath != "" {
-		a = append(a, "--state", p.statePath)
-	}
-	if p.certPath != "" {
-		a = append(a, "--tls-cert", p.certPath, "--tls-key", p.keyPath)
-	}
-	return a
-}
-
-func (p *Peer) start(port int) error {
-	cmd := exec.Command("node", p.args(port)...)
-	cmd.Dir = filepath.Dir(p.script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stderr := &testenv.SyncBuffer{}
-	cmd.Stderr = stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start node: %w", err)
-	}
-	done := make(chan struct{})
-	// The first stdout line says where the peer listens; no clock is needed:
-	// if the peer dies first, stdout closes and the read ends.
-	r := bufio.NewReader(out)
-	line, rerr := r.ReadBytes('\n')
-	go func() {
-		_, _ = io.Copy(io.Discard, r)
-		_ = cmd.Wait()
-		close(done)
-	}()
-	var ready struct {
-		Event string `json:"event"`
-		Port  int    `json:"port"`
-	}
-	if rerr != nil || json.Unmarshal(line, &ready) != nil || ready.Event != "listening" {
-		_ = cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("the peer did not start (%v): %s", rerr, strings.TrimSpace(stderr.String()))
-	}
-	p.mu.Lock()
-	p.port, p.cmd, p.done, p.stderr = ready.Port, cmd, done, stderr
-	p.mu.Unlock()
-	return nil
-}
-
-// Port is the TCP port the peer listens on (kept across Restart).
-func (p *Peer) Port() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.port
-}
-
-// Addr is "127.0.0.1:PORT".
-func (p *Peer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port())) }
-
-// ConnectionString is a development connection string pinned to loopback:
-// UseDevelopmentEmulator=true makes the SDK dial plain amqp:// to this host.
-func (p *Peer) ConnectionString() string {
-	return "Endpoint=sb://" + p.Addr() + ";SharedAccessKeyName=sbpeer;SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ==;UseDevelopmentEmulator=true"
-}
-
-// TLSConfig trusts the peer's self-signed certificate (Options.TLS). go-amqp
-// would otherwise use "host:port" as the server name.
-func (p *Peer) TLSConfig() *tls.Config {
-	return &tls.Config{RootCAs: p.roots, ServerName: ServerName, MinVersion: tls.VersionTLS12}
-}
-
-// Kill ends the peer abruptly (SIGKILL), as a broker outage would.
-func (p *Peer) Kill() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
-}
-
-// Restart starts the peer again on the same port (after Kill, or killing it
-// first). With Options.Persist it finds the messages it held.
-func (p *Peer) Restart() error {
-	p.Kill()
-	return p.start(p.Port())
-}
-
-// Stop ends the peer gracefully (SIGTERM: it saves its state and exits).
-func (p *Peer) Stop() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	<-done
-}
-
-// Stderr is what the peer wrote to stderr (for failure messages).
-func (p *Peer) Stderr() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stderr == nil {
-		return ""
-	}
-	return p.stderr.String()
-}
-
-// Event is one line of the peer's event log.
-type Event struct {
-	T             time.Time      `json:"t"`
-	Event         string         `json:"event"` // attach, put-token, send, duplicate, deliver, disposition, redelivery, dead-letter, management, connection, ...
-	Address       string         `json:"address,omitempty"`
-	Role          string         `json:"role,omitempty"` // attach: the client's role (receiver/sender)
-	Kind          string         `json:"kind,omitempty"` // attach: entity, rpc-request, rpc-reply
-	Refused       string         `json:"refused,omitempty"`
-	Audience      string         `json:"audience,omitempty"`
-	Path          string         `json:"path,omitempty"`
-	Type          string         `json:"type,omitempty"` // put-token: servicebus.windows.net:sastoken or jwt
-	TokenHash     string         `json:"tokenHash,omitempty"`
-	Status        int            `json:"status,omitempty"`
-	Topic         string         `json:"topic,omitempty"`
-	Queue         string         `json:"queue,omitempty"`
-	MessageID     string         `json:"messageId,omitempty"`
-	Seq           int64          `json:"seq,omitempty"`
-	RoutedTo      []string       `json:"routedTo,omitempty"`
-	App           map[string]any `json:"app,omitempty"`
-	Outcome       string         `json:"outcome,omitempty"` // disposition: complete, abandon, release, dead-letter
-	Result        string         `json:"result,omitempty"`  // disposition: lock-lost
-	Reason        string         `json:"reason,omitempty"`  // redelivery / dead-letter
-	Description   string         `json:"description,omitempty"`
-	DeliveryCount int            `json:"deliveryCount,omitempty"`
-	Operation     string         `json:"operation,omitempty"`
-	Error         string         `json:"error,omitempty"`
-}
-
-// Events reads the event log as it stands (across restarts).
-func (p *Peer) Events() ([]Event, error) {
-	b, err := os.ReadFile(p.eventsPath)
-	if err != nil {
-		return nil, err
-	}
-	var evs []Event
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
-		}
-		var e Event
-		if err := json.Unmarshal(line, &e); err != nil {
-			return nil, fmt.Errorf("event log line %q: %w", line, err)
-		}
-		evs = append(evs, e)
-	}
-	return evs, nil
-}
-
-// Filter returns the events for which keep is true.
-func Filter(evs []Event, keep func(Event) bool) []Event {
-	var out []Event
-	for _, e := range evs {
-		if keep(e) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// TokenHash is how the peer logs a token: never the token itself.
-func TokenHash(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])[:16]
-}
-
-func (p *Peer) makeCert() error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: ServerName},
-		DNSNames:              []string{ServerName},
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return err
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return err
-	}
-	p.certPath = filepath.Join(p.dir, "sbpeer-cert.pem")
-	p.keyPath = filepath.Join(p.dir, "sbpeer-key.pem")
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := os.WriteFile(p.certPath, certPEM, 0o600); err != nil {
-		return err
-	}
-	if err := os.WriteFile(p.keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		return err
-	}
-	p.roots = x509.NewCertPool()
-	p.roots.AppendCertsFromPEM(certPEM)
-	return nil
 }
