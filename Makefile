@@ -10,7 +10,7 @@ LDFLAGS  := -s -w -X $(PKG)/internal/version.Version=$(VERSION) \
             -X $(PKG)/internal/version.Date=$(DATE)
 BENCHTIME ?= 1s
 
-.PHONY: all build install test fmtcheck vet tidycheck unit race selftest bench demo chaos clean sbpeer
+.PHONY: all build install test fmtcheck vet tidycheck crossbuild unit race selftest bench demo chaos clean sbpeer
 
 all: build
 
@@ -22,8 +22,8 @@ build:
 install:
 	CGO_ENABLED=0 $(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/aq
 
-## test: formatting, vet, module tidiness, race-enabled tests, then aq selftest
-test: fmtcheck vet tidycheck race selftest
+## test: formatting, vet, module tidiness, the other platforms' builds, race-enabled tests, then aq selftest
+test: fmtcheck vet tidycheck crossbuild race selftest
 
 fmtcheck:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -31,6 +31,16 @@ fmtcheck:
 
 vet:
 	$(GO) vet ./...
+
+## crossbuild: build and vet the whole module (tests included) for the other
+## platforms factories run on, so a platform break fails here on Linux.
+CROSS := darwin/arm64 darwin/amd64 windows/amd64
+crossbuild:
+	@for p in $(CROSS); do \
+		echo "build + vet for $$p"; \
+		GOOS=$${p%/*} GOARCH=$${p#*/} CGO_ENABLED=0 $(GO) build ./... || exit 1; \
+		GOOS=$${p%/*} GOARCH=$${p#*/} CGO_ENABLED=0 $(GO) vet ./... || exit 1; \
+	done
 
 tidycheck:
 	@$(GO) mod tidy -diff >/dev/null 2>&1 || { echo "go.mod/go.sum are not tidy: run 'go mod tidy'"; $(GO) mod tidy -diff; exit 1; }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package chaos
 
 // bugsFound lists the bugs chaos runs found and how each was fixed (the

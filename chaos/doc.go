@@ -27,4 +27,7 @@
 //
 // The reduced run is TestChaos (part of `go test ./...`); the full run is
 // `go run ./chaos/cmd/chaos` (make chaos).
+//
+// The harness runs on Linux only (network namespaces, /proc); on other
+// systems the package holds no code and the command says so.
 package chaos

@@ -174,7 +174,7 @@ func startGrandchild(setsid bool) int {
 	if setsid {
 		cmd.Env = append(cmd.Env, fakeIgnoreTerm+"=1")
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
+	newSession(cmd, setsid)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		panic(err)

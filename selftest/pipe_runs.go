@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/aqfleet/aq/agent/queue"
@@ -323,7 +322,7 @@ func recoverScenario() *scenario {
 			}
 			defer logf.Close()
 			cmd.Stdout, cmd.Stderr = logf, logf
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			process.SetGroup(cmd)
 			if err := cmd.Start(); err != nil {
 				return "", failf("cannot start %s run --once: %v", exe, err)
 			}
@@ -340,11 +339,11 @@ func recoverScenario() *scenario {
 				return fileExists(started)
 			})
 			if err != nil || !fileExists(started) {
-				_ = syscall.Kill(-pid, syscall.SIGKILL)
+				_ = process.KillGroup(pid)
 				<-exited
 				return "", failf("the child aq's engine did not start (%v): %s", err, lastLines(readFile(filepath.Join(l.dir, "aq-child.log")), 2))
 			}
-			_ = syscall.Kill(pid, syscall.SIGKILL) // aq only: its engine, in a group of its own, lives on
+			_ = cmd.Process.Kill() // aq only: its engine, in a group of its own, lives on
 			<-exited
 			st, err := l.state(id)
 			if err != nil {

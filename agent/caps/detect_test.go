@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -262,7 +261,9 @@ func killLeftover(pidFile string) {
 		return
 	}
 	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); process.Alive(pid) {
-		syscall.Kill(pid, syscall.SIGKILL)
+		if p, err := os.FindProcess(pid); err == nil {
+			_ = p.Kill()
+		}
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,7 +58,7 @@ func (r *rig) orphan(id string) <-chan struct{} {
 	}
 	eng := exec.Command("sleep", "300")
 	eng.Env = append(os.Environ(), process.TagEnv+"="+id, process.ScopeEnv+"="+runner.Scope(r.home))
-	eng.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	process.SetGroup(eng)
 	if err := eng.Start(); err != nil {
 		r.t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -288,12 +287,12 @@ func startTagged(t *testing.T, id, scope, dir, script string) int {
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), process.TagEnv+"="+id, process.ScopeEnv+"="+scope)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	process.SetGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pid := cmd.Process.Pid
 	go cmd.Wait()
-	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	t.Cleanup(func() { _ = process.KillGroup(pid) })
 	return pid
 }

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -280,12 +279,12 @@ func startTagged(t *testing.T, id, dir, script string, env ...string) int {
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), env...), process.TagEnv+"="+id)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	process.SetGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pid := cmd.Process.Pid
 	go cmd.Wait() // reap it when it dies, so it does not linger as a zombie
-	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	t.Cleanup(func() { _ = process.KillGroup(pid) })
 	return pid
 }

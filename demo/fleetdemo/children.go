@@ -9,10 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aqfleet/aq/agent/daemon"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // factory is one `aq daemon` child process with its own AQ_HOME and
@@ -43,7 +43,7 @@ func (f *factory) start(aqBin string) error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a Ctrl-C at the terminal reaches the demo only,
 	// and the demo stops its children itself, in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	process.SetGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("start aq daemon for %s: %w", f.id, err)
@@ -86,7 +86,7 @@ func (f *factory) kill9() (*os.ProcessState, error) {
 	if !f.running() {
 		return nil, errors.New(f.id + " is not running")
 	}
-	if err := syscall.Kill(f.pid(), syscall.SIGKILL); err != nil {
+	if err := f.cmd.Process.Kill(); err != nil {
 		return nil, err
 	}
 	<-f.done
@@ -101,15 +101,16 @@ func (f *factory) stop(drain time.Duration) int {
 	if f.done == nil {
 		return -1
 	}
+	p := f.cmd.Process
 	steps := []struct {
-		sig  syscall.Signal
+		send func(*os.Process) error
 		wait time.Duration
-	}{{syscall.SIGTERM, drain}, {syscall.SIGTERM, 30 * time.Second}, {syscall.SIGKILL, time.Minute}}
+	}{{process.Terminate, drain}, {process.Terminate, 30 * time.Second}, {(*os.Process).Kill, time.Minute}}
 	for _, s := range steps {
 		if !f.running() {
 			break
 		}
-		_ = syscall.Kill(f.pid(), s.sig)
+		_ = s.send(p)
 		t := time.NewTimer(s.wait)
 		select {
 		case <-f.done:

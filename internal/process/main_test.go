@@ -1,3 +1,5 @@
+//go:build unix
+
 package process_test
 
 import (

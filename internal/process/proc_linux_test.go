@@ -77,6 +77,13 @@ func TestScopedFind(t *testing.T) {
 	}
 	a := start("home-a")
 	start("home-b")
+	// A child in the middle of its exec shows an empty environment for a
+	// moment: wait (bounded) until both have exec'd sleep.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if all, _ := FindTagged(tag); len(all) == 2 {
+			break
+		}
+	}
 	got, err := FindScoped(tag, "home-a")
 	if err != nil || len(got) != 1 || got[0] != a.Process.Pid {
 		t.Fatalf("FindScoped(home-a) = %v, %v; want [%d]", got, err, a.Process.Pid)

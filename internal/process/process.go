@@ -22,10 +22,8 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -161,14 +159,21 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	cmd.Dir = s.Dir
 	cmd.Env = withTag(s.Env, s.Tag, s.Scope)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.Stdin, s.Stdout, s.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	inNewGroup(cmd)
 	cmd.WaitDelay = waitDelay
 
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
 	}
-	pgid := cmd.Process.Pid // Setpgid with Pgid 0: the child leads a new group
+	pgid := cmd.Process.Pid // the child leads its new group
+	g, err := holdGroup(cmd)
+	if err != nil { // the child runs outside the group aq could kill: stop it
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
+	}
+	defer g.close()
 
 	exited := make(chan struct{})
 	var lad ladder
@@ -176,7 +181,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lad.run(ctx, pgid, grace, exited)
+		lad.run(ctx, g, grace, exited)
 	}()
 
 	// Where the platform allows it, wait for the leader to exit without
@@ -191,7 +196,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	close(exited)
 	wg.Wait() // the ladder sends nothing more
 
-	_ = syscall.Kill(-pgid, syscall.SIGKILL) // the rest of the group; ESRCH if none
+	g.kill() // the rest of the group, if any
 	escaped, sweepErr := sweep(context.WithoutCancel(ctx), wants(s.Tag, s.Scope), grace, pgid)
 	if errors.Is(sweepErr, errors.ErrUnsupported) {
 		sweepErr = nil
@@ -213,9 +218,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	}
 	if st := cmd.ProcessState; st != nil {
 		res.ExitCode = st.ExitCode()
-		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			res.Signal = signalName(ws.Signal())
-		}
+		res.Signal = exitSignal(st)
 	}
 	var exitErr *exec.ExitError
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {
@@ -256,11 +259,9 @@ func withTag(env []string, tag, scope string) []string {
 // goroutine and read after it has returned.
 type ladder struct{ step string }
 
-var ladderSignals = [...]syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGKILL}
-
-// run waits for ctx to be done, then signals the process group pgid with each
-// step of the ladder, grace apart, until exited is closed.
-func (l *ladder) run(ctx context.Context, pgid int, grace time.Duration, exited <-chan struct{}) {
+// run waits for ctx to be done, then takes the group through each step of
+// the platform's ladder (ladderSteps), grace apart, until exited is closed.
+func (l *ladder) run(ctx context.Context, g group, grace time.Duration, exited <-chan struct{}) {
 	select {
 	case <-exited:
 		return
@@ -271,10 +272,10 @@ func (l *ladder) run(ctx context.Context, pgid int, grace time.Duration, exited 
 		return
 	default:
 	}
-	for i, sig := range ladderSignals {
-		l.step = signalName(sig)
-		_ = syscall.Kill(-pgid, sig)
-		if i == len(ladderSignals)-1 {
+	for i, name := range ladderSteps {
+		l.step = name
+		g.step(i)
+		if i == len(ladderSteps)-1 {
 			return
 		}
 		t := time.NewTimer(grace)
@@ -287,20 +288,14 @@ func (l *ladder) run(ctx context.Context, pgid int, grace time.Duration, exited 
 	}
 }
 
-var signalNames = map[syscall.Signal]string{
-	syscall.SIGABRT: "SIGABRT", syscall.SIGALRM: "SIGALRM", syscall.SIGBUS: "SIGBUS",
-	syscall.SIGFPE: "SIGFPE", syscall.SIGHUP: "SIGHUP", syscall.SIGILL: "SIGILL",
-	syscall.SIGINT: "SIGINT", syscall.SIGKILL: "SIGKILL", syscall.SIGPIPE: "SIGPIPE",
-	syscall.SIGQUIT: "SIGQUIT", syscall.SIGSEGV: "SIGSEGV", syscall.SIGSYS: "SIGSYS",
-	syscall.SIGTERM: "SIGTERM", syscall.SIGTRAP: "SIGTRAP", syscall.SIGUSR1: "SIGUSR1",
-	syscall.SIGUSR2: "SIGUSR2", syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ",
-}
-
-// signalName is the conventional name of sig ("SIGTERM"); syscall's String
-// gives a description ("terminated") instead.
-func signalName(sig syscall.Signal) string {
-	if n, ok := signalNames[sig]; ok {
-		return n
-	}
-	return "SIG" + strconv.Itoa(int(sig))
+// group is the platform's handle on the process group an engine runs in
+// (process_unix.go: a POSIX process group; process_windows.go: a Job
+// Object). holdGroup makes it for a started child.
+type group interface {
+	// step sends step i of the kill ladder (ladderSteps[i]) to the group.
+	step(i int)
+	// kill ends every process left in the group.
+	kill()
+	// close releases the handle (the group's processes are gone by then).
+	close()
 }

@@ -19,9 +19,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // Identity is the git identity the tests' own commits use (the code under
@@ -341,7 +342,7 @@ func (h *Home) Command(tb testing.TB, args ...string) *exec.Cmd {
 	cmd := exec.Command(h.Bin, args...)
 	cmd.Env = h.Environ()
 	cmd.Dir = h.RepoBase
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	process.SetGroup(cmd)
 	return cmd
 }
 
@@ -395,7 +396,7 @@ func Wait(cmd *exec.Cmd, out, errb *bytes.Buffer, timeout time.Duration) (Result
 		}
 		return res, nil
 	case <-time.After(timeout):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = process.KillGroup(cmd.Process.Pid)
 		<-done
 		return Result{Stdout: out.String(), Stderr: errb.String(), Code: -1},
 			fmt.Errorf("aq %v still running after %v (deadlock?)\nstdout:\n%s\nstderr:\n%s", cmd.Args[1:], timeout, out, errb)

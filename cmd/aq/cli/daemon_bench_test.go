@@ -1,3 +1,5 @@
+//go:build unix
+
 package cli
 
 import (
@@ -7,12 +9,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/aqfleet/aq/agent/daemon"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // BenchmarkDaemonIdle measures a real `aq daemon` process (the binary built
@@ -89,7 +91,7 @@ func idleOnce(b *testing.B, broker bool, window time.Duration) idleSample {
 	cpu1 := cpuNS(b, pid)
 	mem := memKB(b, pid)
 	st := e.stub.Stats()
-	_ = syscall.Kill(pid, syscall.SIGTERM)
+	_ = process.Terminate(p.cmd.Process)
 	<-p.done
 	scale := float64(time.Hour) / float64(window)
 	return idleSample{

@@ -1,8 +1,8 @@
+//go:build unix
+
 package cli
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,132 +25,12 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-// binHome is an AQ_HOME for the binary, with $MARK for the scripts.
-func binHome(t *testing.T) (*testenv.Home, string) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("runs the aq binary")
-	}
-	h := testenv.NewHome(t)
-	mark := t.TempDir()
-	h.Env = append(h.Env, "MARK="+mark)
-	h.Bin = testenv.BuildAQ(t)
-	return h, mark
-}
-
-// scriptJob is front matter for a script job on repo: the script as a YAML
-// block, then extra lines.
-func scriptJob(repo, script string, extra ...string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "repo: %s\nengine: script\nscript: |\n", repo)
-	for _, l := range strings.Split(strings.TrimRight(script, "\n"), "\n") {
-		b.WriteString("  " + l + "\n")
-	}
-	for _, e := range extra {
-		b.WriteString(e + "\n")
-	}
-	return b.String()
-}
-
-// show is `aq job show --json ID` of the job a test calls name (its id is
-// testenv.ID(name)).
-func show(t *testing.T, h *testenv.Home, name string) JobView {
-	t.Helper()
-	id := testenv.ID(name)
-	r := h.Run(t, "job", "show", "--json", id)
-	if r.Code != 0 {
-		t.Fatalf("aq job show %s: %s", id, r)
-	}
-	var v JobView
-	if err := json.Unmarshal([]byte(r.Stdout), &v); err != nil {
-		t.Fatalf("job show --json: %v\n%s", err, r.Stdout)
-	}
-	return v
-}
-
-// board is `aq status --json`.
-func board(t *testing.T, h *testenv.Home) Board {
-	t.Helper()
-	r := h.Run(t, "status", "--json")
-	if r.Code != 0 {
-		t.Fatalf("aq status: %s", r)
-	}
-	var b Board
-	if err := json.Unmarshal([]byte(r.Stdout), &b); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, r.Stdout)
-	}
-	return b
-}
-
 func noTagged(t *testing.T, name string) {
 	t.Helper()
 	id := testenv.ID(name)
 	if pids, err := process.FindTagged(id); err != nil || len(pids) > 0 {
 		t.Errorf("processes tagged AQ_JOB_ID=%s alive: %v %v", id, pids, err)
 	}
-}
-
-// started is an aq process running in the background.
-type started struct {
-	t    *testing.T
-	pid  int
-	done chan startedResult
-	res  *startedResult // once wait or waitMark saw it end
-}
-
-type startedResult struct {
-	res testenv.Result
-	err error
-}
-
-// wait waits for the process to end.
-func (s *started) wait() testenv.Result {
-	s.t.Helper()
-	if s.res == nil {
-		r := <-s.done
-		s.res = &r
-	}
-	if s.res.err != nil {
-		s.t.Fatal(s.res.err)
-	}
-	return s.res.res
-}
-
-// waitMark waits for a script's marker while aq runs; aq ending first fails
-// the test with its output.
-func (s *started) waitMark(mark, name string) {
-	s.t.Helper()
-	testenv.WaitFor(s.t, 2*time.Minute, "marker "+name, func() bool {
-		if testenv.Exists(filepath.Join(mark, name)) {
-			return true
-		}
-		select {
-		case r := <-s.done:
-			s.res = &r
-			s.t.Fatalf("aq ended before the engine wrote %s: %s (%v)", name, r.res, r.err)
-		default:
-		}
-		return false
-	})
-}
-
-// start starts aq in the background (in its own process group, killed when
-// the test ends).
-func start(t *testing.T, h *testenv.Home, args ...string) *started {
-	t.Helper()
-	cmd := h.Command(t, args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	s := &started{t: t, pid: cmd.Process.Pid, done: make(chan startedResult, 1)}
-	go func() {
-		res, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
-		s.done <- startedResult{res, err}
-	}()
-	return s
 }
 
 // TestRunConcurrentProcessesTakeEachJobOnce: several `aq run --once`
