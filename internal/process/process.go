@@ -8,12 +8,16 @@
 //
 // It is a leaf package: the job runner calls Run; engines only build a Spec.
 //
-// Linux is the target. On other Unix systems (macOS, for development) the
-// package builds and Run runs the process, the ladder and the group kill, but
-// FindTagged and KillTagged return errors.ErrUnsupported (there is no
-// /proc/<pid>/environ), so escaped processes are neither found nor killed,
-// the group is killed only after the leader has been reaped, and Run does not
-// wait for the killed group members to be gone. Windows is not supported.
+// Platforms (files named for them): on Linux (proc_linux.go) tagged
+// processes are found through /proc/<pid>/environ and the group leader is
+// waited for without being reaped, so the group id cannot be reused while
+// it is killed. On macOS (proc_darwin.go) they are found through sysctl
+// kern.procargs2 (the caller's own processes, all of them for root), and
+// the group is killed after the leader is reaped. Both share the sweep
+// (sweep_unix.go) and the POSIX ladder (process_unix.go). On Windows
+// (process_windows.go) an engine runs in a Job Object that kills the whole
+// tree when it closes — with Run, or with aq however it dies — and the
+// ladder is CTRL_BREAK then TerminateJobObject; there is no sweep by tag.
 package process
 
 import (
