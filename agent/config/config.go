@@ -85,20 +85,6 @@ type Setting struct {
 	Secret bool   `json:"secret,omitempty"`
 }
 
-// AddFlags registers a flag for every key on fs.
-func AddFlags(fs *pflag.FlagSet) {
-	for _, k := range Keys {
-		usage := k.Usage + " [$" + k.Env[0] + "]"
-		if k.Default != "" {
-			usage += " (default " + k.Default + ")"
-		}
-		fs.String(k.Flag, "", usage)
-		if k.Bool {
-			fs.Lookup(k.Flag).NoOptDefVal = "1"
-		}
-	}
-}
-
 // Load resolves every key from fs (flags that were set), the process
 // environment, the config file and the defaults, validates each value and
 // returns the typed Config. Any invalid value is a usage error (exit 2) whose
@@ -114,27 +100,27 @@ func Load(fs *pflag.FlagSet) (*Config, error) {
 		if k.Default != "" {
 			v.SetDefault(k.Name, k.Default)
 		}
-		if fs != nil && !k.FlagIsFile {
-			if f := fs.Lookup(k.Flag); f != nil {
-				if err := v.BindPFlag(k.Name, f); err != nil {
-					return nil, err
-				}
-			}
-		}
 	}
 
-	// Secret flags take a file path; the secret never sits in argv.
+	// A flag counts only when it was given: it then beats every other
+	// source. Secret flags take a file path; the secret never sits in argv.
 	for _, k := range Keys {
-		if !k.FlagIsFile || fs == nil {
+		if fs == nil {
+			break
+		}
+		f := fs.Lookup(k.Flag)
+		if f == nil || !f.Changed {
 			continue
 		}
-		if f := fs.Lookup(k.Flag); f != nil && f.Changed {
-			b, err := os.ReadFile(f.Value.String())
-			if err != nil {
-				return nil, aqerr.Usagef("check the path and its permissions", "--%s: cannot read %s: %v", k.Flag, f.Value.String(), errors.Unwrap(err))
-			}
-			v.Set(k.Name, strings.TrimSpace(string(b)))
+		if !k.FlagIsFile {
+			v.Set(k.Name, f.Value.String())
+			continue
 		}
+		b, err := os.ReadFile(f.Value.String())
+		if err != nil {
+			return nil, aqerr.Usagef("check the path and its permissions", "--%s: cannot read %s: %v", k.Flag, f.Value.String(), errors.Unwrap(err))
+		}
+		v.Set(k.Name, strings.TrimSpace(string(b)))
 	}
 
 	// The config file may be named by flag/env; its location otherwise depends

@@ -25,8 +25,11 @@ type Key struct {
 	// their flag takes the path of a file that holds the value (FlagIsFile).
 	Secret     bool
 	FlagIsFile bool
-	// Bool keys accept a bare flag (--fleet means --fleet=1).
-	Bool bool
+	// Type is the flag's type in help and the first check of a flag's value:
+	// "bool" (a bare --flag means true), "int", "duration", or "" (text).
+	Type string
+	// Group says which commands offer the key as a flag (Groups).
+	Group Group
 	// set parses raw and stores it in c; it returns a message that says what
 	// is wrong and what is allowed (the caller adds where the value came from).
 	set func(c *Config, raw string) error
@@ -35,61 +38,61 @@ type Key struct {
 // Keys is every configuration key aq knows. Order is the order `aq config`
 // prints. A test holds that each has a flag and an environment binding.
 var Keys = []Key{
-	{Name: "config", Env: []string{"AQ_CONFIG"}, Flag: "config", Usage: "config file (default $AQ_HOME/config.yaml, else ${XDG_CONFIG_HOME:-~/.config}/aq/config.yaml)",
+	{Name: "config", Group: GroupGlobal, Env: []string{"AQ_CONFIG"}, Flag: "config", Usage: "config file (default $AQ_HOME/config.yaml, else ${XDG_CONFIG_HOME:-~/.config}/aq/config.yaml)",
 		set: func(c *Config, raw string) error { c.ConfigFile = expandHome(raw); return nil }},
-	{Name: "home", Env: []string{"AQ_HOME"}, Flag: "home", Default: "~/.aq", Usage: "aq's state: queue, worktrees, locks, logs, spool, credentials",
+	{Name: "home", Group: GroupGlobal, Env: []string{"AQ_HOME"}, Flag: "home", Default: "~/.aq", Usage: "aq's state: queue, worktrees, locks, logs, spool, credentials",
 		set: setPath(func(c *Config) *string { return &c.Home })},
-	{Name: "repo_base", Env: []string{"AQ_REPO_BASE", "AQ_FLEET_REPO_BASE"}, Flag: "repo-base", Default: "~/src", Usage: "folder whose git repositories are repo:<name>",
+	{Name: "repo_base", Group: GroupRepo, Env: []string{"AQ_REPO_BASE", "AQ_FLEET_REPO_BASE"}, Flag: "repo-base", Default: "~/src", Usage: "folder whose git repositories are repo:<name>",
 		set: setPath(func(c *Config) *string { return &c.RepoBase })},
-	{Name: "fleet", Env: []string{"AQ_FLEET"}, Flag: "fleet", Default: "0", Bool: true, Usage: "fleet mode: take jobs from the coordinator",
+	{Name: "fleet", Group: GroupFleet, Env: []string{"AQ_FLEET"}, Flag: "fleet", Default: "0", Type: "bool", Usage: "fleet mode: take jobs from the coordinator",
 		set: setBool(func(c *Config) *bool { return &c.Fleet })},
-	{Name: "fleet_api", Env: []string{"AQ_FLEET_API"}, Flag: "fleet-api", Usage: "coordinator base URL, e.g. https://host/api",
+	{Name: "fleet_api", Group: GroupFleet, Env: []string{"AQ_FLEET_API"}, Flag: "fleet-api", Usage: "coordinator base URL, e.g. https://host/api",
 		set: setURL(func(c *Config) *string { return &c.FleetAPI })},
-	{Name: "fleet_token", Env: []string{"AQ_FLEET_TOKEN"}, Flag: "fleet-token-file", Secret: true, FlagIsFile: true, Usage: "file holding the factory bearer token (or the enrollment token on first start)",
+	{Name: "fleet_token", Group: GroupFleet, Env: []string{"AQ_FLEET_TOKEN"}, Flag: "fleet-token-file", Secret: true, FlagIsFile: true, Usage: "file holding the factory bearer token (or the enrollment token on first start)",
 		set: func(c *Config, raw string) error { c.FleetToken = strings.TrimSpace(raw); return nil }},
-	{Name: "product_id", Env: []string{"AQ_PRODUCT_ID"}, Flag: "product-id", Usage: "x-product-id header: a tag for billing and visibility, not a routing key",
+	{Name: "product_id", Group: GroupFleet, Env: []string{"AQ_PRODUCT_ID"}, Flag: "product-id", Usage: "x-product-id header: a tag for billing and visibility, not a routing key",
 		set: setID(func(c *Config) *string { return &c.ProductID })},
-	{Name: "factory_id", Env: []string{"AQ_FACTORY_ID"}, Flag: "factory-id", Usage: "this factory's id (default: the host name)",
+	{Name: "factory_id", Group: GroupFleet, Env: []string{"AQ_FACTORY_ID"}, Flag: "factory-id", Usage: "this factory's id (default: the host name)",
 		set: setID(func(c *Config) *string { return &c.FactoryID })},
-	{Name: "fleet_route", Env: []string{"AQ_FLEET_ROUTE"}, Flag: "fleet-route", Default: "1", Bool: true, Usage: "0: fleet off, run the local queue (fallback)",
+	{Name: "fleet_route", Group: GroupFleet, Env: []string{"AQ_FLEET_ROUTE"}, Flag: "fleet-route", Default: "1", Type: "bool", Usage: "0: fleet off, run the local queue (fallback)",
 		set: setBool(func(c *Config) *bool { return &c.FleetRoute })},
-	{Name: "fleet_shadow", Env: []string{"AQ_FLEET_SHADOW"}, Flag: "fleet-shadow", Default: "0", Bool: true, Usage: "compare the local pick with the fleet's pick without side effects",
+	{Name: "fleet_shadow", Group: GroupFleet, Env: []string{"AQ_FLEET_SHADOW"}, Flag: "fleet-shadow", Default: "0", Type: "bool", Usage: "compare the local pick with the fleet's pick without side effects",
 		set: setBool(func(c *Config) *bool { return &c.FleetShadow })},
-	{Name: "fleet_gate", Env: []string{"AQ_FLEET_GATE"}, Flag: "fleet-gate", Default: "0", Bool: true, Usage: "poll path claims only when GET /fleet/queue-state's version changed",
+	{Name: "fleet_gate", Group: GroupFleet, Env: []string{"AQ_FLEET_GATE"}, Flag: "fleet-gate", Default: "0", Type: "bool", Usage: "poll path claims only when GET /fleet/queue-state's version changed",
 		set: setBool(func(c *Config) *bool { return &c.FleetGate })},
-	{Name: "heartbeat_sec", Env: []string{"AQ_HEARTBEAT_SEC"}, Flag: "heartbeat-sec", Default: "30", Usage: "heartbeat cadence in seconds; must stay below the coordinator's 90 s stale window",
+	{Name: "heartbeat_sec", Group: GroupFleet, Type: "int", Env: []string{"AQ_HEARTBEAT_SEC"}, Flag: "heartbeat-sec", Default: "30", Usage: "heartbeat cadence in seconds; must stay below the coordinator's 90 s stale window",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.Heartbeat }, 1, 89, "the coordinator marks a factory stale after 90 s without a heartbeat")},
-	{Name: "lease_renew_sec", Env: []string{"AQ_FLEET_LEASE_RENEW_SEC"}, Flag: "lease-renew-sec", Default: "30", Usage: "lease renewal cadence in seconds while a job runs",
+	{Name: "lease_renew_sec", Group: GroupFleet, Type: "int", Env: []string{"AQ_FLEET_LEASE_RENEW_SEC"}, Flag: "lease-renew-sec", Default: "30", Usage: "lease renewal cadence in seconds while a job runs",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.LeaseRenew }, 1, 300, "a lease must be renewed several times per lease TTL")},
-	{Name: "poll_seconds", Env: []string{"AQ_POLL_SECONDS", "POLL_SECONDS"}, Flag: "poll-seconds", Default: "15", Usage: "poll-path base interval in seconds; idle backoff with jitter up to 8x",
+	{Name: "poll_seconds", Group: GroupFleet, Type: "int", Env: []string{"AQ_POLL_SECONDS", "POLL_SECONDS"}, Flag: "poll-seconds", Default: "15", Usage: "poll-path base interval in seconds; idle backoff with jitter up to 8x",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.Poll }, 1, 3600, "")},
-	{Name: "sb_namespace", Env: []string{"AQ_SB_NAMESPACE"}, Flag: "sb-namespace", Usage: "fully-qualified Service Bus namespace; set => broker delivery with managed identity",
+	{Name: "sb_namespace", Group: GroupBroker, Env: []string{"AQ_SB_NAMESPACE"}, Flag: "sb-namespace", Usage: "fully-qualified Service Bus namespace; set => broker delivery with managed identity",
 		set: setHost(func(c *Config) *string { return &c.SBNamespace })},
-	{Name: "sb_connection_string", Env: []string{"AQ_SB_CONNECTION_STRING"}, Flag: "sb-connection-string-file", Secret: true, FlagIsFile: true, Usage: "file holding a Service Bus connection string (dev/emulator only)",
+	{Name: "sb_connection_string", Group: GroupBroker, Env: []string{"AQ_SB_CONNECTION_STRING"}, Flag: "sb-connection-string-file", Secret: true, FlagIsFile: true, Usage: "file holding a Service Bus connection string (dev/emulator only)",
 		set: func(c *Config, raw string) error { c.SBConnectionString = strings.TrimSpace(raw); return nil }},
-	{Name: "sb_topic", Env: []string{"AQ_SB_TOPIC"}, Flag: "sb-topic", Default: "fleet-dispatch", Usage: "Service Bus topic",
+	{Name: "sb_topic", Group: GroupBroker, Env: []string{"AQ_SB_TOPIC"}, Flag: "sb-topic", Default: "fleet-dispatch", Usage: "Service Bus topic",
 		set: setID(func(c *Config) *string { return &c.SBTopic })},
-	{Name: "sb_subscription", Env: []string{"AQ_SB_SUBSCRIPTION"}, Flag: "sb-subscription", Usage: "this factory's subscription (default: the factory id)",
+	{Name: "sb_subscription", Group: GroupBroker, Env: []string{"AQ_SB_SUBSCRIPTION"}, Flag: "sb-subscription", Usage: "this factory's subscription (default: the factory id)",
 		set: setID(func(c *Config) *string { return &c.SBSubscription })},
-	{Name: "sb_sessions", Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Bool: true, Usage: "receive with sessions keyed by repo (serializes same-repo work fleet-wide)",
+	{Name: "sb_sessions", Group: GroupBroker, Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Type: "bool", Usage: "receive with sessions keyed by repo (serializes same-repo work fleet-wide)",
 		set: setBool(func(c *Config) *bool { return &c.SBSessions })},
-	{Name: "metrics_addr", Env: []string{"AQ_METRICS_ADDR"}, Flag: "metrics-addr", Usage: "address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9464 (off when empty)",
+	{Name: "metrics_addr", Group: GroupDaemon, Env: []string{"AQ_METRICS_ADDR"}, Flag: "metrics-addr", Usage: "address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9464 (off when empty)",
 		set: setHostPort(func(c *Config) *string { return &c.MetricsAddr })},
-	{Name: "gc_wip_retention", Env: []string{"AQ_GC_WIP_RETENTION"}, Flag: "gc-wip-retention", Default: "336h", Usage: "how long WIP refs of failed jobs are kept",
+	{Name: "gc_wip_retention", Group: GroupGC, Type: "duration", Env: []string{"AQ_GC_WIP_RETENTION"}, Flag: "gc-wip-retention", Default: "336h", Usage: "how long WIP refs of failed jobs are kept",
 		set: setDuration(func(c *Config) *time.Duration { return &c.GCWIPRetention }, 0)},
-	{Name: "slots", Env: []string{"AQ_SLOTS"}, Flag: "slots", Default: "1", Usage: "jobs the daemon runs at once (never two on one repo)",
+	{Name: "slots", Group: GroupDaemon, Type: "int", Env: []string{"AQ_SLOTS"}, Flag: "slots", Default: "1", Usage: "jobs the daemon runs at once (never two on one repo)",
 		set: setInt(func(c *Config) *int { return &c.Slots }, 1, 64)},
-	{Name: "drain_timeout", Env: []string{"AQ_DRAIN_TIMEOUT"}, Flag: "drain-timeout", Default: "0s", Usage: "aq daemon: after the first SIGTERM, let running jobs finish for this long, then cancel and checkpoint them as on a second signal (0: wait for them)",
+	{Name: "drain_timeout", Group: GroupDaemon, Type: "duration", Env: []string{"AQ_DRAIN_TIMEOUT"}, Flag: "drain-timeout", Default: "0s", Usage: "aq daemon: after the first SIGTERM, let running jobs finish for this long, then cancel and checkpoint them as on a second signal (0: wait for them)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.DrainTimeout }, 0)},
-	{Name: "kill_grace", Env: []string{"AQ_KILL_GRACE"}, Flag: "kill-grace", Default: "3s", Usage: "grace between the steps of the kill ladder (SIGINT, SIGTERM, SIGKILL)",
+	{Name: "kill_grace", Group: GroupEngine, Type: "duration", Env: []string{"AQ_KILL_GRACE"}, Flag: "kill-grace", Default: "3s", Usage: "grace between the steps of the kill ladder (SIGINT, SIGTERM, SIGKILL)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
-	{Name: "claude_permission_mode", Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
+	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
-	{Name: "price_table", Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
+	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
 		set: setPath(func(c *Config) *string { return &c.PriceTable })},
-	{Name: "log_format", Env: []string{"AQ_LOG_FORMAT"}, Flag: "log-format", Default: "text", Usage: "log format: text|json",
+	{Name: "log_format", Group: GroupGlobal, Env: []string{"AQ_LOG_FORMAT"}, Flag: "log-format", Default: "text", Usage: "log format: text|json",
 		set: setEnum(func(c *Config) *string { return &c.LogFormat }, "text", "json")},
-	{Name: "log_level", Env: []string{"AQ_LOG_LEVEL"}, Flag: "log-level", Default: "info", Usage: "log level: debug|info|warn|error",
+	{Name: "log_level", Group: GroupGlobal, Env: []string{"AQ_LOG_LEVEL"}, Flag: "log-level", Default: "info", Usage: "log level: debug|info|warn|error",
 		set: setEnum(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
 }
 

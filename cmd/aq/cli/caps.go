@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -54,7 +55,7 @@ are "" when unknown; lists are [] (never null).`,
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: {tokens, os, arch, engines, node, tools, toolsProbed, repos, repoBase, notes}")
 	cmd.Flags().DurationVar(&opts.ProbeTimeout, "probe-timeout", caps.DefaultProbeTimeout, "time each '<bin> --version' probe may take")
-	return cmd
+	return configFlags(cmd, config.GroupRepo)
 }
 
 // capsReport is the stable --json form of `aq caps`.

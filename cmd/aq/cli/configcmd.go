@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/spf13/cobra"
 )
 
@@ -24,7 +25,7 @@ Precedence: flag > environment > config file > default.`,
 		},
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: [{key, value, source, origin, env, flag, secret}]")
-	return cmd
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon, config.GroupGC)
 }
 
 func runConfig(f *Factory, opts *configOptions) error {

@@ -60,7 +60,7 @@ this factory's credentials (at start or on a later heartbeat); 1 otherwise.`,
 			return runDaemon(cmd.Context(), f, opts)
 		},
 	}
-	return cmd
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon)
 }
 
 func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
@@ -259,7 +260,7 @@ must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).
 	fl.StringVar(&o.TokenFile, "enroll-token-file", "", "file holding the enrollment token to use (default: the state file's, else a new one)")
 	fl.StringVar(&o.BrokerFile, "broker-connection-string-file", "", "file holding a Service Bus connection string: publish a dispatch message per queued job (default: AQ_SB_CONNECTION_STRING, if set)")
 	fl.StringVar(&o.BrokerTopic, "broker-topic", "", "topic to publish to (default: AQ_SB_TOPIC, fleet-dispatch)")
-	return cmd
+	return configFlags(cmd, config.GroupBroker)
 }
 
 func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptions) error {

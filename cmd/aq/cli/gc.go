@@ -68,7 +68,7 @@ printed), 2 usage or configuration error.`,
 	fl.BoolVar(&opts.JSON, "json", false, "print counts as JSON: {dryRun, deleted, kept, checkpointed, errors, warnings} (with --dry-run, also actions)")
 	fl.BoolVarP(&opts.Verbose, "verbose", "v", false, "log each deletion to stderr")
 	fl.BoolVar(&opts.Offline, "offline", false, "do not contact origin: no fetch of base branches, origin's refs left alone")
-	return cmd
+	return configFlags(cmd, config.GroupRepo, config.GroupGC)
 }
 
 func runGC(ctx context.Context, f *Factory, opts *gcOptions) error {

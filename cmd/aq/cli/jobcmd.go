@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
@@ -25,6 +26,7 @@ func newJobCmd(f *Factory) *cobra.Command {
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f))
+	config.AddFlags(cmd.PersistentFlags(), config.GroupRepo)
 	return cmd
 }
 

@@ -41,7 +41,10 @@ type IO struct {
 // or `aq validate` never load more than they need, and never dial anything.
 type Factory struct {
 	IO    IO
-	Flags func() *cobra.Command // the root, whose persistent flags hold the config keys
+	Flags func() *cobra.Command // the root, whose persistent flags hold the global config keys
+	// active is the command being run: its flags (its own configuration
+	// groups and the root's global ones) are what Config reads.
+	active *cobra.Command
 
 	cfgOnce sync.Once
 	cfg     *config.Config
@@ -74,7 +77,11 @@ func (f *Factory) Local() (*local.Agent, error) {
 // Config loads and validates the configuration once.
 func (f *Factory) Config() (*config.Config, error) {
 	f.cfgOnce.Do(func() {
-		f.cfg, f.cfgErr = config.Load(f.Flags().PersistentFlags())
+		fs := f.Flags().PersistentFlags()
+		if f.active != nil {
+			fs = f.active.Flags()
+		}
+		f.cfg, f.cfgErr = config.Load(fs)
 	})
 	return f.cfg, f.cfgErr
 }
@@ -159,7 +166,9 @@ Fleet mode (AQ_FLEET=1) takes them from the coordinator.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	config.AddFlags(root.PersistentFlags())
+	config.AddFlags(root.PersistentFlags(), config.GroupGlobal)
+	root.SetUsageTemplate(usageTemplate)
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { f.active = cmd }
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return aqerr.Usagef(fmt.Sprintf("run 'aq %s --help'", strings.TrimPrefix(c.CommandPath(), "aq ")), "%v", err)
 	})

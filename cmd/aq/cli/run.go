@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
@@ -48,7 +49,7 @@ error, 3 no runnable job, 4 the job was fenced.`,
 	cmd.Flags().BoolVar(&opts.Once, "once", false, "run one job, then exit")
 	cmd.Flags().BoolVar(&opts.Drain, "drain", false, "run until no job is runnable, then exit")
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print each job's result as a JSON line: {jobId, attempt, stage, outcome}")
-	return cmd
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine)
 }
 
 func runRun(ctx context.Context, f *Factory, opts *runOptions) error {

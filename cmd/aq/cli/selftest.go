@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/selftest"
@@ -74,7 +75,7 @@ Exit codes: 0 no check failed, 1 a check failed, 2 usage error.`,
 	fl.BoolVar(&opts.List, "list", false, "list the checks (name and what each proves) without running them")
 	fl.DurationVar(&opts.Timeout, "timeout", 3*time.Minute, "give up on the whole run after this long (each check has its own, shorter deadline)")
 	_ = fl.MarkHidden("timeout")
-	return cmd
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon)
 }
 
 func runSelftest(ctx context.Context, f *Factory, opts *selftestOptions) error {

@@ -16,6 +16,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
@@ -106,7 +107,7 @@ connection string with Manage rights). The topic must exist.
 	fl.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "message lock duration of a new subscription (aq completes on claim, so this only covers the accept call)")
 	fl.Int32Var(&opts.MaxDeliveryCount, "max-delivery-count", 10, "deliveries before the broker dead-letters a message, for a new subscription")
 	fl.BoolVar(&opts.JSON, "json", false, "print the result as JSON")
-	return cmd
+	return configFlags(cmd, config.GroupFleet, config.GroupBroker)
 }
 
 // newAdminClient builds the ATOM administration client: a token credential

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/job"
 )
@@ -72,7 +73,7 @@ and failed jobs with their reasons. Orphans of a dead aq are recovered first
 		},
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered}")
-	return cmd
+	return configFlags(cmd, config.GroupFleet)
 }
 
 func runStatus(ctx context.Context, f *Factory, opts *statusOptions) error {

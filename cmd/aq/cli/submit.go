@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
@@ -45,7 +46,7 @@ that job's id.`,
 		},
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the accepted jobs as JSON: [{id, stage, file}]")
-	return cmd
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet)
 }
 
 func runSubmit(f *Factory, opts *submitOptions) error {
