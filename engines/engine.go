@@ -64,6 +64,8 @@ type Spec struct {
 	Env []string
 	// Grace is the wait between steps of the kill ladder.
 	Grace time.Duration
+	// Supervisor stops the engine if aq dies first (process.Spec.Supervisor).
+	Supervisor string
 	// Meter receives usage while the engine runs; may be nil.
 	Meter Meter
 	// Redactor masks secrets in the job logs.

@@ -67,6 +67,8 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 		Tag:    spec.JobID,
 		Scope:  spec.Scope,
 		Grace:  spec.Grace,
+
+		Supervisor: spec.Supervisor,
 	})
 	outLines.Flush()
 	errLines.Flush()

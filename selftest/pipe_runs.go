@@ -280,7 +280,7 @@ func recoverScenario() *scenario {
 	g := GroupPipeline
 	return &scenario{name: "recover", group: g, workspace: true, checks: []Check{
 		check(g, "pipeline.recover.kill9", "a child `aq run --once` killed -9 mid-job leaves its job in building/"),
-		check(g, "pipeline.recover.orphan-stopped", "recovery finds the dead aq's still-running engine by its tag and stops it"),
+		check(g, "pipeline.recover.engine-stopped", "the dead aq's engine is stopped by its supervisor (nothing carries the job's tag), and recovery takes the job back"),
 		check(g, "pipeline.recover.checkpoint", "recovery checkpoints the orphan's worktree first, then requeues the job (reason crash)"),
 		check(g, "pipeline.recover.resume", "the re-run resumes from that checkpoint and ships"),
 	}, run: func(ctx context.Context, s *session) {
@@ -343,7 +343,7 @@ func recoverScenario() *scenario {
 				<-exited
 				return "", failf("the child aq's engine did not start (%v): %s", err, lastLines(readFile(filepath.Join(l.dir, "aq-child.log")), 2))
 			}
-			_ = cmd.Process.Kill() // aq only: its engine, in a group of its own, lives on
+			_ = cmd.Process.Kill() // aq only: its engine is in a group of its own, watched by its supervisor
 			<-exited
 			st, err := l.state(id)
 			if err != nil {
@@ -357,13 +357,21 @@ func recoverScenario() *scenario {
 			return
 		}
 		var recovered []string
-		if !s.step(ctx, "pipeline.recover.orphan-stopped", 30*time.Second, func(ctx context.Context) (string, error) {
-			before, err := process.FindScoped(id, l.scope)
-			if err != nil {
+		if !s.step(ctx, "pipeline.recover.engine-stopped", 30*time.Second, func(ctx context.Context) (string, error) {
+			if _, err := process.FindScoped(id, l.scope); err != nil {
 				return "", skipf("processes cannot be found by tag here: %v", err)
 			}
-			if len(before) == 0 {
-				return "", failf("the dead aq's engine was not running any more: nothing to prove")
+			// No engine runs on without its aq: its supervisor takes it
+			// through the kill ladder (two graces) and sweeps its tag.
+			wctx, cancel := context.WithTimeout(ctx, 10*killGrace+10*time.Second)
+			err := waitFor(wctx, "the dead aq's engine to be stopped by its supervisor", func() bool {
+				now, _ := process.FindScoped(id, l.scope)
+				return len(now) == 0
+			})
+			cancel()
+			if err != nil {
+				now, _ := process.FindScoped(id, l.scope)
+				return "", failf("the dead aq's engine runs on unsupervised: %v carry the job's tag", now)
 			}
 			recovered, err = l.a.Recover(ctx)
 			if err != nil {
@@ -372,24 +380,7 @@ func recoverScenario() *scenario {
 			if !slices.Contains(recovered, id) {
 				return "", failf("Recover returned %v, want %s", recovered, id)
 			}
-			note := ""
-			if left, _ := process.FindScoped(id, l.scope); len(left) > 0 {
-				// A short-lived child the sweep's scan caught in the middle
-				// of its exec (its environment reads empty for that moment)
-				// is not found by its tag; it ends on its own.
-				wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				err := waitFor(wctx, "the orphan's last processes to end", func() bool {
-					now, _ := process.FindScoped(id, l.scope)
-					return len(now) == 0
-				})
-				cancel()
-				if err != nil {
-					now, _ := process.FindScoped(id, l.scope)
-					return "", failf("the orphan's processes %v are still alive after recovery", now)
-				}
-				note = fmt.Sprintf("; %v, missed by the sweep, ended on its own", left)
-			}
-			return fmt.Sprintf("the orphan engine (pids %v) was found by its tag and stopped before anything else%s", before, note), nil
+			return "the engine was stopped with its aq (nothing carries the job's tag); recovery took the job back", nil
 		}) {
 			return
 		}

@@ -34,7 +34,7 @@ var skipsWhen = map[string]string{
 	"host.sb.fleet":                   "Service Bus is not configured",
 	"pipeline.ladder.escaped":         "no setsid (util-linux) on PATH",
 	"pipeline.recover.kill9":          "there is no aq binary to run as a child (a Go test binary without Options.Exe)",
-	"pipeline.recover.orphan-stopped": "as pipeline.recover.kill9, or processes cannot be found by tag (not Linux)",
+	"pipeline.recover.engine-stopped": "as pipeline.recover.kill9, or processes cannot be found by tag (not Linux or macOS)",
 	"pipeline.recover.checkpoint":     "as pipeline.recover.kill9",
 	"pipeline.recover.resume":         "as pipeline.recover.kill9",
 	"pipeline.broker.peer":            "Node.js is not on PATH, the peer's packages are not installed (make sbpeer), or aq's source tree is not here",

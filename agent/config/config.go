@@ -26,6 +26,11 @@ import (
 type Config struct {
 	ConfigFile string // the file that was read, if any
 
+	// Supervisor is not a key: the aq binary sets it to its own path, so
+	// that engines are stopped if aq dies (process.Spec.Supervisor). Tests
+	// that run aq's packages in-process leave it empty.
+	Supervisor string
+
 	Home     string
 	RepoBase string
 

@@ -83,7 +83,7 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 
 	// 1. Whatever still carries the job's tag (the engine outlives aq in its
 	// own process group) is stopped, so the checkpoint is final.
-	if n, err := process.KillScoped(ctx, r.ID, runner.Scope(cfg.Home), cfg.KillGrace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+	if n, err := process.StopScoped(ctx, r.ID, runner.Scope(cfg.Home), cfg.KillGrace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
 		log.Warn("cannot stop the orphan's processes", "err", err)
 	} else if n > 0 {
 		log.Warn("stopped the orphan's processes", "count", n)

@@ -83,7 +83,7 @@ func (a *Agent) checkpointOrphan(ctx context.Context, s queue.State) (string, er
 	// aq. Stop everything carrying the job's tag before the checkpoint, so
 	// the checkpoint is final and no engine keeps writing into a worktree
 	// the re-run replaces (or runs beside the re-run's engine).
-	if n, err := process.KillScoped(ctx, s.ID, runner.Scope(a.Runner.Cfg.Home), a.Runner.Cfg.Grace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+	if n, err := process.StopScoped(ctx, s.ID, runner.Scope(a.Runner.Cfg.Home), a.Runner.Cfg.Grace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
 		return "", fmt.Errorf("cannot stop the orphaned engine of job %s: %w", s.ID, err)
 	} else if n > 0 {
 		a.log().Warn("stopped the processes of an orphaned job", "job", s.ID, "count", n)

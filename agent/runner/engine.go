@@ -36,6 +36,7 @@ func (ru *run) spec() engines.Spec {
 		Attempt:        ru.o.Attempt,
 		Env:            secrets.EngineEnv(ru.r.env()),
 		Grace:          ru.r.Cfg.Grace,
+		Supervisor:     ru.r.Cfg.Supervisor,
 		Redactor:       ru.r.Redactor,
 		Prices:         ru.r.Cfg.Prices,
 	}

@@ -35,6 +35,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 		Cfg: Config{
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
+			Supervisor: cfg.Supervisor,
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,

@@ -148,7 +148,7 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 		// still be running and writing. Stop whatever carries the job's tag
 		// first, so the checkpoint below is final and nothing keeps writing
 		// into a worktree that is about to be replaced.
-		if n, err := process.KillScoped(ctx, j.ID, Scope(ru.r.Cfg.Home), ru.r.Cfg.Grace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		if n, err := process.StopScoped(ctx, j.ID, Scope(ru.r.Cfg.Home), ru.r.Cfg.Grace); err != nil && !errors.Is(err, errors.ErrUnsupported) {
 			ru.log.Warn("cannot stop the processes of an earlier run of this job", "err", err)
 		} else if n > 0 {
 			ru.log.Warn("stopped processes left running by an earlier run of this job", "count", n)

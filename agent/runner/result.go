@@ -212,6 +212,7 @@ func (ru *run) verify(ctx context.Context) bool {
 	res, err := process.Run(vctx, process.Spec{
 		Path: "/bin/sh", Args: []string{"-c", cmd}, Dir: ru.wtPath,
 		Env: secrets.EngineEnv(ru.r.env()), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
+		Supervisor: ru.r.Cfg.Supervisor,
 	})
 	if err != nil {
 		ru.fail(job.ReasonVerifyFailed, "verify could not start: "+err.Error())

@@ -41,6 +41,9 @@ type Config struct {
 	// FetchBase: start from origin/<base> (fetched) rather than the local
 	// branch. Fleet mode sets it: a factory's checkouts may be stale.
 	FetchBase bool
+	// Supervisor is the executable that stops an engine and its verify
+	// command if aq dies first (process.Spec.Supervisor): aq itself.
+	Supervisor string
 }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that

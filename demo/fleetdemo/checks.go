@@ -195,6 +195,9 @@ func (r *run) checks(sum *Summary) []Check {
 			"a factory was killed with kill -9 mid-job",
 			fmt.Sprintf("%s (pid %d) %s; its status file still said running api-resume, with its pid gone", ob.killed, ob.killedPID, ob.killedSignal))
 	}
+	add(len(ob.orphanEngines) > 0 && ob.engineStopped >= 0,
+		"no engine runs on without its aq: the killed factory's engine was stopped by its supervisor",
+		fmt.Sprintf("engine %v gone %s after the kill -9", ob.orphanEngines, ob.engineStopped.Round(10*time.Millisecond)))
 	{
 		var reaped bool
 		for _, e := range r.events("api-resume", "reaped") {

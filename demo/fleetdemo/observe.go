@@ -45,7 +45,10 @@ type observations struct {
 	killedAt      time.Time
 	killedSignal  string
 	statusAfter   *daemon.Status
-	orphanEngines []int
+	orphanEngines []int // the killed daemon's engine, seen just before the kill
+	// engineStopped: how long after the kill -9 nothing carried the job's
+	// tag any more (its supervisor stopped it); -1 if it never happened.
+	engineStopped time.Duration
 	reapedAfter   time.Duration
 	resumer       string
 	resultFiles   []string

@@ -344,6 +344,7 @@ func (r *run) killAndResume(ctx context.Context) error {
 	// kill -9 the factory running it.
 	f := r.facs[hangOn]
 	r.ob.killed, r.ob.killedPID, r.ob.killedEpoch = hangOn, f.pid(), epoch2
+	r.ob.orphanEngines, _ = process.FindScoped(id, runner.Scope(f.home)) // the engine, before the kill
 	ps, err := f.kill9()
 	if err != nil {
 		return err
@@ -356,11 +357,19 @@ func (r *run) killAndResume(ctx context.Context) error {
 		return err
 	}
 	r.ob.statusAfter = f.status()
-	r.ob.orphanEngines, _ = process.FindScoped(id, runner.Scope(f.home))
 	r.say("   $ kill -9 %d   (%s's aq daemon, mid-job; %s)", r.ob.killedPID, hangOn, ps)
-	if len(r.ob.orphanEngines) > 0 {
-		r.say("      its engine (pid %s) lives on in its own process group; nothing is reported, the lease is no longer renewed", pidList(r.ob.orphanEngines))
+	r.ob.engineStopped = -1
+	if err := r.waitFor(ctx, "the dead daemon's engine to be stopped by its supervisor", func() bool {
+		left, _ := process.FindScoped(id, runner.Scope(f.home))
+		return len(left) == 0
+	}); err == nil {
+		r.ob.engineStopped = time.Since(r.ob.killedAt)
 	}
+	if len(r.ob.orphanEngines) > 0 && r.ob.engineStopped >= 0 {
+		r.say("      its engine (pid %s) does not run on without its aq: its supervisor stopped it %s later (SIGINT, SIGTERM, SIGKILL)",
+			pidList(r.ob.orphanEngines), r.ob.engineStopped.Round(10*time.Millisecond))
+	}
+	r.say("      nothing is reported, the lease is no longer renewed")
 	r.showStatus(ctx, hangOn)
 
 	// The reaper.
@@ -422,7 +431,7 @@ func (r *run) killAndResume(ctx context.Context) error {
 			r.ob.zombieRecord = fmt.Sprintf("%s/%s fenced=%t", rec.Stage, rec.Reason, rec.Fenced)
 		}
 	}
-	r.say("   %s restarts (pid %d): its orphan recovery stops the old engine, checkpoints the worktree locally,", hangOn, f.pid())
+	r.say("   %s restarts (pid %d): its orphan recovery finds the old engine already stopped, checkpoints the worktree locally,", hangOn, f.pid())
 	r.say("      and asks to renew the lease it had (epoch %d):", epoch2)
 	for _, e := range r.zombieRefusals() {
 		r.say("      %s %s → 409 Conflict: %q", e.Call, fmt.Sprintf("{factoryId: %s, leaseEpoch: %d}", e.Factory, e.Epoch), e.Detail)

@@ -4,6 +4,7 @@ package process_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -25,6 +26,9 @@ const childModeEnv = "AQ_PROCESS_TEST_CHILD"
 // TestMain runs a child mode when the test binary is re-executed as a child
 // process (buildkite's internal/process/main_test.go does the same).
 func TestMain(m *testing.M) {
+	if code, ok := process.MaybeSupervise(); ok { // the test binary stands in for aq
+		os.Exit(code)
+	}
 	if mode := os.Getenv(childModeEnv); mode != "" {
 		os.Exit(child(mode, os.Args[1:]))
 	}
@@ -120,6 +124,28 @@ func child(mode string, args []string) int {
 			return 97
 		}
 		return 0
+
+	case "aq": // an aq running one engine (mode escape) under process.Run; args: tag, supervised 0|1
+		var sup string
+		if arg(1, "1") == "1" {
+			sup, _ = os.Executable()
+		}
+		self, _ := os.Executable()
+		stdin, _ := io.Pipe() // never closed: the engine runs until stopped
+		_, err := process.Run(context.Background(), process.Spec{
+			Path: self, Env: append(os.Environ(), childModeEnv+"=escape"), Stdin: stdin, Stdout: os.Stdout,
+			Tag: arg(0, ""), Scope: "supervise-test", Grace: 200 * time.Millisecond, Supervisor: sup,
+		})
+		fmt.Fprintln(os.Stderr, "run returned:", err)
+		return 95
+
+	case "cleanup-on-int": // an engine that cleans up on SIGINT: writes file args[0], then exits
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGINT)
+		fmt.Println("ready")
+		<-c
+		_ = os.WriteFile(arg(0, ""), []byte("cleaned up\n"), 0o644)
+		return 130
 
 	case "self-signal": // dies of SIGHUP without anyone stopping it
 		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)

@@ -29,3 +29,5 @@ func FindScoped(tag, scope string) ([]int, error) {
 }
 
 func sweep(context.Context, [][]byte, time.Duration, int) (int, error) { return 0, errNoProc }
+
+func stopLadder(context.Context, [][]byte, time.Duration) (int, error) { return 0, errNoProc }

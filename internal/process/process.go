@@ -79,6 +79,11 @@ type Spec struct {
 	// get SIGKILL; 0 means DefaultGrace.
 	Grace time.Duration
 
+	// Supervisor, when set, is the executable Run starts beside the child to
+	// stop it if aq dies first (supervise.go): aq itself, which calls
+	// MaybeSupervise at start. "" runs the child unsupervised.
+	Supervisor string
+
 	// WaitDelay bounds how long Run waits, after the child exited and its
 	// group and tagged processes were killed, for the stdio pipes to close
 	// (a process outside the group and without the tag may hold them);
@@ -178,6 +183,15 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
 	}
 	defer g.close()
+	if s.Supervisor != "" {
+		done, err := startSupervisor(s.Supervisor, supervision{Pgid: pgid, Tag: s.Tag, Scope: s.Scope, Grace: grace})
+		if err != nil { // never run an engine that could outlive aq unwatched
+			g.kill()
+			_ = cmd.Wait()
+			return Result{}, fmt.Errorf("process: %s not started: %w", s.Path, err)
+		}
+		defer done()
+	}
 
 	exited := make(chan struct{})
 	var lad ladder

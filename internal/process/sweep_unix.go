@@ -125,3 +125,41 @@ func sweep(ctx context.Context, want [][]byte, grace time.Duration, pgid int) (i
 		poll = min(2*poll, maxPoll)
 	}
 }
+
+// stopLadder sends the ladder's gentle steps (SIGINT, then SIGTERM, grace
+// apart) to every process carrying want, then lets sweep SIGKILL what is
+// left and wait for it. A process that appears meanwhile is caught by the
+// sweep.
+func stopLadder(ctx context.Context, want [][]byte, grace time.Duration) (int, error) {
+	found, _, err := scan(want, 0)
+	if err != nil {
+		return 0, fmt.Errorf("process: find %s: %w", want[0], err)
+	}
+	seen := len(found)
+	for _, sig := range ladderSignals[:len(ladderSignals)-1] {
+		if len(found) == 0 || ctx.Err() != nil {
+			break
+		}
+		for _, p := range found {
+			p.signal(sig)
+		}
+		for deadline := time.Now().Add(grace); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(maxPoll) {
+			if found = stillAlive(found); len(found) == 0 {
+				break
+			}
+		}
+		found = stillAlive(found)
+	}
+	n, err := sweep(ctx, want, 0, 0)
+	return max(seen, n), err
+}
+
+func stillAlive(ps []procStat) []procStat {
+	var out []procStat
+	for _, p := range ps {
+		if p.alive() {
+			out = append(out, p)
+		}
+	}
+	return out
+}

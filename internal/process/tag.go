@@ -45,3 +45,16 @@ func wants(tag, scope string) [][]byte {
 	}
 	return w
 }
+
+// StopScoped takes every live process carrying TagEnv=tag (and
+// ScopeEnv=scope, when set) through the kill ladder Run uses for an engine —
+// SIGINT, grace, SIGTERM, grace, then SIGKILL and a wait until none is left —
+// so an orphaned engine can finish its own clean-up, as it could under a
+// live aq. Orphan recovery and an engine's supervisor use it. It returns how
+// many tagged processes it found; errors as KillScoped.
+func StopScoped(ctx context.Context, tag, scope string, grace time.Duration) (int, error) {
+	if tag == "" {
+		return 0, errNoTag
+	}
+	return stopLadder(ctx, wants(tag, scope), grace)
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
+	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -42,6 +43,10 @@ type IO struct {
 type Factory struct {
 	IO    IO
 	Flags func() *cobra.Command // the root, whose persistent flags hold the global config keys
+	// Supervisor is the executable that supervises engines (aq itself);
+	// Main sets it, in-process test runs leave it empty.
+	Supervisor string
+
 	// active is the command being run: its flags (its own configuration
 	// groups and the root's global ones) are what Config reads.
 	active *cobra.Command
@@ -82,6 +87,9 @@ func (f *Factory) Config() (*config.Config, error) {
 			fs = f.active.Flags()
 		}
 		f.cfg, f.cfgErr = config.Load(fs)
+		if f.cfg != nil {
+			f.cfg.Supervisor = f.Supervisor
+		}
 	})
 	return f.cfg, f.cfgErr
 }
@@ -112,6 +120,11 @@ func (f *Factory) Logger() *slog.Logger {
 // Main runs aq with the process's arguments and standard streams under a
 // context that is cancelled on SIGINT/SIGTERM, and returns the exit code.
 func Main() int {
+	// An engine's supervisor is aq re-executed: it must not parse a command
+	// line or start anything else (internal/process, supervise.go).
+	if code, ok := process.MaybeSupervise(); ok {
+		return code
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	io := IO{
@@ -119,13 +132,21 @@ func Main() int {
 		OutTTY: term.IsTerminal(int(os.Stdout.Fd())),
 		ErrTTY: term.IsTerminal(int(os.Stderr.Fd())),
 	}
-	return Run(ctx, os.Args[1:], io)
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(io.Err, "aq: cannot find its own executable to supervise engines with:", err)
+		return int(aqerr.Failed)
+	}
+	return run(ctx, os.Args[1:], io, exe)
 }
 
 // Run executes one aq command line and returns its exit code. Errors are
 // printed here, once, as one line on stderr.
-func Run(ctx context.Context, args []string, io IO) int {
-	f := &Factory{IO: io}
+func Run(ctx context.Context, args []string, io IO) int { return run(ctx, args, io, "") }
+
+// run is Run with the engines' supervisor (Main passes aq's own path).
+func run(ctx context.Context, args []string, io IO, supervisor string) int {
+	f := &Factory{IO: io, Supervisor: supervisor}
 	root := NewRoot(f)
 	f.Flags = func() *cobra.Command { return root }
 	root.SetArgs(args)
