@@ -148,9 +148,15 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 		if pushed {
 			cp = sha
 		}
+		detail := fmt.Sprintf("the aq process that ran the job (pid %d) died; recovered at the next start", r.PID)
+		if r.Delivered != "" {
+			// The next attempt finds the result on origin and reports it
+			// without running the engine (runner: deliveredOnOrigin).
+			detail += fmt.Sprintf("; its result %.10s was already on origin (%s): the next attempt reports it, the engine does not run again", r.Delivered, r.Branch)
+		}
 		dl := d.agent.Reporter.Send(ctx, fleet.FailReport(fleet.FailRequest{
 			JobID: r.ID, FactoryID: d.agent.Client.FactoryID(), LeaseEpoch: r.LeaseEpoch, Reason: job.ReasonCrash, Retryable: true,
-			Checkpoint: cp, Detail: fmt.Sprintf("the aq process that ran the job (pid %d) died; recovered at the next start", r.PID),
+			Checkpoint: cp, Detail: detail,
 		}))
 		result = dl.String()
 		fenced = dl.Fenced

@@ -130,8 +130,11 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 	res.Outcome = r.Pipeline.Run(jobCtx, j, runner.Options{
 		Attempt: res.Attempt, Checkpoint: c.Job.Checkpoint, Lease: lease,
 		OnEvent: func(e runner.Event) {
-			if e.Kind == "checkpoint" {
+			switch e.Kind {
+			case "checkpoint":
 				r.record(log, id, func(rec *jobstate.Record) { rec.Checkpoint = e.Checkpoint })
+			case "delivered": // durably, before the report: a crash from here on must not run the engine again
+				r.record(log, id, func(rec *jobstate.Record) { rec.Branch, rec.Delivered = e.Branch, e.Commit })
 			}
 		},
 	})

@@ -23,24 +23,28 @@ import (
 
 // Record is one fleet job as this factory saw it. Field names are stable.
 type Record struct {
-	ID         string        `json:"id"`
-	Repo       string        `json:"repo"`
-	Base       string        `json:"base,omitempty"`
-	Engine     string        `json:"engine,omitempty"`
-	Stage      job.Stage     `json:"stage"` // the last stage this factory reported (or building while it runs)
-	Reason     job.Reason    `json:"reason,omitempty"`
-	Detail     string        `json:"detail,omitempty"`
-	LeaseEpoch int64         `json:"leaseEpoch"`
-	Fenced     bool          `json:"fenced,omitempty"`
-	Checkpoint string        `json:"checkpoint,omitempty"`
-	Branch     string        `json:"branch,omitempty"`
-	PR         string        `json:"pr,omitempty"`
-	Insights   *job.Insights `json:"insights,omitempty"`
-	Source     string        `json:"source,omitempty"` // "broker" or "poll"
-	PID        int           `json:"pid,omitempty"`    // the aq process running it
-	StartedAt  time.Time     `json:"startedAt,omitzero"`
-	EndedAt    time.Time     `json:"endedAt,omitzero"`
-	UpdatedAt  time.Time     `json:"updatedAt"`
+	ID         string     `json:"id"`
+	Repo       string     `json:"repo"`
+	Base       string     `json:"base,omitempty"`
+	Engine     string     `json:"engine,omitempty"`
+	Stage      job.Stage  `json:"stage"` // the last stage this factory reported (or building while it runs)
+	Reason     job.Reason `json:"reason,omitempty"`
+	Detail     string     `json:"detail,omitempty"`
+	LeaseEpoch int64      `json:"leaseEpoch"`
+	Fenced     bool       `json:"fenced,omitempty"`
+	Checkpoint string     `json:"checkpoint,omitempty"`
+	Branch     string     `json:"branch,omitempty"`
+	// Delivered is the result commit this factory pushed to origin's Branch,
+	// recorded before the final report: a job whose result is on origin is
+	// reported, never run again.
+	Delivered string        `json:"delivered,omitempty"`
+	PR        string        `json:"pr,omitempty"`
+	Insights  *job.Insights `json:"insights,omitempty"`
+	Source    string        `json:"source,omitempty"` // "broker" or "poll"
+	PID       int           `json:"pid,omitempty"`    // the aq process running it
+	StartedAt time.Time     `json:"startedAt,omitzero"`
+	EndedAt   time.Time     `json:"endedAt,omitzero"`
+	UpdatedAt time.Time     `json:"updatedAt"`
 }
 
 // Running reports whether the record says the job is still being worked on

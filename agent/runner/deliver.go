@@ -37,14 +37,28 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 		ru.fail(job.ReasonShipFailed, "ship: "+j.Ship+" needs an origin remote to push "+ru.out.Branch+" to")
 		return
 	}
+	// A compare-and-swap against what origin had when this run looked: a
+	// delivered result this run did not write is never replaced (the push
+	// used to be a forced '+', and a second factory's run could overwrite
+	// the first one's delivered branch).
 	ref := "refs/heads/" + ru.out.Branch
-	if err := worktree.Push(ctx, ru.r.Git, ru.repoDir, "origin", "+"+ref+":"+ref); err != nil {
+	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", ref, ref, ru.jobOnOrigin); err != nil {
 		if !ru.stopped(ctx, "pushing") {
-			ru.fail(job.ReasonShipFailed, "cannot push "+ru.out.Branch+" to origin: "+err.Error())
+			ru.fail(job.ReasonShipFailed, "cannot push "+ru.out.Branch+" to origin (if origin's branch moved since this run looked, another run delivered it: the next attempt reports that result): "+err.Error())
 		}
 		return
 	}
 	ru.out.Pushed = true
+	// Recorded before anything else happens: a crash from here on must not
+	// run the engine again (the next attempt finds the result on origin).
+	ru.event(Event{Kind: "delivered", Branch: ru.out.Branch, Commit: ru.out.Commit})
+	ru.openPR(ctx, prBody)
+}
+
+// openPR ends delivery of a result that is on origin: ship: branch is then
+// shipped; pr and merge open the pull request.
+func (ru *run) openPR(ctx context.Context, prBody string) {
+	j := ru.j
 	if j.Ship == "branch" {
 		ru.out.Stage = job.Shipped
 		return
@@ -115,4 +129,65 @@ func firstNonEmpty(s ...string) string {
 		}
 	}
 	return ""
+}
+
+// resultMarker is the trailer every result commit carries (commitResult);
+// WIP checkpoints carry it too, but start with checkpointSubject and never
+// sit on a job branch on origin.
+const resultMarker, checkpointSubject = "aq-job: ", "aq checkpoint:"
+
+// isResultOf reports whether a commit message is job id's result commit.
+func isResultOf(msg, id string) bool {
+	if strings.HasPrefix(msg, checkpointSubject) {
+		return false
+	}
+	for _, line := range strings.Split(msg, "\n") {
+		if strings.TrimSpace(line) == resultMarker+id {
+			return true
+		}
+	}
+	return false
+}
+
+// deliveredOnOrigin looks for the job's branch on origin. It records what
+// it saw (the result push is a compare-and-swap against it) and reports
+// whether the branch already carries this job's result: an earlier attempt,
+// here or on another host, pushed it and died or lost its lease before its
+// report settled.
+func (ru *run) deliveredOnOrigin(ctx context.Context) (sha string, ok bool) {
+	if !ru.hasOrigin(ctx) {
+		return "", false
+	}
+	g, branch := ru.r.Git, job.JobBranch(ru.j.ID)
+	tip, found, err := worktree.RemoteRef(ctx, g, ru.repoDir, "origin", "refs/heads/"+branch)
+	if err != nil || !found {
+		if err != nil {
+			ru.log.Warn("cannot look for the job's branch on origin", "err", err)
+		}
+		return "", false
+	}
+	ru.jobOnOrigin = tip
+	if err := worktree.Fetch(ctx, g, ru.repoDir, "origin", "+refs/heads/"+branch+":refs/remotes/origin/"+branch); err != nil {
+		ru.log.Warn("cannot fetch the job's branch from origin", "err", err)
+		return "", false
+	}
+	msg, err := g.Run(ctx, ru.repoDir, "log", "-1", "--format=%B", tip)
+	if err != nil || !isResultOf(string(msg), ru.j.ID) {
+		return "", false
+	}
+	return tip, true
+}
+
+// redeliver reports a result an earlier attempt already put on origin,
+// instead of running the engine again: the delivered branch is the result.
+func (ru *run) redeliver(ctx context.Context, sha string) {
+	ru.log.Warn("the job's result is already on origin (an earlier attempt pushed it): reporting it, not running the engine again",
+		"branch", job.JobBranch(ru.j.ID), "commit", sha)
+	ru.out.Branch, ru.out.Commit, ru.out.Pushed, ru.out.Redelivered = job.JobBranch(ru.j.ID), sha, true, true
+	ru.event(Event{Kind: "delivered", Branch: ru.out.Branch, Commit: sha})
+	if ru.j.Ship == "none" { // never pushed by aq; someone else put it there
+		ru.out.Stage = job.Testing
+		return
+	}
+	ru.openPR(ctx, "")
 }

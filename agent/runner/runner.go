@@ -102,10 +102,12 @@ type Lease interface {
 // Event reports progress to the caller (live progress, the checkpoints a
 // fleet job records).
 type Event struct {
-	Kind       string // "started", "usage", "checkpoint"
+	Kind       string // "started", "usage", "checkpoint", "delivered"
 	Usage      engines.Usage
 	Checkpoint string
 	Engine     string
+	// Branch and Commit: "delivered" — the result is on origin.
+	Branch, Commit string
 }
 
 // Options are per-run.
@@ -132,7 +134,10 @@ type Outcome struct {
 	Pushed     bool         `json:"pushed,omitempty"` // job branch pushed to origin
 	WIPPushed  bool         `json:"wipPushed,omitempty"`
 	Fenced     bool         `json:"fenced,omitempty"`
-	Worktree   string       `json:"worktree,omitempty"`
+	// Redelivered: an earlier attempt had put the result on origin; this run
+	// reported it without running the engine.
+	Redelivered bool   `json:"redelivered,omitempty"`
+	Worktree    string `json:"worktree,omitempty"`
 }
 
 // Failed reports whether the outcome is a failure.
@@ -178,6 +183,9 @@ type run struct {
 	// wipOnOrigin is origin's aq/wip/<id> when the run started ("" = none):
 	// the WIP push is a compare-and-swap against it.
 	wipOnOrigin string
+	// jobOnOrigin is origin's aq/job/<id> when the run started ("" = none):
+	// the result push is a compare-and-swap against it.
+	jobOnOrigin string
 
 	cpOnce    sync.Once
 	cpAfter   string // the checkpoint taken after the engine ("" if it failed)
@@ -263,6 +271,13 @@ func (ru *run) do(ctx context.Context) {
 		return
 	}
 	defer lock.Unlock()
+
+	// An earlier attempt's result already on origin is reported, not made
+	// again: the engine runs at most once for a delivered result.
+	if sha, ok := ru.deliveredOnOrigin(ctx); ok {
+		ru.redeliver(ctx, sha)
+		return
+	}
 
 	// 3. The worktree, from the WIP checkpoint if there is one, else base.
 	if !ru.prepareWorktree(ctx) {
