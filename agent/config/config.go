@@ -52,11 +52,12 @@ type Config struct {
 	SBSubscription     string
 	SBSessions         bool
 
-	MetricsAddr    string
-	GCWIPRetention time.Duration
-	Slots          int
-	DrainTimeout   time.Duration
-	KillGrace      time.Duration
+	MetricsAddr        string
+	GCWIPRetention     time.Duration
+	Slots              int
+	DrainTimeout       time.Duration
+	KillGrace          time.Duration
+	CheckpointInterval time.Duration // periodic checkpoints while an engine runs; 0: off
 
 	ClaudePermissionMode string
 	PriceTable           string

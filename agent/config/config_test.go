@@ -40,6 +40,7 @@ var sample = map[string]string{
 	"slots":                  "3",
 	"drain_timeout":          "10m0s",
 	"kill_grace":             "500ms",
+	"checkpoint_interval":    "2m",
 	"claude_permission_mode": "bypassPermissions",
 	"price_table":            "/tmp/prices.json",
 	"log_format":             "json",

@@ -86,6 +86,8 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.DrainTimeout }, 0)},
 	{Name: "kill_grace", Group: GroupEngine, Type: "duration", Env: []string{"AQ_KILL_GRACE"}, Flag: "kill-grace", Default: "3s", Usage: "grace between the steps of the kill ladder (SIGINT, SIGTERM, SIGKILL)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
+	{Name: "checkpoint_interval", Group: GroupEngine, Type: "duration", Env: []string{"AQ_CHECKPOINT_INTERVAL"}, Flag: "checkpoint-interval", Default: "5m", Usage: "while an engine runs, checkpoint its worktree this often (pushed to origin's aq/wip/<id> while the lease is held; 0: only when it stops)",
+		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
 	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",

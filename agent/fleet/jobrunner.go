@@ -133,6 +133,11 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 			switch e.Kind {
 			case "checkpoint":
 				r.record(log, id, func(rec *jobstate.Record) { rec.Checkpoint = e.Checkpoint })
+			case "checkpoint-pushed":
+				// Recorded with the coordinator, so its reaper and a
+				// preemption keep it: the next owner resumes from it. A
+				// coordinator that cannot take it now gets it from the spool.
+				r.Reporter.Send(jobCtx, PatchReport(id, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: c.LeaseEpoch, Checkpoint: e.Checkpoint}))
 			case "delivered": // durably, before the report: a crash from here on must not run the engine again
 				r.record(log, id, func(rec *jobstate.Record) { rec.Branch, rec.Delivered = e.Branch, e.Commit })
 			}

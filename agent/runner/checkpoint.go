@@ -31,6 +31,8 @@ func (ru *run) checkpoint(parent context.Context) {
 	ru.cpOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Minute)
 		defer cancel()
+		ru.cpMu.Lock()
+		defer ru.cpMu.Unlock()
 		wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
 		sha, err := worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage("after the engine"))
 		var partial *worktree.PartialError
@@ -40,6 +42,10 @@ func (ru *run) checkpoint(parent context.Context) {
 		}
 		if err != nil || sha == "" {
 			ru.log.Error("checkpoint failed: the worktree is kept as it is", "worktree", ru.wtPath, "err", err)
+			if ru.lastPeriodic != "" { // the last periodic one is what there is
+				ru.out.Checkpoint = ru.lastPeriodic
+				ru.out.WIPPushed = ru.wipOnOrigin == ru.lastPeriodic
+			}
 			return
 		}
 		ru.out.Checkpoint, ru.cpAfter = sha, sha
@@ -68,4 +74,74 @@ func (ru *run) checkpoint(parent context.Context) {
 func (ru *run) fencedNow(ctx context.Context) bool {
 	r, _, ok := job.StopReason(ctx)
 	return ru.out.Fenced || (ok && r == job.ReasonFenced)
+}
+
+// startPeriodic takes a checkpoint every CheckpointInterval while the engine
+// runs (until ctx is done or the returned stop is called, which waits for a
+// checkpoint in progress). It never disturbs the engine: the snapshot is
+// built in a temporary index (worktree.Checkpoint) and never takes the
+// worktree's index.lock.
+func (ru *run) startPeriodic(ctx context.Context) (stop func()) {
+	every := ru.r.Cfg.CheckpointInterval
+	if every <= 0 || ru.wtPath == "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				ru.periodicCheckpoint(ctx)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// periodicCheckpoint records the worktree on aq/wip/<id> and, when it
+// changed, pushes it where the final checkpoint would go: as a
+// compare-and-swap, in fleet mode only while the lease is held. Nothing
+// changed: no commit, no push.
+func (ru *run) periodicCheckpoint(ctx context.Context) {
+	ru.cpMu.Lock()
+	defer ru.cpMu.Unlock()
+	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
+	sha, err := worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage("periodic"))
+	var partial *worktree.PartialError
+	if errors.As(err, &partial) {
+		sha, err = partial.SHA, nil
+	}
+	if err != nil || sha == "" {
+		if ctx.Err() == nil {
+			ru.log.Warn("periodic checkpoint failed; the next one tries again", "err", err)
+		}
+		return
+	}
+	if sha == ru.lastPeriodic || sha == ru.start {
+		return // nothing new since the last one
+	}
+	ru.lastPeriodic = sha
+	ru.log.Info("periodic checkpoint", "checkpoint", sha)
+	ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
+	if ru.fencedNow(ctx) || !ru.hasOrigin(ctx) || sha == ru.wipOnOrigin {
+		return
+	}
+	if ru.o.Lease != nil && !ru.o.Lease.Held(wipLeaseMargin) {
+		ru.log.Warn("not pushing the periodic checkpoint: the lease may no longer be this factory's")
+		return
+	}
+	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
+		if ctx.Err() == nil {
+			ru.log.Warn("cannot push the periodic checkpoint; it is kept locally", "err", err)
+		}
+		return
+	}
+	ru.wipOnOrigin = sha
+	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
 }

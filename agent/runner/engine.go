@@ -83,7 +83,9 @@ func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
 		}
 	})
 	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "worktree", ru.wtPath)
+	stopPeriodic := ru.startPeriodic(runCtx)
 	res, err := ru.eng.Run(runCtx, spec)
+	stopPeriodic()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {
 		res.Usage = last

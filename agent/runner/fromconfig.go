@@ -35,7 +35,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 		Cfg: Config{
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
-			Supervisor: cfg.Supervisor,
+			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,

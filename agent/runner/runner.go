@@ -44,6 +44,11 @@ type Config struct {
 	// Supervisor is the executable that stops an engine and its verify
 	// command if aq dies first (process.Spec.Supervisor): aq itself.
 	Supervisor string
+	// CheckpointInterval: while the engine runs, checkpoint its worktree
+	// this often (and push it where the final checkpoint would be pushed),
+	// so a lost host or a preemption costs at most one interval of work.
+	// 0: only the checkpoint after the engine.
+	CheckpointInterval time.Duration
 }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
@@ -102,7 +107,7 @@ type Lease interface {
 // Event reports progress to the caller (live progress, the checkpoints a
 // fleet job records).
 type Event struct {
-	Kind       string // "started", "usage", "checkpoint", "delivered"
+	Kind       string // "started", "usage", "checkpoint", "checkpoint-pushed", "delivered"
 	Usage      engines.Usage
 	Checkpoint string
 	Engine     string
@@ -187,6 +192,12 @@ type run struct {
 	// the result push is a compare-and-swap against it.
 	jobOnOrigin string
 
+	// cpMu serialises checkpoints (periodic ones while the engine runs, the
+	// final one after) and guards wipOnOrigin and lastPeriodic.
+	cpMu         sync.Mutex
+	lastPeriodic string // the latest periodic checkpoint ("" = none yet)
+	evMu         sync.Mutex
+
 	cpOnce    sync.Once
 	cpAfter   string // the checkpoint taken after the engine ("" if it failed)
 	cpPartial bool   // that checkpoint left out files git could not read
@@ -236,6 +247,10 @@ func (ru *run) fail(reason job.Reason, detail string) {
 }
 
 func (ru *run) event(e Event) {
+	// Events come from the run, the engine's meter and the periodic
+	// checkpoints: the caller sees them one at a time.
+	ru.evMu.Lock()
+	defer ru.evMu.Unlock()
 	if ru.o.OnEvent != nil {
 		ru.o.OnEvent(e)
 	}

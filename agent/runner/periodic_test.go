@@ -1,0 +1,168 @@
+package runner_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
+)
+
+// stepScript writes step-N.txt every 100 ms, logs each step outside the
+// worktree ($MARK/steps), and holds the worktree's index.lock the whole
+// time, as an engine running git would; it lets go of the lock at the end.
+const stepScript = `lock="$(git rev-parse --git-path index.lock)"
+echo engine > "$lock"
+i=0
+while [ $i -lt "${STEPS:-12}" ]; do
+  i=$((i+1))
+  echo $i > step-$i.txt
+  echo $i >> "$MARK/steps"
+  sleep 0.1
+done
+[ "$(cat "$lock")" = engine ] || { echo "index.lock changed under the engine" >&2; exit 3; }
+rm -f "$lock"
+`
+
+type eventLog struct {
+	mu  sync.Mutex
+	evs []runner.Event
+}
+
+func (l *eventLog) add(e runner.Event) { l.mu.Lock(); l.evs = append(l.evs, e); l.mu.Unlock() }
+
+func (l *eventLog) kinds(kind string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, e := range l.evs {
+		if e.Kind == kind {
+			out = append(out, e.Checkpoint)
+		}
+	}
+	return out
+}
+
+// While the engine runs, its work is checkpointed every interval and pushed
+// to origin's aq/wip/<id>, without touching the worktree's index.lock (the
+// engine holds it throughout and checks it is still its own).
+func TestPeriodicCheckpointsWhileTheEngineRuns(t *testing.T) {
+	f := newFixture(t)
+	f.r.Cfg.CheckpointInterval = 250 * time.Millisecond
+	origin := testenv.AddOrigin(t, f.repo)
+	j := f.job("periodic", stepScript)
+	var log eventLog
+	out := f.run(context.Background(), j, runner.Options{Attempt: 1, OnEvent: log.add})
+	if out.Failed() {
+		t.Fatalf("%+v", out)
+	}
+	periodic, pushed := log.kinds("checkpoint"), log.kinds("checkpoint-pushed")
+	// The last "checkpoint" event is the final one, after the engine.
+	if len(periodic) < 3 || len(pushed) < 2 {
+		t.Fatalf("%d checkpoints (%d pushed) during a 1.2 s engine run at a 250 ms interval", len(periodic)-1, len(pushed))
+	}
+	seen := map[string]bool{}
+	for _, sha := range periodic[:len(periodic)-1] {
+		if seen[sha] {
+			t.Errorf("checkpoint %s reported twice: an unchanged tree must make no new checkpoint", sha)
+		}
+		seen[sha] = true
+	}
+	// Each pushed checkpoint holds more steps than the one before.
+	last := 0
+	for _, sha := range pushed {
+		n := 0
+		for name := range testenv.TreeFiles(t, origin, sha) {
+			if strings.HasPrefix(name, "step-") {
+				n++
+			}
+		}
+		if n <= last {
+			t.Errorf("pushed checkpoint %s has %d steps, the one before %d", sha, n, last)
+		}
+		last = n
+	}
+	if got := testenv.RemoteRefs(t, origin, "refs/heads/aq/wip/")["refs/heads/aq/wip/"+j.ID]; got != out.Checkpoint {
+		t.Errorf("origin's aq/wip = %s, want the final checkpoint %s", got, out.Checkpoint)
+	}
+}
+
+// An engine that changes nothing between two intervals costs no commit and
+// no push.
+func TestPeriodicCheckpointUnchangedIsFree(t *testing.T) {
+	f := newFixture(t)
+	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
+	testenv.AddOrigin(t, f.repo)
+	j := f.job("periodic-idle", "echo once > once.txt\nsleep 1.2\n")
+	var log eventLog
+	if out := f.run(context.Background(), j, runner.Options{Attempt: 1, OnEvent: log.add}); out.Failed() {
+		t.Fatalf("%+v", out)
+	}
+	// One periodic checkpoint for the one change, then the final one (the
+	// same commit: nothing changed after).
+	cps := log.kinds("checkpoint")
+	if len(cps) != 2 || cps[0] != cps[1] || len(log.kinds("checkpoint-pushed")) != 1 {
+		t.Fatalf("checkpoints %v pushed %v; want one periodic checkpoint, pushed once, and the same final one", cps, log.kinds("checkpoint-pushed"))
+	}
+}
+
+// A preemption (the lease taken away: the run is fenced and pushes nothing
+// more) loses at most the work since the last periodic checkpoint: the next
+// owner resumes from origin's aq/wip/<id>. Measured in engine steps.
+func TestPreemptionLosesAtMostOneInterval(t *testing.T) {
+	const interval, step = 300 * time.Millisecond, 100 * time.Millisecond
+	f := newFixture(t)
+	f.r.Cfg.CheckpointInterval = interval
+	origin := testenv.AddOrigin(t, f.repo)
+	j := f.job("preempted", "STEPS=1000\n"+stepScript)
+	lease := &atomicLease{}
+	lease.held.Store(true)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	var log eventLog
+	done := make(chan runner.Outcome, 1)
+	go func() { done <- f.run(ctx, j, runner.Options{Attempt: 1, Lease: lease, OnEvent: log.add}) }()
+	testenv.WaitFor(t, time.Minute, "a few pushed checkpoints", func() bool { return len(log.kinds("checkpoint-pushed")) >= 3 })
+	// The coordinator requeues the job with its epoch bumped: the next
+	// renewal says fenced.
+	lease.held.Store(false)
+	cancel(job.Stop(job.ReasonFenced, "preempted: the coordinator requeued the job"))
+	out := <-done
+	if !out.Fenced || out.WIPPushed {
+		t.Fatalf("outcome %+v, want fenced without a final push", out)
+	}
+	written := strings.Fields(testenv.ReadFile(t, f.marker("steps")))
+	done1, _ := strconv.Atoi(written[len(written)-1])
+	tip := testenv.RemoteRefs(t, origin, "refs/heads/aq/wip/")["refs/heads/aq/wip/"+j.ID]
+	kept := 0
+	for name := range testenv.TreeFiles(t, origin, tip) {
+		if strings.HasPrefix(name, "step-") {
+			kept++
+		}
+	}
+	lost := done1 - kept
+	perInterval := int(interval / step)
+	t.Logf("preemption: the engine had done %d steps, origin's checkpoint holds %d: %d lost (one interval is %d steps)", done1, kept, lost, perInterval)
+	// One interval of steps, plus one for a step racing the checkpoint and
+	// one for a push in flight when the lease went; on a loaded machine the
+	// engine runs slower, never faster, than this.
+	if lost < 0 || lost > perInterval+2 {
+		t.Fatalf("lost %d steps, more than one interval (%d steps)", lost, perInterval)
+	}
+}
+
+// atomicLease is a lease the test takes away while the run reads it.
+type atomicLease struct{ held atomic.Bool }
+
+func (l *atomicLease) Confirm(context.Context) error {
+	if !l.held.Load() {
+		return job.Stop(job.ReasonFenced, "test: preempted")
+	}
+	return nil
+}
+func (l *atomicLease) Held(time.Duration) bool { return l.held.Load() }
