@@ -3,6 +3,7 @@ package worktree
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -99,6 +100,61 @@ func BenchmarkFloor(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			testenv.Git(b, repo, "worktree", "add", "-q", "-B", "aq/job/bench", wt, "main")
 			testenv.Git(b, repo, "worktree", "remove", "--force", wt)
+		}
+	})
+}
+
+// benchFiles is BENCH_FILES (default 1000): the size of the repository the
+// periodic-checkpoint benchmark uses.
+func benchFiles() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_FILES")); err == nil && n > 0 {
+		return n
+	}
+	return 1000
+}
+
+// sizedRepo is a repository of n files in folders of 100.
+func sizedRepo(b *testing.B, n int) string {
+	b.Helper()
+	dir := filepath.Join(b.TempDir(), "repo")
+	testenv.Git(b, "", "init", "-q", "-b", "main", dir)
+	for i := 0; i < n; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("pkg%d", i/100), fmt.Sprintf("file%03d.go", i%100))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("package pkg\n\n// file %d\n", i)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	testenv.Git(b, dir, "add", "-A")
+	testenv.Git(b, dir, "commit", "-q", "-m", "init")
+	return dir
+}
+
+// BenchmarkCheckpointPeriodic: the periodic checkpoint of a worktree of
+// BENCH_FILES files (`BENCH_FILES=30000 TMPDIR=/dev/shm`), when 100 files
+// changed since the last one and when nothing did (the common case between
+// two intervals of an engine that is thinking).
+func BenchmarkCheckpointPeriodic(b *testing.B) {
+	ctx := context.Background()
+	repo := sizedRepo(b, benchFiles())
+	wt := addWorktree(b, repo, "bench", "main")
+	b.Run("changed", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			changeFiles(b, wt, i)
+			b.StartTimer()
+			if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/bench", "wip"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("unchanged", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/bench", "wip"); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 }

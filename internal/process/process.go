@@ -171,6 +171,17 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	inNewGroup(cmd)
 	cmd.WaitDelay = waitDelay
 
+	// The supervisor first: there is no instant in which the engine runs
+	// and an aq that dies leaves it unwatched.
+	var sup *supervisor
+	if s.Supervisor != "" {
+		var err error
+		if sup, err = startSupervisor(s.Supervisor, supervision{Tag: s.Tag, Scope: s.Scope, Grace: grace}); err != nil {
+			return Result{}, fmt.Errorf("process: %s not started: %w", s.Path, err)
+		}
+		defer sup.done()
+	}
+
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
@@ -183,14 +194,8 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
 	}
 	defer g.close()
-	if s.Supervisor != "" {
-		done, err := startSupervisor(s.Supervisor, supervision{Pgid: pgid, Tag: s.Tag, Scope: s.Scope, Grace: grace})
-		if err != nil { // never run an engine that could outlive aq unwatched
-			g.kill()
-			_ = cmd.Wait()
-			return Result{}, fmt.Errorf("process: %s not started: %w", s.Path, err)
-		}
-		defer done()
+	if sup != nil {
+		sup.watch(pgid)
 	}
 
 	exited := make(chan struct{})

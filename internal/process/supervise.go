@@ -28,9 +28,13 @@ import (
 // SuperviseEnv carries a supervisor's orders (JSON) to the re-executed aq.
 const SuperviseEnv = "AQ_PROCESS_SUPERVISE"
 
-// supervision is what a supervisor watches and how it stops it.
+// supervision is what a supervisor watches and how it stops it. The
+// supervisor starts before the engine (so no instant exists in which the
+// engine runs unwatched); the engine's process group id reaches it over the
+// pipe once the engine has started ("p<pgid>\n"). The tag alone already
+// finds the engine: it carries it from its first instruction.
 type supervision struct {
-	Pgid  int           `json:"pgid"`
+	Pgid  int           `json:"pgid,omitempty"`
 	Tag   string        `json:"tag"`
 	Scope string        `json:"scope,omitempty"`
 	Grace time.Duration `json:"grace"`
@@ -44,12 +48,13 @@ func MaybeSupervise() (int, bool) {
 		return 0, false
 	}
 	var sv supervision
-	if err := json.Unmarshal([]byte(raw), &sv); err != nil || sv.Pgid <= 1 || sv.Tag == "" {
+	if err := json.Unmarshal([]byte(raw), &sv); err != nil || sv.Pgid < 0 || sv.Tag == "" {
 		os.Stderr.WriteString("aq: " + SuperviseEnv + " is not a valid supervision order: " + strconv.Quote(raw) + "\n")
 		return 2, true
 	}
 	return supervise(sv, os.Stdin), true
 }
 
-// doneByte is what Run writes when it has handled the engine itself.
-const doneByte = 'd'
+// doneByte is what Run writes when it has handled the engine itself;
+// pgidByte starts the line that names the engine's process group.
+const doneByte, pgidByte = 'd', 'p'

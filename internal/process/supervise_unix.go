@@ -3,6 +3,7 @@
 package process
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,13 +11,21 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
-// startSupervisor starts the supervisor of group pgid (see supervise.go).
-// The returned func tells it the engine was handled and reaps it.
-func startSupervisor(path string, sv supervision) (func(), error) {
+// supervisor is aq's end of a supervisor's pipe.
+type supervisor struct {
+	w   *os.File
+	cmd *exec.Cmd
+}
+
+// startSupervisor starts the supervisor of the job sv names (see
+// supervise.go), before the engine itself starts.
+func startSupervisor(path string, sv supervision) (*supervisor, error) {
 	orders, err := json.Marshal(sv)
 	if err != nil {
 		return nil, err
@@ -35,34 +44,57 @@ func startSupervisor(path string, sv supervision) (func(), error) {
 		return nil, fmt.Errorf("start the engine's supervisor %s: %w", path, err)
 	}
 	r.Close() // only the supervisor holds the read end now
-	return func() {
-		_, _ = w.Write([]byte{doneByte})
-		_ = w.Close()
-		_ = cmd.Wait()
-	}, nil
+	return &supervisor{w: w, cmd: cmd}, nil
 }
 
-// supervise waits until in says "done" (exit 0) or closes without it: then
-// the aq that started the engine is gone, and the engine's group goes
-// through the kill ladder and the job's tagged processes are swept.
+// watch tells the supervisor the engine's process group.
+func (s *supervisor) watch(pgid int) {
+	_, _ = fmt.Fprintf(s.w, "%c%d\n", pgidByte, pgid)
+}
+
+// done tells the supervisor the engine was handled, and reaps it.
+func (s *supervisor) done() {
+	_, _ = s.w.Write([]byte{doneByte})
+	_ = s.w.Close()
+	_ = s.cmd.Wait()
+}
+
+// supervise reads its orders from in until "done" (exit 0) or the end of
+// the pipe without it: then the aq that started the engine is gone, and the
+// engine's group (once named) goes through the kill ladder and the job's
+// tagged processes are swept the same way.
 func supervise(sv supervision, in io.Reader) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	var b [1]byte
-	if n, _ := in.Read(b[:]); n == 1 && b[0] == doneByte {
-		return 0
+	r := bufio.NewReader(in)
+	for {
+		b, err := r.ReadByte()
+		if err != nil {
+			break // aq is gone
+		}
+		switch b {
+		case doneByte:
+			return 0
+		case pgidByte:
+			line, _ := r.ReadString('\n')
+			if n, err := strconv.Atoi(strings.TrimSpace(line)); err == nil && n > 1 {
+				sv.Pgid = n
+			}
+		}
 	}
 	grace := sv.Grace
 	if grace <= 0 {
 		grace = DefaultGrace
 	}
-	g := pgroup(sv.Pgid)
-	for i := range ladderSteps {
-		if !groupAlive(sv.Pgid) {
-			break
-		}
-		g.step(i)
-		for deadline := time.Now().Add(grace); time.Now().Before(deadline) && groupAlive(sv.Pgid); {
-			time.Sleep(20 * time.Millisecond)
+	if sv.Pgid > 1 {
+		g := pgroup(sv.Pgid)
+		for i := range ladderSteps {
+			if !groupAlive(sv.Pgid) {
+				break
+			}
+			g.step(i)
+			for deadline := time.Now().Add(grace); time.Now().Before(deadline) && groupAlive(sv.Pgid); {
+				time.Sleep(20 * time.Millisecond)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*grace+killWait)
