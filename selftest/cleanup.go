@@ -75,15 +75,15 @@ func takeSnapshot(h *hostEnv) snapshot {
 func cleanupScenario() *scenario {
 	g := GroupPipeline
 	return &scenario{name: "cleanup", group: g, workspace: true, last: true, checks: []Check{
-		check(g, "pipeline.cleanup.processes", "no process carrying one of the selftest's job tags is left (found through /proc)"),
+		check(g, "pipeline.cleanup.processes", "no process carrying one of the selftest's job tags is left (found through /proc, or kern.procargs2 on macOS)"),
 		check(g, "pipeline.cleanup.workspace", "the selftest's temp dir is gone"),
 		check(g, "pipeline.cleanup.git-config", "no git configuration outside the temp dir changed"),
 		check(g, "pipeline.cleanup.aq-home", "the real $AQ_HOME holds nothing the selftest made"),
 	}, run: func(ctx context.Context, s *session) {
 		w := s.ws
 		s.step(ctx, "pipeline.cleanup.processes", 20*time.Second, func(ctx context.Context) (string, error) {
-			if runtime.GOOS != "linux" {
-				return "", skipf("finding processes by tag needs /proc (Linux)")
+			if runtime.GOOS != "linux" && runtime.GOOS != "darwin" {
+				return "", skipf("finding processes by tag needs /proc (Linux) or sysctl kern.procargs2 (macOS)")
 			}
 			tags := w.tags()
 			seen := map[string]bool{}

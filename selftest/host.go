@@ -55,7 +55,7 @@ func hostScenarios() []*scenario {
 		}, run: runRepoBase},
 		single(g, "host.locks.exclusive", "two flocks on one file exclude each other, and a blocked lock waits", 10*time.Second, checkLocksExclusive),
 		single(g, "host.locks.child", "a lock held by a child process reads as held, and is free once the child is killed -9", 15*time.Second, checkLocksChild),
-		single(g, "host.proc.tagged", "a process is found and killed by its job tag (/proc/<pid>/environ), as escaped engines are", 15*time.Second, checkProcTagged),
+		single(g, "host.proc.tagged", "a process is found and killed by its job tag (/proc/<pid>/environ; kern.procargs2 on macOS), as escaped engines are", 15*time.Second, checkProcTagged),
 		single(g, "host.clock.build", "the clock is not before this build's date", 2*time.Second, checkClockBuild),
 		single(g, "host.clock.monotonic", "the monotonic clock advances and the wall clock agrees with it", 5*time.Second, checkClockMonotonic),
 		single(g, "host.clock.coordinator", "fleet mode: the clock is within 30s of the coordinator's (its Date header)", 15*time.Second, checkClockCoordinator),

@@ -86,8 +86,8 @@ func checkLocksChild(ctx context.Context, s *session) (string, error) {
 }
 
 func checkProcTagged(ctx context.Context, s *session) (string, error) {
-	if runtime.GOOS != "linux" {
-		return "", skipf("finding processes by tag needs /proc/<pid>/environ (Linux); on %s escaped engine processes are not swept", runtime.GOOS)
+	if runtime.GOOS != "linux" && runtime.GOOS != "darwin" {
+		return "", skipf("finding processes by tag needs /proc/<pid>/environ (Linux) or sysctl kern.procargs2 (macOS); on %s escaped engine processes are not swept", runtime.GOOS)
 	}
 	sleep := s.h.lookPath("sleep")
 	if sleep == "" {

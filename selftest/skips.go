@@ -18,7 +18,7 @@ var skipsWhen = map[string]string{
 	"host.repobase.readable":          "AQ_REPO_BASE is empty or does not exist, or the configuration did not load",
 	"host.repobase.repos":             "no git repository under AQ_REPO_BASE, or git is not on PATH",
 	"host.locks.child":                "no sleep binary on PATH",
-	"host.proc.tagged":                "not Linux (no /proc), or no sleep binary on PATH",
+	"host.proc.tagged":                "neither Linux nor macOS, or no sleep binary on PATH",
 	"host.clock.build":                "the binary carries no build date",
 	"host.clock.coordinator":          "fleet mode is off, or the coordinator did not answer or sent no Date header",
 	"host.config.file":                "there is no config file, or the configuration did not load",
@@ -41,6 +41,6 @@ var skipsWhen = map[string]string{
 	"pipeline.broker.deliver":         "as pipeline.broker.peer",
 	"pipeline.broker.conflict":        "as pipeline.broker.peer",
 	"pipeline.broker.mistargeted":     "as pipeline.broker.peer",
-	"pipeline.cleanup.processes":      "not Linux (no /proc)",
+	"pipeline.cleanup.processes":      "neither Linux nor macOS",
 	"pipeline.cleanup.aq-home":        "there is no AQ_HOME at all",
 }
