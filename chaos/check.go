@@ -672,6 +672,8 @@ func Check(in *Input) *Report {
 		rep.Checks = append(rep.Checks, c)
 	}
 
+	checkLoss(in, rep)
+
 	// Zombies: what each partition did.
 	for _, f := range in.Faults {
 		if f.Kind != KindPartition {

@@ -44,7 +44,9 @@ func history() *Input {
 			{T: at(2.5), Factory: "f1", Phase: "run", Repo: "r1", Old: zeros, New: "aaaa", Ref: "refs/heads/aq/wip/j1"},
 			{T: at(2.8), Factory: "f1", Phase: "run", Repo: "r1", Old: zeros, New: "bbbb", Ref: "refs/heads/aq/job/j1"},
 		},
-		OriginJobTips: map[string]Commit{"j1": {SHA: "bbbbbbbbbbbb", Message: "chaos job j1\n\naq-job: j1\naq-engine: script\naq-attempt: 1\n"}},
+		CheckpointInterval: time.Second,
+		Runs:               []EngineRun{{Job: "j1", N: 1, Factory: "f1", Start: at(1.2), Part1: at(2), Alive: at(2.6), Done: at(2.7)}},
+		OriginJobTips:      map[string]Commit{"j1": {SHA: "bbbbbbbbbbbb", Message: "chaos job j1\n\naq-job: j1\naq-engine: script\naq-attempt: 1\n"}},
 		Factories: []FactoryData{{ID: "f1", Records: map[string]jobstate.Record{
 			"j1": {ID: "j1", Repo: "r1", Stage: "shipped", LeaseEpoch: 1, StartedAt: at(1), EndedAt: at(3)},
 		}, Delivered: []Delivered{{Job: "j1", Epoch: 1, Report: "building"}, {Job: "j1", Epoch: 1, Report: "shipped"}}}},
@@ -280,7 +282,7 @@ func TestScheduleIsSeededAndFactoryFaultsDoNotOverlap(t *testing.T) {
 		}
 	}
 	c := cfg.Faults
-	if want := c.Kill9 + c.Term + c.Abort + c.PeerRestart + c.StubRestart + c.Errors + c.ReportErrors + c.Partition; len(a) != want {
+	if want := c.Kill9 + c.Term + c.Abort + c.PeerRestart + c.StubRestart + c.Errors + c.ReportErrors + c.Partition + c.HostLost + c.Preempt; len(a) != want {
 		t.Errorf("%d faults, want %d", len(a), want)
 	}
 	if d := Schedule(Full(43)); len(d) == len(a) && d[0] == a[0] && d[1] == a[1] {
@@ -340,4 +342,43 @@ func TestLoadOutlastsMidJobFaults(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A host lost (or a kill -9, or a preemption) after the engine wrote part
+// one, more than one checkpoint interval earlier: the next run must start
+// from it.
+func TestCheckWorkLost(t *testing.T) {
+	in := history()
+	in.Faults = []FaultRecord{{Fault: Fault{Kind: KindHostLost, Target: 0}, Start: at(6), End: at(9)}}
+	in.Runs = append(in.Runs,
+		EngineRun{Job: "j2", N: 1, Factory: "f1", Start: at(1), Part1: at(2), Alive: at(6)},
+		EngineRun{Job: "j2", N: 2, Factory: "f2", Start: at(20), Part1: at(21), Alive: at(23), Done: at(23)})
+	wantOnly(t, in, "work lost ≤ one checkpoint interval", "run 2 resumed without it")
+
+	// Part one written within the interval before the loss may be lost.
+	in.Runs[1].Part1 = at(5.5)
+	if c := checkNamed(t, Check(in), "work lost ≤ one checkpoint interval"); !c.OK {
+		t.Errorf("work younger than one interval counted as lost: %v", c.Violations)
+	}
+	// And work the next run found is not lost.
+	in.Runs[1].Part1 = at(2)
+	in.Runs[2].Found1 = 1
+	if c := checkNamed(t, Check(in), "work lost ≤ one checkpoint interval"); !c.OK {
+		t.Errorf("resumed work counted as lost: %v", c.Violations)
+	}
+}
+
+// An engine that lives on after its aq was killed -9.
+func TestCheckEngineOutlivesItsAQ(t *testing.T) {
+	in := history()
+	in.Faults = []FaultRecord{{Fault: Fault{Kind: KindKill9, Target: 0}, Start: at(5), End: at(7)}}
+	in.Runs = append(in.Runs, EngineRun{Job: "j2", N: 1, Factory: "f1", Start: at(1), Alive: at(9)})
+	wantOnly(t, in, "no engine outlives its aq", "j2 run 1 on f1 lived 4s")
+}
+
+// An engine started again after the job's result was on origin.
+func TestCheckEngineRerunAfterDelivery(t *testing.T) {
+	in := history()
+	in.Runs = append(in.Runs, EngineRun{Job: "j1", N: 2, Factory: "f2", Start: at(4), Alive: at(6), Done: at(6)})
+	wantOnly(t, in, "no engine re-run for a delivered result", "run 2 started on f2 1.2s after")
 }

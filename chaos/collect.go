@@ -37,8 +37,12 @@ type Input struct {
 	OriginJobTips map[string]Commit
 	Faults        []FaultRecord
 	LeaseTTL      time.Duration
-	Converged     bool
-	Problems      []string
+	// CheckpointInterval is the factories' AQ_CHECKPOINT_INTERVAL.
+	CheckpointInterval time.Duration
+	// Runs are the scripted engine's runs, from its own step log.
+	Runs      []EngineRun
+	Converged bool
+	Problems  []string
 	// Alive are the processes still alive at the end that carry a job's
 	// tag or a factory's scope ("pid job|scope").
 	Alive []string
@@ -86,7 +90,8 @@ type Push struct {
 func (p Push) Deletes() bool { return strings.Trim(p.New, "0") == "" }
 
 func (r *harness) collect(jobs []JobSpec, gcs []GCResult) (*Input, error) {
-	in := &Input{Jobs: jobs, LeaseTTL: r.cfg.LeaseTTL, Converged: r.res.Converged, Faults: r.res.Faults, GC: gcs}
+	in := &Input{Jobs: jobs, LeaseTTL: r.cfg.LeaseTTL, Converged: r.res.Converged, Faults: r.res.Faults, GC: gcs,
+		CheckpointInterval: r.cfg.CheckpointInterval, Runs: readRuns(r.sb.runsDir())}
 	in.Problems = append(in.Problems, r.res.Problems...)
 	st, err := coord.ReadStateFile(r.sb.path("coord", "state.json"))
 	if err != nil {
@@ -280,6 +285,33 @@ func findScope(scope string) []int {
 			}
 		}
 		out = append(out, pid)
+	}
+	return out
+}
+
+// findEnv lists the processes with an environment entry that starts with
+// prefix and contains sub.
+func findEnv(prefix, sub string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if strings.HasPrefix(kv, prefix) && strings.Contains(kv, sub) {
+				out = append(out, pid)
+				break
+			}
+		}
 	}
 	return out
 }

@@ -40,8 +40,11 @@ type Config struct {
 	SubmitSpan   time.Duration
 	InitialShare float64
 
-	LeaseTTL   time.Duration // the stub's lease time to live
-	StaleAfter time.Duration // the stub's stale window for factories
+	LeaseTTL time.Duration // the stub's lease time to live
+	// CheckpointInterval is AQ_CHECKPOINT_INTERVAL of the factories: the
+	// bound on the work a lost host or a preemption may cost.
+	CheckpointInterval time.Duration
+	StaleAfter         time.Duration // the stub's stale window for factories
 	// DrainTimeout is AQ_DRAIN_TIMEOUT of the factories: a SIGTERM drain
 	// escalates to the second stage after it.
 	DrainTimeout time.Duration
@@ -69,6 +72,14 @@ type FaultCounts struct {
 	// coordinator whose report path is degraded.
 	ReportErrors int `json:"reportErrors"`
 	Partition    int `json:"partition"` // cut a factory off past its leases' expiry, reconnect it
+	// HostLost: kill -9 a factory's daemon and every process of its host
+	// (engines and their supervisors too), delete its AQ_HOME and clones,
+	// and bring it back as a fresh host (new clones, enrolled again).
+	HostLost int `json:"hostLost"`
+	// Preempt: the stub requeues a job a factory is running (its requeue
+	// action: epoch bumped, the running factory fenced), as a coordinator
+	// preempting it for a critical job would.
+	Preempt int `json:"preempt"`
 }
 
 // Full is `make chaos`: 320 jobs over 5 repositories, 4 factories of 2
@@ -76,14 +87,15 @@ type FaultCounts struct {
 func Full(seed uint64) Config {
 	return Config{
 		Name: "full", Seed: seed, Jobs: 320, Repos: 5, Factories: 4, Slots: 2,
-		Faults:       FaultCounts{Kill9: 8, Term: 3, Abort: 3, PeerRestart: 3, StubRestart: 3, Errors: 4, ReportErrors: 2, Partition: 4},
+		Faults:       FaultCounts{Kill9: 8, Term: 3, Abort: 3, PeerRestart: 3, StubRestart: 3, Errors: 4, ReportErrors: 2, Partition: 4, HostLost: 3, Preempt: 4},
 		Warmup:       8 * time.Second,
 		Window:       150 * time.Second,
 		SubmitSpan:   120 * time.Second,
 		InitialShare: 0.3,
 		LeaseTTL:     10 * time.Second, StaleAfter: 5 * time.Second, DrainTimeout: 6 * time.Second,
-		Wall:  6 * time.Second,
-		Guard: 25 * time.Minute,
+		CheckpointInterval: time.Second,
+		Wall:               6 * time.Second,
+		Guard:              25 * time.Minute,
 	}
 }
 
@@ -94,7 +106,7 @@ func Full(seed uint64) Config {
 func Reduced(seed uint64) Config {
 	c := Full(seed)
 	c.Name, c.Jobs, c.Factories = "reduced", 48, 3
-	c.Faults = FaultCounts{Kill9: 1, Term: 1, PeerRestart: 1, StubRestart: 1, Errors: 1, Partition: 1}
+	c.Faults = FaultCounts{Kill9: 1, Term: 1, PeerRestart: 1, StubRestart: 1, Errors: 1, Partition: 1, HostLost: 1, Preempt: 1}
 	c.Warmup, c.Window, c.SubmitSpan, c.InitialShare = 5*time.Second, 35*time.Second, 30*time.Second, 0.4
 	c.Guard = 8 * time.Minute
 	return c
@@ -110,6 +122,8 @@ const (
 	KindErrors    = "errors"
 	KindReports   = "report-errors"
 	KindPartition = "partition"
+	KindHostLost  = "host-lost"
+	KindPreempt   = "preempt"
 )
 
 // Fault is one scheduled fault.
@@ -126,7 +140,7 @@ type Fault struct {
 
 func (f Fault) factoryFault() bool {
 	switch f.Kind {
-	case KindKill9, KindTerm, KindAbort, KindPartition:
+	case KindKill9, KindTerm, KindAbort, KindPartition, KindHostLost, KindPreempt:
 		return true
 	}
 	return false
@@ -165,6 +179,8 @@ func Schedule(cfg Config) []Fault {
 				// Long enough for the reaper: the lease's whole TTL, then
 				// some.
 				f.Down = cfg.LeaseTTL + between(4*time.Second, 10*time.Second)
+			case KindHostLost:
+				f.Down = between(2*time.Second, 8*time.Second)
 			}
 			if f.factoryFault() {
 				f.Target = rng.IntN(cfg.Factories)
@@ -181,6 +197,8 @@ func Schedule(cfg Config) []Fault {
 	add(KindErrors, c.Errors)
 	add(KindReports, c.ReportErrors)
 	add(KindPartition, c.Partition)
+	add(KindHostLost, c.HostLost)
+	add(KindPreempt, c.Preempt)
 	sort.SliceStable(fs, func(a, b int) bool { return fs[a].At < fs[b].At })
 
 	// Resolve overlaps: a factory fault moves to another factory that is
@@ -192,7 +210,7 @@ func Schedule(cfg Config) []Fault {
 		if f.Kind == KindTerm || f.Kind == KindAbort {
 			d += cfg.DrainTimeout + 10*time.Second // the drain itself
 		}
-		if f.Kind == KindKill9 {
+		if f.Kind == KindKill9 || f.Kind == KindHostLost || f.Kind == KindPreempt {
 			d += 3 * time.Second // mid-job wait and recovery
 		}
 		return d

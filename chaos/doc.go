@@ -15,8 +15,16 @@
 // schedule: kill -9 and restart of factories mid-job, SIGTERM drains and
 // two-signal aborts, the broker peer killed and restarted, the stub
 // answering 503s with added latency, a kill -9 and restart of the stub (its
-// state file keeps what it acknowledged), and partitions long enough for
-// the reaper to take a factory's leases (the zombie case).
+// state file keeps what it acknowledged), partitions long enough for the
+// reaper to take a factory's leases (the zombie case), lost hosts (every
+// process of a factory killed -9 — daemon, supervisors, engines — its
+// AQ_HOME and clones deleted, the factory back as a fresh host), and
+// preemptions (the stub requeues a running job: epoch bumped, its factory
+// fenced). The factories checkpoint every second (AQ_CHECKPOINT_INTERVAL),
+// and the scripted engine keeps its own step log on the shared file system
+// (runs/<job>/<n>: start, part one, heartbeat, end, what it resumed from),
+// against which the work lost per interruption, engines outliving their aq
+// and engines run again for a delivered result are checked.
 //
 // When every job is terminal, it stops the factories, runs `aq gc` on each,
 // and checks the invariants against the stub's state file, its audit trail

@@ -5,9 +5,13 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // runSchedule injects each fault at its time (faults on different targets
@@ -95,6 +99,33 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 		}
 		sleepCtx(ctx, f.Down)
 		r.restart(fa, &rec)
+	case KindHostLost:
+		fa := r.facts[f.Target]
+		rec.Running = fa.waitBusy(8 * time.Second)
+		rec.Start = time.Now().UTC()
+		r.logf("FAULT host lost: %s (running %d jobs): every process of the host killed -9, its AQ_HOME and clones deleted", fa.id, rec.Running)
+		r.loseHost(fa)
+		sleepCtx(ctx, f.Down)
+		if err := r.sb.cloneAll(fa.src); err != nil {
+			r.problem("cannot clone %s's repositories again: %v", fa.id, err)
+		}
+		r.restart(fa, &rec)
+		rec.Detail = "came back as a fresh host: new clones, enrolled again"
+	case KindPreempt:
+		fa := r.facts[f.Target]
+		rec.Running = fa.waitBusy(8 * time.Second)
+		rec.Start = time.Now().UTC()
+		rec.Job = fa.runningJob()
+		if rec.Job == "" {
+			rec.Detail = "nothing was running to preempt"
+			rec.End = rec.Start
+			break
+		}
+		r.logf("FAULT preempt %s on %s: the stub requeues it (epoch bumped)", rec.Job, fa.id)
+		if _, err := r.stubCall(ctx, "POST", "/fleet/jobs/"+rec.Job+"/actions/requeue", []byte("{}"), 30*time.Second); err != nil {
+			rec.Detail = "requeue refused: " + err.Error() // it ended meanwhile
+		}
+		rec.End = time.Now().UTC()
 	case KindPeer:
 		rec.Start = time.Now().UTC()
 		r.logf("FAULT broker peer killed (down %s)", f.Down.Round(100*time.Millisecond))
@@ -154,4 +185,27 @@ func (r *harness) restart(fa *factory, rec *FaultRecord) {
 	}
 	rec.End = time.Now().UTC()
 	r.logf("%s restarted (incarnation %d)", fa.id, fa.incarnation)
+}
+
+// loseHost kills -9 every process of factory fa's host — its daemon, the
+// engines' supervisors and the engines — and deletes its AQ_HOME and
+// clones: nothing of the host survives but what it pushed and reported.
+func (r *harness) loseHost(fa *factory) {
+	scope := runner.Scope(fa.home)
+	for _, pid := range findEnv(process.SuperviseEnv+"=", `"scope":"`+scope+`"`) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if c := fa.take(); c != nil {
+		c.kill()
+		c.wait()
+		fa.exited(c, "host lost")
+	}
+	for _, pid := range findScope(scope) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for _, dir := range []string{fa.home, fa.src} {
+		if err := os.RemoveAll(dir); err != nil {
+			r.problem("cannot delete %s of the lost host %s: %v", dir, fa.id, err)
+		}
+	}
 }

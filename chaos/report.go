@@ -92,11 +92,13 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 	// Faults.
 	p("## Faults\n\nOn a seeded schedule (faults on one factory never overlap; every other combination may).\n\n")
 	p("| fault | count | first | last | mid-job | down (total) |\n|---|---:|---:|---:|---:|---:|\n")
-	kinds := []string{KindKill9, KindTerm, KindAbort, KindPeer, KindStub, KindErrors, KindReports, KindPartition}
+	kinds := []string{KindKill9, KindTerm, KindAbort, KindPeer, KindStub, KindErrors, KindReports, KindPartition, KindHostLost, KindPreempt}
 	names := map[string]string{KindKill9: "kill -9 of a factory, restart", KindTerm: "SIGTERM (drain, then stage two after AQ_DRAIN_TIMEOUT), restart",
 		KindAbort: "two SIGTERMs (abort: checkpoint, fail retryable), restart", KindPeer: "broker peer killed, restarted", KindStub: "coordinator stub kill -9, restarted from its state file",
 		KindErrors: "stub answers 503 for a share of factory calls, + latency", KindReports: "stub refuses most reports (PATCH, fail) with 503; renewals work",
-		KindPartition: "factory cut off past its leases' expiry, reconnected"}
+		KindPartition: "factory cut off past its leases' expiry, reconnected",
+		KindHostLost:  "host lost: every process killed -9, AQ_HOME and clones deleted, back as a fresh host",
+		KindPreempt:   "preemption: the stub requeues a running job (epoch bumped, its factory fenced)"}
 	t0 := res.Started
 	for _, k := range kinds {
 		n, mid := 0, 0
@@ -125,7 +127,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 			continue
 		}
 		midS := "—"
-		if k == KindKill9 || k == KindTerm || k == KindAbort || k == KindPartition {
+		if Fault.factoryFault(Fault{Kind: k}) {
 			midS = fmt.Sprintf("%d/%d", mid, n)
 		}
 		p("| %s | %d | +%s | +%s | %s | %s |\n", names[k], n, first.Sub(t0).Round(time.Second), last.Sub(t0).Round(time.Second), midS, down.Round(100*time.Millisecond))

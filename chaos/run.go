@@ -59,6 +59,8 @@ type FaultRecord struct {
 	// Running is how many jobs the target factory held when it was hit.
 	Running int    `json:"running"`
 	Detail  string `json:"detail,omitempty"`
+	// Job is the job a preemption requeued.
+	Job string `json:"job,omitempty"`
 }
 
 // factoryRoutes are the routes fault windows apply to: the factories'
@@ -524,6 +526,7 @@ func (r *harness) newFactory(i int) (*factory, error) {
 		"AQ_FLEET=1", "AQ_FLEET_API="+r.net.FactoryAPI(i), "AQ_FLEET_TOKEN="+r.enrol, "AQ_FACTORY_ID="+id,
 		fmt.Sprintf("AQ_SLOTS=%d", r.cfg.Slots), "AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_POLL_SECONDS=1",
 		"AQ_FLEET_GATE="+gate, "AQ_KILL_GRACE=500ms", "AQ_DRAIN_TIMEOUT="+r.cfg.DrainTimeout.String(),
+		"AQ_CHECKPOINT_INTERVAL="+r.cfg.CheckpointInterval.String(),
 		"AQ_LOG_FORMAT=json", "AQ_LOG_LEVEL=info",
 		"AQ_SB_CONNECTION_STRING=Endpoint=sb://"+r.net.FactoryBroker(i)+";SharedAccessKeyName=sbpeer;SharedAccessKey="+sbKey+";UseDevelopmentEmulator=true",
 		"CHAOS_FACTORY="+id, "CHAOS_RUNS="+r.sb.runsDir(),
@@ -596,6 +599,18 @@ func (f *factory) exited(c *child, why string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.exits = append(f.exits, fmt.Sprintf("%s: code %d %s", why, c.code, c.sig))
+}
+
+// runningJob is a job the factory's engine is running now ("" if none).
+func (f *factory) runningJob() string {
+	if st := f.status(); st != nil {
+		for _, j := range st.Running {
+			if j.Phase == "running" {
+				return j.JobID
+			}
+		}
+	}
+	return ""
 }
 
 // status is the factory's daemon status file.

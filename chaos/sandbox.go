@@ -141,12 +141,17 @@ mkdir -p "$d"
 n=1
 while ! mkdir "$d/$n" 2>/dev/null; do n=$((n+1)); done
 echo "${CHAOS_FACTORY:-?} $$" > "$d/$n/who"
+date +%s.%N > "$d/$n/start"
+# alive: refreshed while this engine lives (the loop ends with it).
+( while kill -0 $$ 2>/dev/null; do date +%s.%N > "$d/$n/alive.t" && mv "$d/$n/alive.t" "$d/$n/alive"; sleep 0.2; done ) &
 cat > /dev/null
 mkdir -p chaos
+[ -f "chaos/$id.part1" ] && cp "chaos/$id.part1" "$d/$n/found1"
 echo "$id run $n on ${CHAOS_FACTORY:-?}" >> "chaos/$id.log"
 echo "::aq-usage tokens_in=$((n*1000)) tokens_out=$((n*100)) cost_usd=0.01 turns=$n"
 sleep "$t1"
 echo "part one, run $n" > "chaos/$id.part1"
+date +%s.%N > "$d/$n/part1"
 case "$plan" in
   fail) if [ "$n" -le "$k" ]; then echo "run $n fails (plan: fail $k)" >&2; exit 1; fi ;;
   always) echo "run $n fails (plan: always)" >&2; exit 1 ;;
@@ -154,7 +159,7 @@ case "$plan" in
 esac
 sleep "$t2"
 echo "part two, run $n" > "chaos/$id.part2"
-echo done > "$d/$n/done"
+date +%s.%N > "$d/$n/done"
 exit 0
 `
 
