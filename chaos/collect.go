@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -264,11 +265,17 @@ func readFactoryLog(path string) (delivered []Delivered, orphans, errs int) {
 // findScope lists the live processes (not zombies) whose environment holds
 // AQ_SCOPE=scope: a factory's engines, wherever they escaped to.
 func findScope(scope string) []int {
+	want := process.ScopeEnv + "=" + scope
+	return findEnv(func(kv string) bool { return kv == want })
+}
+
+// findEnv lists the live processes (not zombies) with an environment entry
+// that match accepts.
+func findEnv(match func(kv string) bool) []int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	want := []byte(process.ScopeEnv + "=" + scope + "\x00")
 	var out []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -276,7 +283,7 @@ func findScope(scope string) []int {
 			continue
 		}
 		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(append(env, 0), want) {
+		if err != nil || !slices.ContainsFunc(strings.Split(string(env), "\x00"), match) {
 			continue
 		}
 		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
@@ -285,33 +292,6 @@ func findScope(scope string) []int {
 			}
 		}
 		out = append(out, pid)
-	}
-	return out
-}
-
-// findEnv lists the processes with an environment entry that starts with
-// prefix and contains sub.
-func findEnv(prefix, sub string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		for _, kv := range strings.Split(string(env), "\x00") {
-			if strings.HasPrefix(kv, prefix) && strings.Contains(kv, sub) {
-				out = append(out, pid)
-				break
-			}
-		}
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -192,7 +193,10 @@ func (r *harness) restart(fa *factory, rec *FaultRecord) {
 // clones: nothing of the host survives but what it pushed and reported.
 func (r *harness) loseHost(fa *factory) {
 	scope := runner.Scope(fa.home)
-	for _, pid := range findEnv(process.SuperviseEnv+"=", `"scope":"`+scope+`"`) {
+	supervisor := func(kv string) bool {
+		return strings.HasPrefix(kv, process.SuperviseEnv+"=") && strings.Contains(kv, `"scope":"`+scope+`"`)
+	}
+	for _, pid := range findEnv(supervisor) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	if c := fa.take(); c != nil {

@@ -34,11 +34,9 @@ func (ru *run) checkpoint(parent context.Context) {
 		ru.cpMu.Lock()
 		defer ru.cpMu.Unlock()
 		wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-		sha, err := worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage("after the engine"))
-		var partial *worktree.PartialError
-		if errors.As(err, &partial) {
-			ru.log.Warn("checkpoint is partial: some paths could not be recorded", "err", err)
-			sha, err, ru.cpPartial = partial.SHA, nil, true
+		sha, partial, err := ru.snapshot(ctx, wip, "after the engine")
+		if partial {
+			ru.cpPartial = true
 		}
 		if err != nil || sha == "" {
 			ru.log.Error("checkpoint failed: the worktree is kept as it is", "worktree", ru.wtPath, "err", err)
@@ -112,11 +110,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	ru.cpMu.Lock()
 	defer ru.cpMu.Unlock()
 	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-	sha, err := worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage("periodic"))
-	var partial *worktree.PartialError
-	if errors.As(err, &partial) {
-		sha, err = partial.SHA, nil
-	}
+	sha, _, err := ru.snapshot(ctx, wip, "periodic")
 	if err != nil || sha == "" {
 		if ctx.Err() == nil {
 			ru.log.Warn("periodic checkpoint failed; the next one tries again", "err", err)
@@ -144,4 +138,16 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	}
 	ru.wipOnOrigin = sha
 	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
+}
+
+// snapshot checkpoints the worktree on wip. A partial checkpoint (files git
+// could not read were left out) is a checkpoint, with partial set.
+func (ru *run) snapshot(ctx context.Context, wip, why string) (sha string, partial bool, err error) {
+	sha, err = worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage(why))
+	var pe *worktree.PartialError
+	if errors.As(err, &pe) {
+		ru.log.Warn("checkpoint is partial: some paths could not be recorded", "why", why, "err", err)
+		return pe.SHA, true, nil
+	}
+	return sha, false, err
 }
