@@ -42,6 +42,12 @@ type Report struct {
 	// Superseded are job-branch pushes of runs whose result was not the
 	// one the coordinator accepted.
 	Superseded []string `json:"superseded,omitempty"`
+	// Redelivered: shipped jobs whose accepted run reported a result an
+	// earlier attempt had pushed (it did not run the engine again).
+	Redelivered []string `json:"redelivered,omitempty"`
+	// InFlight: WIP or job-branch pushes that landed just after the
+	// coordinator revoked the pusher's lease (a preemption).
+	InFlight   []string `json:"inFlight,omitempty"`
 	Orphans    int      `json:"orphans"`
 	FactoryErr int      `json:"factoryErrors"` // ERROR lines in the factories' logs
 	Pushes     int      `json:"pushes"`
@@ -375,6 +381,13 @@ func Check(in *Input) *Report {
 				c.Violations = append(c.Violations, fmt.Sprintf("%s: shipped, but origin has no aq/job/%s", j.ID, j.ID))
 			default:
 				tr := trailers(tip.Message)
+				if tr["job"] == j.ID && redelivered(in, l.factory, j.ID, tip.SHA) {
+					// An earlier attempt pushed this result and was lost before
+					// its report; the accepted run found it on origin and
+					// reported it without running the engine (exactly once).
+					rep.Redelivered = append(rep.Redelivered, fmt.Sprintf("%s: attempt %d of %s reported attempt %s's result, already on origin", j.ID, l.attempts, l.factory, tr["attempt"]))
+					break
+				}
 				if tr["job"] != j.ID || tr["attempt"] != strconv.Itoa(l.attempts) {
 					c.Violations = append(c.Violations, fmt.Sprintf("%s: origin's aq/job/%s is %s (aq-job %q, attempt %q), but the accepted run was attempt %d of %s",
 						j.ID, j.ID, tip.SHA[:10], tr["job"], tr["attempt"], l.attempts, l.factory))
@@ -413,7 +426,7 @@ func Check(in *Input) *Report {
 	// 3. Every push under a lease.
 	{
 		c := CheckResult{Name: "pushes only under a lease",
-			Definition: "every update of refs/heads/aq/job/<id> or refs/heads/aq/wip/<id> an origin took during the run (its post-receive hook logs the pushing factory and the time) was made by a factory that held the job's lease at that moment in the stub's log: granted (claim/accept 2xx) before it, and not yet ended by a report, a fail, a release or the reaper"}
+			Definition: fmt.Sprintf("every update of refs/heads/aq/job/<id> or refs/heads/aq/wip/<id> an origin took during the run (its post-receive hook logs the pushing factory and the time) was made by a factory that held the job's lease at that moment in the stub's log: granted (claim/accept 2xx) before it, and not yet ended by a report, a fail, a release or the reaper — or was in flight when the coordinator revoked the lease (a requeue, which the holder learns at its next renewal): landed within %s of the revocation and before anyone else held the job, so no later owner's work could be overwritten", inFlightWindow)}
 		n := 0
 		for _, p := range in.Pushes {
 			if p.Phase != "run" || p.Deletes() {
@@ -427,6 +440,10 @@ func Check(in *Input) *Report {
 				continue
 			}
 			n++
+			if inFlight(byJob[id], p.Factory, p.T) {
+				rep.InFlight = append(rep.InFlight, fmt.Sprintf("%s %s by %s at %s", p.Repo, p.Ref, p.Factory, ts(p.T)))
+				continue
+			}
 			if leaseAt(byJob[id], p.Factory, p.T) == nil {
 				c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %q at %s: %s held no lease of it then (%s)", p.Repo, p.Ref, p.Factory, ts(p.T), p.Factory, describeLeases(byJob[id])))
 			}
@@ -752,4 +769,37 @@ func describeLeases(ls []*lease) string {
 		parts = append(parts, fmt.Sprintf("e%d %s %s..%s", l.epoch, l.factory, ts(l.granted), end))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// redelivered reports whether factory's record of job says it delivered
+// the commit sha (runner: a result found on origin, reported, not made
+// again).
+func redelivered(in *Input, factory, job, sha string) bool {
+	for _, f := range in.Factories {
+		if f.ID == factory {
+			return f.Records[job].Delivered == sha
+		}
+	}
+	return false
+}
+
+// inFlightWindow: how long after a requeue a push of the fenced holder may
+// still land — it learns of the revocation at its next renewal (1 s in the
+// chaos run), and checked its lease locally just before pushing.
+const inFlightWindow = 1500 * time.Millisecond
+
+// inFlight reports whether a push by factory at t landed just after the
+// coordinator revoked that factory's lease by a requeue, before any other
+// factory held the job.
+func inFlight(ls []*lease, factory string, t time.Time) bool {
+	for i, l := range ls {
+		if l.factory != factory || l.endKind != "requeued" || t.Before(l.end) || t.Sub(l.end) > inFlightWindow {
+			continue
+		}
+		if i+1 < len(ls) && !ls[i+1].granted.After(t) {
+			return false // someone else held it by then
+		}
+		return true
+	}
+	return false
 }

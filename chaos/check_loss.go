@@ -18,6 +18,24 @@ const engineOutlivesLimit = 2*500*time.Millisecond + time.Second
 // lossSlack allows for the checkpoint itself and its push after the tick.
 const lossSlack = 2 * time.Second
 
+// heartbeatSlack: the engine refreshes its heartbeat every 200 ms, so one
+// whose last sign of life is this close to a moment was alive then.
+const heartbeatSlack = 500 * time.Millisecond
+
+// lastSign is the last moment run r is known to have been alive.
+func (r EngineRun) lastSign() time.Time {
+	if r.Done.After(r.Alive) {
+		return r.Done
+	}
+	return r.Alive
+}
+
+// runningAt reports whether run r was running at t: started before it and
+// alive at it (a run that had failed or timed out earlier was not).
+func (r EngineRun) runningAt(t time.Time) bool {
+	return r.Start.Before(t) && !r.lastSign().Before(t.Add(-heartbeatSlack))
+}
+
 // checkLoss adds the host-loss invariants: work lost per lost host or
 // preemption, engines outliving their aq, engines run again for a result
 // already on origin.
@@ -38,7 +56,7 @@ func checkLoss(in *Input, rep *Report) {
 		checked := 0
 		for _, it := range interrupts {
 			for i, r := range byJob[it.job] {
-				if r.Factory != it.factory || !r.Start.Before(it.at) || (!r.Done.IsZero() && r.Done.Before(it.at)) {
+				if r.Factory != it.factory || !r.runningAt(it.at) || (!r.Done.IsZero() && r.Done.Before(it.at)) {
 					continue
 				}
 				if r.Part1.IsZero() || it.at.Sub(r.Part1) <= in.CheckpointInterval+lossSlack || i+1 >= len(byJob[it.job]) {
@@ -69,16 +87,10 @@ func checkLoss(in *Input, rep *Report) {
 			}
 			for _, rs := range byJob {
 				for _, r := range rs {
-					if r.Factory != it.factory || !r.Start.Before(it.at) || (!r.Done.IsZero() && r.Done.Before(it.at)) {
-						continue
+					if r.Factory != it.factory || !r.runningAt(it.at) {
+						continue // not running at the kill
 					}
-					last := r.Alive
-					if r.Done.After(last) {
-						last = r.Done
-					}
-					if last.Before(it.at) {
-						continue // it had ended before the kill
-					}
+					last := r.lastSign()
 					n++
 					worst = max(worst, last.Sub(it.at))
 					if last.Sub(it.at) > engineOutlivesLimit {

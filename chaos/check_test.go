@@ -382,3 +382,38 @@ func TestCheckEngineRerunAfterDelivery(t *testing.T) {
 	in.Runs = append(in.Runs, EngineRun{Job: "j1", N: 2, Factory: "f2", Start: at(4), Alive: at(6), Done: at(6)})
 	wantOnly(t, in, "no engine re-run for a delivered result", "run 2 started on f2 1.2s after")
 }
+
+// A result pushed by an earlier attempt that was lost before its report,
+// and reported by the next attempt without running the engine, is the
+// accepted run's result.
+func TestCheckRedeliveredResult(t *testing.T) {
+	in := history()
+	in.OriginJobTips["j1"] = Commit{SHA: "aaaabbbbcccc", Message: "chaos job j1\n\naq-job: j1\naq-engine: script\naq-attempt: 0\n"}
+	wantOnly(t, in, "shipped at most once", "but the accepted run was attempt 1 of f1")
+	rec := in.Factories[0].Records["j1"]
+	rec.Delivered = "aaaabbbbcccc"
+	in.Factories[0].Records["j1"] = rec
+	if rep := Check(in); !rep.OK() || len(rep.Redelivered) != 1 {
+		t.Fatalf("a redelivered result: failed %v, redelivered %v", rep.Failed(), rep.Redelivered)
+	}
+}
+
+// A push that lands just after a requeue revoked the pusher's lease, before
+// anyone else holds the job, was in flight; later, or after a new owner
+// took the job, it is a push without a lease.
+func TestCheckPushInFlightAtARequeue(t *testing.T) {
+	in := history()
+	in.State.Events["j1"] = append(in.State.Events["j1"][:3],
+		coord.Event{Seq: 4, At: at(2), JobID: "j1", Kind: "requeued", Factory: "f1", Epoch: 2, Stage: coord.StageQueued},
+		coord.Event{Seq: 5, At: at(5), JobID: "j1", Kind: "claimed", Factory: "f2", Epoch: 3, Stage: coord.StageAssigned})
+	in.Calls = in.Calls[:3] // f1's run never reported: its lease ended by the requeue
+	in.Pushes = []Push{{T: at(2.1), Factory: "f1", Phase: "run", Repo: "r1", Old: zeros, New: "aaaa", Ref: "refs/heads/aq/wip/j1"}}
+	rep := Check(in)
+	if c := checkNamed(t, rep, "pushes only under a lease"); !c.OK || len(rep.InFlight) != 1 {
+		t.Fatalf("a push 100 ms after the requeue: %v, in flight %v", c.Violations, rep.InFlight)
+	}
+	in.Pushes[0].T = at(4)
+	if c := checkNamed(t, Check(in), "pushes only under a lease"); c.OK {
+		t.Fatal("a push 2 s after the requeue passed")
+	}
+}

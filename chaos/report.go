@@ -194,6 +194,14 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 			}
 			return fmt.Sprintf("+%s %s epoch %d of %s (last renewal +%s): %s", r.At.Sub(t0).Round(100*time.Millisecond), r.Job, r.Epoch, r.Holder, r.LastRenewal.Sub(t0).Round(100*time.Millisecond), ex)
 		})
+		if len(rep.Redelivered) > 0 {
+			p("- Results reported without running the engine again (an earlier attempt had pushed the result and was lost before its report): %d.\n", len(rep.Redelivered))
+			items(len(rep.Redelivered), 15, func(i int) string { return rep.Redelivered[i] })
+		}
+		if len(rep.InFlight) > 0 {
+			p("- Pushes in flight when a preemption revoked the pusher's lease (landed within %s, before anyone else held the job): %d.\n", inFlightWindow, len(rep.InFlight))
+			items(len(rep.InFlight), 15, func(i int) string { return rep.InFlight[i] })
+		}
 		if len(rep.Superseded) > 0 {
 			p("- Job-branch pushes of runs whose result the coordinator did not accept (a run whose report was lost to a kill -9 or a partition and that was run again; the accepted run's push replaced it, as check 2 shows): %d.\n", len(rep.Superseded))
 			items(len(rep.Superseded), 15, func(i int) string { return rep.Superseded[i] })

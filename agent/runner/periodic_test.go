@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,3 +167,33 @@ func (l *atomicLease) Confirm(context.Context) error {
 	return nil
 }
 func (l *atomicLease) Held(time.Duration) bool { return l.held.Load() }
+
+// The coordinator may know an older checkpoint than origin's WIP ref: a
+// periodic checkpoint pushed after the last one it recorded (the host that
+// pushed it was lost before its PATCH went out). The next run resumes from
+// origin's, which descends from the recorded one.
+func TestResumeFromANewerPushedCheckpoint(t *testing.T) {
+	f := newFixture(t)
+	origin := testenv.AddOrigin(t, f.repo)
+	j := f.job("newer", "echo one > one.txt\nexit 1\n")
+	first := f.run(context.Background(), j, runner.Options{Attempt: 1})
+	if !first.Failed() || !first.WIPPushed {
+		t.Fatalf("first attempt: %+v", first)
+	}
+	recorded := first.Checkpoint
+	// A later periodic checkpoint of that run, on origin only.
+	other := t.TempDir()
+	testenv.Git(t, other, "clone", "-q", origin, ".")
+	testenv.Git(t, other, "checkout", "-q", "aq/wip/"+j.ID)
+	testenv.WriteFile(t, filepath.Join(other, "two.txt"), "two\n")
+	testenv.Git(t, other, "add", "two.txt")
+	testenv.Git(t, other, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "aq checkpoint: periodic")
+	testenv.Git(t, other, "push", "-q", "origin", "aq/wip/"+j.ID)
+	newer := testenv.Git(t, other, "rev-parse", "HEAD")
+
+	j.Script = "test -f one.txt && test -f two.txt && echo resumed > \"$MARK/resumed\"\necho three > three.txt\n"
+	second := f.run(context.Background(), j, runner.Options{Attempt: 2, Checkpoint: recorded})
+	if second.Failed() || !testenv.Exists(f.marker("resumed")) {
+		t.Fatalf("the second attempt did not resume from origin's newer checkpoint %s (recorded %s): %+v", newer, recorded, second)
+	}
+}

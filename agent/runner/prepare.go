@@ -198,14 +198,25 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 }
 
 // resumePoint picks the checkpoint to start from: the one the coordinator
-// recorded when it is known here; else whichever of the local and origin WIP
-// refs contains the other; else origin's (the latest owner's). The local ref is
-// never moved here, so a diverged local checkpoint stays reachable (the next
-// checkpoint takes it as a second parent).
+// recorded when it is known here — or origin's WIP ref when that descends
+// from it (a periodic checkpoint pushed after the last one the coordinator
+// took: the host that pushed it may have been lost before its PATCH went
+// out; found by the chaos harness's work-lost invariant); else whichever of
+// the local and origin WIP refs contains the other; else origin's (the
+// latest owner's). The local ref is never moved here, so a diverged local
+// checkpoint stays reachable (the next checkpoint takes it as a second
+// parent).
 func (ru *run) resumePoint(ctx context.Context, localRef, remoteRef string) string {
 	g := ru.r.Git
 	if h := ru.o.Checkpoint; h != "" {
 		if sha, ok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, h+"^{commit}"); ok {
+			if ru.hasOrigin(ctx) {
+				if remote, rok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, remoteRef); rok && remote != sha {
+					if newer, err := worktree.IsAncestor(ctx, g, ru.repoDir, sha, remote); err == nil && newer {
+						return remote
+					}
+				}
+			}
 			return sha
 		}
 		ru.log.Warn("the recorded checkpoint is not in this repository; using the WIP refs", "checkpoint", h)
