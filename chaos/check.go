@@ -771,13 +771,13 @@ func describeLeases(ls []*lease) string {
 	return strings.Join(parts, "; ")
 }
 
-// redelivered reports whether factory's record of job says it delivered
-// the commit sha (runner: a result found on origin, reported, not made
-// again).
+// redelivered reports whether factory's logs (or its job record) say it
+// reported the commit sha for job as a result found on origin, without
+// running the engine (runner: redeliver).
 func redelivered(in *Input, factory, job, sha string) bool {
 	for _, f := range in.Factories {
 		if f.ID == factory {
-			return f.Records[job].Delivered == sha
+			return f.Redelivered[job] == sha || f.Records[job].Delivered == sha
 		}
 	}
 	return false

@@ -64,9 +64,13 @@ type FactoryData struct {
 	SpoolDead []string // reports refused for good
 	Records   map[string]jobstate.Record
 	Delivered []Delivered // "report delivered" lines of its logs
-	Orphans   int         // orphans recovered at start-ups
-	Errors    int         // ERROR lines in its logs
-	Exits     []string
+	// Redelivered: job → the result commit its logs say it found on origin
+	// and reported without running the engine (its logs outlive a lost
+	// host's AQ_HOME, where the job record was).
+	Redelivered map[string]string
+	Orphans     int // orphans recovered at start-ups
+	Errors      int // ERROR lines in its logs
+	Exits       []string
 }
 
 // Delivered is one report a factory logged as delivered.
@@ -131,7 +135,7 @@ func (r *harness) collect(jobs []JobSpec, gcs []GCResult) (*Input, error) {
 				fd.Records[rec.ID] = rec
 			}
 		}
-		fd.Delivered, fd.Orphans, fd.Errors = readFactoryLog(f.log)
+		fd.Delivered, fd.Redelivered, fd.Orphans, fd.Errors = readFactoryLog(f.log)
 		in.Factories = append(in.Factories, fd)
 		scopes = append(scopes, runner.Scope(f.home))
 	}
@@ -230,10 +234,11 @@ func listJSON(dir string) []string {
 }
 
 // readFactoryLog reads a factory's JSON log lines (every incarnation).
-func readFactoryLog(path string) (delivered []Delivered, orphans, errs int) {
+func readFactoryLog(path string) (delivered []Delivered, redelivered map[string]string, orphans, errs int) {
+	redelivered = map[string]string{}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, 0, 0
+		return nil, redelivered, 0, 0
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -245,6 +250,7 @@ func readFactoryLog(path string) (delivered []Delivered, orphans, errs int) {
 			Job    string `json:"job"`
 			Epoch  int64  `json:"epoch"`
 			Report string `json:"report"`
+			Commit string `json:"commit"`
 		}
 		if json.Unmarshal(sc.Bytes(), &l) != nil {
 			continue
@@ -254,13 +260,19 @@ func readFactoryLog(path string) (delivered []Delivered, orphans, errs int) {
 			delivered = append(delivered, Delivered{Job: l.Job, Epoch: l.Epoch, Report: l.Report})
 		case "recovering an orphaned job: the aq that ran it is gone":
 			orphans++
+		case redeliveredMsg:
+			redelivered[l.Job] = l.Commit
 		}
 		if l.Level == "ERROR" {
 			errs++
 		}
 	}
-	return delivered, orphans, errs
+	return delivered, redelivered, orphans, errs
 }
+
+// redeliveredMsg is the runner's log line for a result found on origin and
+// reported without running the engine (agent/runner redeliver).
+const redeliveredMsg = "the job's result is already on origin (an earlier attempt pushed it): reporting it, not running the engine again"
 
 // findScope lists the live processes (not zombies) whose environment holds
 // AQ_SCOPE=scope: a factory's engines, wherever they escaped to.
