@@ -381,7 +381,7 @@ func Check(in *Input) *Report {
 				c.Violations = append(c.Violations, fmt.Sprintf("%s: shipped, but origin has no aq/job/%s", j.ID, j.ID))
 			default:
 				tr := trailers(tip.Message)
-				if tr["job"] == j.ID && redelivered(in, l.factory, j.ID, tip.SHA) {
+				if tr["job"] == j.ID && tr["attempt"] != strconv.Itoa(l.attempts) && redelivered(in, l.factory, j.ID, tip.SHA) {
 					// An earlier attempt pushed this result and was lost before
 					// its report; the accepted run found it on origin and
 					// reported it without running the engine (exactly once).

@@ -71,7 +71,7 @@ func checkLoss(in *Input, rep *Report) {
 			}
 		}
 		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d interruptions (kill -9, host lost, preempted); %d interrupted runs had checkpointable work older than one interval, and resumed from it", len(interrupts), checked-len(c.Violations))
+		c.Summary = fmt.Sprintf("%d faults interrupted running engines (kill -9, host lost, preempted); %d interrupted runs had work older than one interval, and resumed from it", countFaults(in, KindKill9, KindHostLost, KindPreempt), checked-len(c.Violations))
 		rep.Checks = append(rep.Checks, c)
 	}
 
@@ -81,10 +81,11 @@ func checkLoss(in *Input, rep *Report) {
 			Definition: fmt.Sprintf("after every kill -9 of a factory's daemon, each engine it was running showed its last sign of life (a heartbeat file the engine refreshes every 200 ms) at most %s later: its supervisor stopped it, no later aq was needed", engineOutlivesLimit)}
 		var worst time.Duration
 		n := 0
-		for _, it := range interrupts {
-			if it.kind != KindKill9 {
+		for _, f := range in.Faults {
+			if f.Kind != KindKill9 {
 				continue
 			}
+			it := interruption{kind: f.Kind, factory: fmt.Sprintf("f%d", f.Target+1), at: f.Start}
 			for _, rs := range byJob {
 				for _, r := range rs {
 					if r.Factory != it.factory || !r.runningAt(it.at) {
@@ -169,4 +170,17 @@ func dedupe(its []interruption) []interruption {
 		}
 	}
 	return out
+}
+
+// countFaults counts the faults of the given kinds.
+func countFaults(in *Input, kinds ...string) int {
+	n := 0
+	for _, f := range in.Faults {
+		for _, k := range kinds {
+			if f.Kind == k {
+				n++
+			}
+		}
+	}
+	return n
 }
