@@ -56,4 +56,22 @@ var bugsFound = []Bug{
 			"the lease is still the sender's; the same for fail and release",
 		Regression: "demo/coord TestReaperRequeuesKeepingCheckpoint, TestResentFailAfterReclaimIsFenced",
 	},
+	{
+		Title: "A resumed run started from the coordinator's checkpoint while origin held a newer one",
+		Where: "agent/runner/prepare.go",
+		Cause: "the resume point preferred the checkpoint the coordinator recorded; a periodic checkpoint pushed to origin's " +
+			"aq/wip/<id> after the last one the coordinator took (its PATCH spooled, then the host was lost) was ignored, " +
+			"and the next run lost the work between the two (found by the work-lost invariant of the host-lost fault, " +
+			"seed 182903220081653)",
+		Fix:        "resume from origin's WIP ref when it descends from the recorded checkpoint (it can only have been moved by a lease holder's compare-and-swap)",
+		Regression: "agent/runner TestResumeFromANewerPushedCheckpoint",
+	},
+	{
+		Title: "The engine started before its supervisor",
+		Where: "internal/process/process.go",
+		Cause: "the supervisor that stops an engine when aq dies was started right after the engine; an aq killed in " +
+			"between (found by aq selftest's kill -9 check under load) left the engine running unsupervised",
+		Fix:        "start the supervisor first and tell it the engine's process group over its pipe; it also stops every process carrying the job's tag",
+		Regression: "selftest pipeline.recover.engine-stopped (TestNothingLeftBehind); internal/process TestEngineDiesWithItsAQ",
+	},
 }
