@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -58,7 +59,7 @@ const GroupAnnotation = "aq_config_group"
 // (every key when no group is given).
 func AddFlags(fs *pflag.FlagSet, groups ...Group) {
 	for _, k := range Keys {
-		if len(groups) > 0 && !containsGroup(groups, k.Group) {
+		if len(groups) > 0 && !slices.Contains(groups, k.Group) {
 			continue
 		}
 		v := &keyValue{typ: k.Type}
@@ -78,15 +79,6 @@ func AddFlags(fs *pflag.FlagSet, groups ...Group) {
 		}
 		_ = fs.SetAnnotation(k.Flag, GroupAnnotation, []string{string(k.Group)})
 	}
-}
-
-func containsGroup(gs []Group, g Group) bool {
-	for _, x := range gs {
-		if x == g {
-			return true
-		}
-	}
-	return false
 }
 
 // keyValue is a key's flag: it checks that the text is of the key's type

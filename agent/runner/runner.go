@@ -122,7 +122,8 @@ type Options struct {
 	// any: the run resumes from it.
 	Checkpoint string
 	Lease      Lease
-	// OnEvent, if set, is called synchronously from the run.
+	// OnEvent, if set, is called synchronously, one event at a time, from the
+	// run, the engine's meter and the periodic checkpoints.
 	OnEvent func(Event)
 }
 
