@@ -336,8 +336,8 @@ func readPID(t *testing.T, path string) int {
 	return pid
 }
 
-// kill -9 mid-job, then a restart: before any new work, the orphan's engine
-// (which outlived aq in its own process group) is killed, its worktree
+// kill -9 mid-job, then a restart: the engine's supervisor stops it with
+// its aq; at the restart, before any new work, the orphan's worktree is
 // checkpointed and the WIP ref pushed, and /fleet/fail (crash, retryable)
 // sent at the recorded epoch; then the job runs again here, resuming from
 // the checkpoint. aq status shows the killed daemon as not running, and the
@@ -378,8 +378,11 @@ while :; do sleep 0.05; done
 	}
 	p.wait(t)
 	engine := readPID(t, e.path(id, "pid"))
-	if !process.Alive(engine) {
-		t.Fatal("the engine died with aq: nothing left to recover")
+	// No engine runs on without its aq (a deadline guard, not a timing).
+	for deadline := time.Now().Add(15 * time.Second); process.Alive(engine); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine (pid %d) outlived its aq", engine)
+		}
 	}
 	if r := e.h.Run(t, "status"); !strings.Contains(r.Stdout, "daemon: not running") {
 		t.Fatalf("status after kill -9:\n%s", r.Stdout)
