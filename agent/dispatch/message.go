@@ -113,8 +113,46 @@ type invalid struct {
 func (e *invalid) Error() string { return e.Reason + ": " + e.Description }
 
 // parse reads a received message into a Message and checks that it is one
-// this factory may act on. Every failure is an *invalid.
-func parse(body []byte, messageID string, props map[string]any, factoryID string) (Message, error) {
+// this factory may act on. Every failure is an *invalid: a body that is not
+// a dispatch message, a missing jobId or target, a routing property
+// (targetFactoryId, jobId) that disagrees with the body, or another target.
+// What does not stop the job comes back as a warning, the body being
+// authoritative: a MessageID that is neither jobId nor jobId:generation (a
+// dispatcher may leave it to the SDK or the broker), a productId or repo
+// property that disagrees with the body.
+func parse(body []byte, messageID string, props map[string]any, factoryID string) (m Message, warning string, err error) {
+	m, err = parseBody(body)
+	if err != nil {
+		return m, "", err
+	}
+	if messageID != "" && messageID != m.JobID && !strings.HasPrefix(messageID, m.JobID+":") {
+		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", clip(messageID), clip(m.JobID))
+	}
+	for _, p := range []struct {
+		name, body string
+		routing    bool
+	}{{PropTargetFactoryID, m.TargetFactoryID, true}, {PropJobID, m.JobID, true}, {PropProductID, m.ProductID, false}, {PropRepo, m.Repo, false}} {
+		v, ok := props[p.name]
+		if !ok {
+			continue
+		}
+		if s, _ := v.(string); s != p.body {
+			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, clip(fmt.Sprint(v)), clip(p.body))
+			if p.routing {
+				return m, "", &invalid{ReasonMalformed, msg}
+			}
+			warning = strings.TrimPrefix(warning+"; "+msg+"; the body's is used", "; ")
+		}
+	}
+	if m.TargetFactoryID != factoryID {
+		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, this factory is %q (check the subscription's rules)", clip(m.TargetFactoryID), factoryID)}
+	}
+	return m, warning, nil
+}
+
+// parseBody reads the JSON body; a message without jobId or target is
+// malformed.
+func parseBody(body []byte) (Message, error) {
 	var m Message
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&m); err != nil {
@@ -126,18 +164,8 @@ func parse(body []byte, messageID string, props map[string]any, factoryID string
 	switch {
 	case m.JobID == "":
 		return m, &invalid{ReasonMalformed, "body has no jobId"}
-	case messageID != "" && messageID != m.JobID && !strings.HasPrefix(messageID, m.JobID+":"):
-		return m, &invalid{ReasonMalformed, fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation)", clip(messageID), clip(m.JobID))}
 	case m.TargetFactoryID == "":
 		return m, &invalid{ReasonMalformed, "body has no targetFactoryId"}
-	}
-	if p, ok := props[PropTargetFactoryID]; ok {
-		if s, _ := p.(string); s != m.TargetFactoryID {
-			return m, &invalid{ReasonMalformed, fmt.Sprintf("application property targetFactoryId %q disagrees with the body's %q", clip(fmt.Sprint(p)), clip(m.TargetFactoryID))}
-		}
-	}
-	if m.TargetFactoryID != factoryID {
-		return m, &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, this factory is %q (check the subscription's rules)", clip(m.TargetFactoryID), factoryID)}
 	}
 	return m, nil
 }

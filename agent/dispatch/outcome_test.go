@@ -84,24 +84,33 @@ func TestParse(t *testing.T) {
 		props  map[string]any
 		reason string
 		desc   string
+		warn   string // a message that runs, with this warning
 	}{
-		{"ok", good, "j1", map[string]any{"targetFactoryId": "fa"}, "", ""},
-		{"no message id", good, "", nil, "", ""},
-		{"not json", "hello", "j1", nil, ReasonMalformed, "body is not a dispatch message"},
-		{"empty", "", "j1", nil, ReasonMalformed, "body is not a dispatch message"},
-		{"trailing data", good + "{}", "j1", nil, ReasonMalformed, "data after"},
-		{"wrong type", `{"jobId":1}`, "j1", nil, ReasonMalformed, "body is not a dispatch message"},
-		{"no job id", `{"targetFactoryId":"fa"}`, "", nil, ReasonMalformed, "no jobId"},
-		{"no target", `{"jobId":"j1"}`, "j1", nil, ReasonMalformed, "no targetFactoryId"},
-		{"id mismatch", good, "j2", nil, ReasonMalformed, `MessageID "j2" is not the body's jobId "j1"`},
-		{"property disagrees", good, "j1", map[string]any{"targetFactoryId": "fb"}, ReasonMalformed, "disagrees"},
-		{"other factory", strings.Replace(good, `"fa"`, `"fb"`, 1), "j1", nil, ReasonMistargeted, `targetFactoryId is "fb", this factory is "fa"`},
+		{"ok", good, "j1", map[string]any{"targetFactoryId": "fa"}, "", "", ""},
+		{"no message id", good, "", nil, "", "", ""},
+		{"not json", "hello", "j1", nil, ReasonMalformed, "body is not a dispatch message", ""},
+		{"empty", "", "j1", nil, ReasonMalformed, "body is not a dispatch message", ""},
+		{"trailing data", good + "{}", "j1", nil, ReasonMalformed, "data after", ""},
+		{"wrong type", `{"jobId":1}`, "j1", nil, ReasonMalformed, "body is not a dispatch message", ""},
+		{"no job id", `{"targetFactoryId":"fa"}`, "", nil, ReasonMalformed, "no jobId", ""},
+		{"no target", `{"jobId":"j1"}`, "j1", nil, ReasonMalformed, "no targetFactoryId", ""},
+		{"id from the SDK", good, "5f3c0e0a-uuid", nil, "", "", `MessageID "5f3c0e0a-uuid" is not the body's jobId "j1"`},
+		{"id of another job", good, "j2", nil, "", "", `the body's jobId is used`},
+		{"property disagrees", good, "j1", map[string]any{"targetFactoryId": "fb"}, ReasonMalformed, "disagrees", ""},
+		{"jobId property disagrees", good, "j1", map[string]any{"jobId": "j9"}, ReasonMalformed, `application property jobId "j9" disagrees`, ""},
+		{"repo property disagrees", good, "j1", map[string]any{"repo": "other", "productId": "p"}, "", "", `application property repo "other" disagrees with the body's "r"`},
+		{"productId property disagrees", good, "j1:4", map[string]any{"productId": 7}, "", "", `productId "7" disagrees`},
+		{"all properties agree", good, "j1:4", map[string]any{"jobId": "j1", "productId": "p", "repo": "r", "targetFactoryId": "fa"}, "", "", ""},
+		{"other factory", strings.Replace(good, `"fa"`, `"fb"`, 1), "j1", nil, ReasonMistargeted, `targetFactoryId is "fb", this factory is "fa"`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := parse([]byte(tc.body), tc.id, tc.props, "fa")
+			m, warning, err := parse([]byte(tc.body), tc.id, tc.props, "fa")
 			if tc.reason == "" {
 				if err != nil || m.JobID != "j1" || m.Priority != 3 || m.Caps[0] != "os:linux" {
 					t.Fatalf("parse = %+v, %v", m, err)
+				}
+				if (tc.warn == "") != (warning == "") || !strings.Contains(warning, tc.warn) {
+					t.Fatalf("warning %q, want one containing %q", warning, tc.warn)
 				}
 				return
 			}
@@ -122,7 +131,7 @@ func TestServiceBusMessage(t *testing.T) {
 	if *sm.MessageID != "j1" || *sm.SessionID != "r" || sm.ApplicationProperties[PropTargetFactoryID] != "fa" || sm.ApplicationProperties[PropCaps] != "a,b" {
 		t.Fatalf("%+v", sm)
 	}
-	back, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa")
+	back, _, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa")
 	if err != nil || back.Repo != "r" || len(back.Caps) != 2 {
 		t.Fatalf("round trip: %+v %v", back, err)
 	}

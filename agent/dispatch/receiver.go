@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -93,6 +94,8 @@ type Receiver struct {
 	known  bool // health has been reported once
 
 	jobs sync.WaitGroup
+
+	warned atomic.Bool // a lenient message's warning was logged
 }
 
 // settler is the part of the SDK receiver that settles messages.
@@ -371,7 +374,11 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 		}
 	}()
 	log := r.log.With("messageId", msg.MessageID, "deliveryCount", msg.DeliveryCount)
-	m, err := parse(msg.Body, msg.MessageID, msg.ApplicationProperties, r.opts.FactoryID)
+	m, warning, err := parse(msg.Body, msg.MessageID, msg.ApplicationProperties, r.opts.FactoryID)
+	if warning != "" && r.warned.CompareAndSwap(false, true) {
+		// A dispatcher that does this does it to every message: once.
+		log.Warn("dispatch message differs from the contract; running it with the body authoritative (logged once)", "job", m.JobID, "warning", warning)
+	}
 	var inv *invalid
 	if errors.As(err, &inv) {
 		o := OutcomeMalformed

@@ -139,23 +139,27 @@ func TestUnavailableAbandonsThenAccepts(t *testing.T) {
 	}
 }
 
-// A body that is not a dispatch message is dead-lettered with a reason; the
-// coordinator is never asked.
+// A body that is not a dispatch message, or whose routing properties
+// disagree with it, is dead-lettered with a reason; the coordinator is never
+// asked. A MessageID that is not the job's (a dispatcher that leaves it to
+// the SDK) does not stop the job: the body's jobId is accepted and run.
 func TestGarbageBodyDeadLetters(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	r.publishRaw("g1", []byte("this is not json"), map[string]any{"targetFactoryId": "fa"})
+	r.publishRaw("g3", []byte(`{"jobId":"j3","targetFactoryId":"fa"}`), map[string]any{"targetFactoryId": "fa", "jobId": "j4"})
 	r.publishRaw("g2", []byte(`{"jobId":"other","targetFactoryId":"fa"}`), map[string]any{"targetFactoryId": "fa"})
-	r.publish(job("j1", "fa"))
-	r.nextJob()
+	if got := r.nextJob(); got.Message.JobID != "other" {
+		t.Fatalf("the job of message g2 = %+v, want other (the body's jobId)", got)
+	}
 	evs := r.events()
-	for id, want := range map[string]string{"g1": "body is not a dispatch message", "g2": `MessageID "g2" is not the body's jobId "other"`} {
+	for id, want := range map[string]string{"g1": "body is not a dispatch message", "g3": `application property jobId "j4" disagrees`} {
 		dl := sbpeertest.Filter(evs, isEvent("dead-letter", id))
 		if len(dl) != 1 || dl[0].Reason != dispatch.ReasonMalformed || !strings.Contains(dl[0].Description, want) {
 			t.Fatalf("%s: dead-letter events %+v, want reason %s with %q", id, dl, dispatch.ReasonMalformed, want)
 		}
 	}
-	if r.acc.Calls("other") != 0 || r.metrics.get(dispatch.OutcomeMalformed) != 2 {
-		t.Fatalf("calls %d, metrics %+v", r.acc.Calls("other"), r.metrics.outcomes)
+	if r.acc.Calls("other") != 1 || r.acc.Calls("j3") != 0 || r.metrics.get(dispatch.OutcomeMalformed) != 2 {
+		t.Fatalf("calls other %d j3 %d, metrics %+v", r.acc.Calls("other"), r.acc.Calls("j3"), r.metrics.outcomes)
 	}
 	m := receiveDLQ(t, r.client, "fa", "g1")
 	if m.DeadLetterErrorDescription == nil || !strings.Contains(*m.DeadLetterErrorDescription, "body is not a dispatch message") {

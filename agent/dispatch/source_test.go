@@ -188,8 +188,8 @@ func TestSourcePollOnlyRun(t *testing.T) {
 	}
 }
 
-// A dispatch's MessageID is jobId or jobId:generation; the factory accepts
-// both and refuses another job's.
+// A dispatch's MessageID is jobId or jobId:generation; the factory takes
+// both silently, and runs the body's job with a warning for any other.
 func TestDispatchMessageID(t *testing.T) {
 	if id := DispatchMessageID("j1", 3, 0); id != "j1:3" {
 		t.Fatal(id)
@@ -203,9 +203,9 @@ func TestDispatchMessageID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa")
-		if (err == nil) != ok {
-			t.Errorf("MessageID %q: %v", id, err)
+		m, warning, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa")
+		if err != nil || m.JobID != "j1" || (warning == "") != ok {
+			t.Errorf("MessageID %q: job %q, warning %q, err %v", id, m.JobID, warning, err)
 		}
 	}
 }
