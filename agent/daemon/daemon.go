@@ -66,6 +66,8 @@ type Options struct {
 	ConnectGrace time.Duration
 	// DrainTimeout overrides Config.DrainTimeout when set.
 	DrainTimeout time.Duration
+	// Limits end the daemon on its own (idle, jobs started, uptime).
+	Limits Limits
 	// OnJobEvent, if set, sees each job's progress: "taken" (accepted or
 	// claimed), "pipeline" (handed to the runner: repo lock and worktree
 	// next), "engine" (the engine starts), "done". Tests and the dispatch
@@ -106,6 +108,8 @@ type Daemon struct {
 	stage       Stage
 	pending     Stage // a stop asked for before Run made its contexts
 	startedAt   time.Time
+	started     int       // jobs started (Limits.MaxJobs)
+	lastBusy    time.Time // a job ran or arrived (Limits.IdleTimeout)
 	running     map[string]*RunningJob
 	recovered   []string
 	fatal       error
@@ -129,6 +133,9 @@ func New(o Options) (*Daemon, error) {
 	cfg := o.Config
 	if cfg == nil {
 		return nil, errors.New("daemon: no configuration")
+	}
+	if err := o.Limits.Check(); err != nil {
+		return nil, aqerr.Usagef("use 0 for no limit", "%v", err)
 	}
 	switch {
 	case !cfg.Fleet:
@@ -422,6 +429,7 @@ func (d *Daemon) fail(err error) {
 func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.mu.Lock()
 	d.startedAt = time.Now().UTC()
+	d.lastBusy = d.startedAt
 	life, lifeCancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.jobsCtx, d.jobsCancel = context.WithCancelCause(life)
 	dctx, dcancel := context.WithCancel(life)
@@ -459,6 +467,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 
 	stopDrain := context.AfterFunc(ctx, d.Drain)
 	defer stopDrain()
+	d.watchLimits(life, &wg)
 
 	if err := d.serveMetrics(life, &wg); err != nil {
 		return err
@@ -611,12 +620,15 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		cancel()
+	} else {
+		d.jobStarted()
 	}
 	res := d.agent.Jobs.Run(ctx, c)
 	d.m.jobDone(res)
 
 	d.mu.Lock()
 	delete(d.running, id)
+	d.lastBusy = time.Now()
 	d.mu.Unlock()
 	d.event(JobEvent{JobID: id, Kind: "done", Source: c.Source, At: time.Now()})
 	d.kickStatus()

@@ -53,6 +53,7 @@ func fastBudgets() fleet.Budgets {
 type rig struct {
 	t       testing.TB
 	o       rigOptions
+	limits  daemon.Limits
 	stub    *coord.Server
 	hs      *httptest.Server
 	api     string
@@ -199,6 +200,7 @@ func (r *rig) build() *daemon.Daemon {
 			SDKRetry: &azservicebus.RetryOptions{MaxRetries: 1, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond},
 		},
 		ConnectGrace: 10 * time.Second,
+		Limits:       r.limits,
 		OnJobEvent: func(e daemon.JobEvent) {
 			r.evMu.Lock()
 			r.events = append(r.events, e)

@@ -18,11 +18,11 @@ import (
 
 func init() { register(newDaemonCmd) }
 
-// daemonOptions are `aq daemon`'s. Its knobs are configuration keys (global
-// flags with AQ_* variables): --slots (AQ_SLOTS), --drain-timeout
-// (AQ_DRAIN_TIMEOUT), --metrics-addr (AQ_METRICS_ADDR) and the fleet and
-// Service Bus keys.
+// daemonOptions are `aq daemon`'s own flags; its other knobs are
+// configuration keys: --slots (AQ_SLOTS), --drain-timeout (AQ_DRAIN_TIMEOUT),
+// --metrics-addr (AQ_METRICS_ADDR) and the fleet and Service Bus keys.
 type daemonOptions struct {
+	limits daemon.Limits
 	// signals delivers the stop signals; nil: SIGINT and SIGTERM of this
 	// process.
 	signals <-chan os.Signal
@@ -53,13 +53,25 @@ With AQ_METRICS_ADDR: Prometheus /metrics and /healthz. aq status shows the
 daemon's slots, running jobs, lease epochs, last heartbeat and dispatch
 source from $AQ_HOME/state/daemon.json.
 
-Exit codes: 0 stopped by a signal; 2 configuration; 5 the coordinator refused
-this factory's credentials (at start or on a later heartbeat); 1 otherwise.`,
+Limits, for a factory started for a while (a replica a scaler starts on
+broker depth): each drains — no new work, running jobs finish and are
+reported — and then exits 0:
+  --idle-timeout D   nothing has run or arrived for D
+  --max-jobs N       N jobs have started
+  --max-uptime D     D after the start
+
+Exit codes: 0 stopped by a signal or a limit; 2 configuration; 5 the
+coordinator refused this factory's credentials (at start or on a later
+heartbeat); 1 otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDaemon(cmd.Context(), f, opts)
 		},
 	}
+	fl := cmd.Flags()
+	fl.DurationVar(&opts.limits.IdleTimeout, "idle-timeout", 0, "drain and exit 0 once nothing has run or arrived for this long (0: never)")
+	fl.IntVar(&opts.limits.MaxJobs, "max-jobs", 0, "drain and exit 0 once this many jobs have started (0: no limit)")
+	fl.DurationVar(&opts.limits.MaxUptime, "max-uptime", 0, "drain and exit 0 this long after the start (0: no limit)")
 	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon)
 }
 
@@ -68,7 +80,7 @@ func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {
 	if err != nil {
 		return err
 	}
-	d, err := daemon.New(daemon.Options{Config: cfg, Log: f.Logger(), Redactor: f.Redactor()})
+	d, err := daemon.New(daemon.Options{Config: cfg, Log: f.Logger(), Redactor: f.Redactor(), Limits: opts.limits})
 	if err != nil {
 		return daemonError(err)
 	}

@@ -118,6 +118,8 @@ func TestTypedFlagRefusesWrongType(t *testing.T) {
 		{"daemon", "--slots", "two"},
 		{"run", "--kill-grace", "soon"},
 		{"run", "--fleet=maybe"},
+		{"daemon", "--idle-timeout", "soon"},
+		{"daemon", "--max-jobs", "-1"},
 	} {
 		_, errOut, code := runAQ(t, args...)
 		lines := strings.Split(strings.TrimRight(errOut, "\n"), "\n")
