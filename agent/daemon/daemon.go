@@ -536,7 +536,28 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if e := d.fatalErr(); e != nil {
 		return e
 	}
+	if serr == nil {
+		sess.Stop() // no heartbeat may follow the last one
+		d.leave(life)
+	}
 	return serr
+}
+
+// leave tells the coordinator this factory is going: a last heartbeat with
+// health "offline", then deregister (a coordinator without the route is
+// fine), so short-lived replicas do not pile up as stale factories. Best
+// effort, bounded: the exit does not wait on a coordinator that is away.
+func (d *Daemon) leave(parent context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+	defer cancel()
+	if err := d.agent.Heartbeat.Offline(ctx); err != nil {
+		d.log.Warn("cannot send the offline heartbeat", "err", err)
+	}
+	if err := d.agent.Client.Deregister(ctx); err != nil {
+		d.log.Warn("cannot deregister from the coordinator; it will count this factory stale", "err", err)
+		return
+	}
+	d.log.Info("left the fleet: offline heartbeat sent, deregistered")
 }
 
 func (d *Daemon) fatalErr() error {

@@ -91,3 +91,45 @@ func TestLimitsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A factory that stops cleanly leaves the fleet: a last heartbeat with
+// health "offline", then deregister — the stub no longer lists it (so
+// replicas that come and go do not pile up as stale factories); a later
+// start registers it again with its first heartbeat.
+func TestCleanExitDeregisters(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	r.withLimits(daemon.Limits{MaxUptime: time.Second})
+	r.start()
+	r.waitHeartbeats(1)
+	if err := r.wait(); err != nil {
+		t.Fatal(err)
+	}
+	var f *coord.Factory
+	for _, x := range r.stub.AllFactories() {
+		if x.ID == "fa" {
+			f = &x
+		}
+	}
+	if f == nil || !f.Deregistered || f.Health != "offline" || len(f.Running) != 0 {
+		t.Fatalf("the factory after a clean exit: %+v", f)
+	}
+	for _, x := range r.stub.Factories() {
+		if x.ID == "fa" {
+			t.Fatal("a deregistered factory is still listed")
+		}
+	}
+	if n := r.stub.Stats().Count(coord.RouteDeregister); n != 1 {
+		t.Fatalf("%d deregister calls, want 1", n)
+	}
+	// Back again: the first heartbeat registers it.
+	r.d = nil
+	r.start()
+	r.waitFor("fa listed again", func() bool {
+		for _, x := range r.stub.Factories() {
+			if x.ID == "fa" {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -506,7 +506,7 @@ func (r *rig) testSenderWithID() func(id, msgID string) { return r.sendAs }
 
 // factoryRecord is the stub's record of this factory.
 func (r *rig) factoryRecord() coord.Factory {
-	for _, f := range r.stub.Factories() {
+	for _, f := range r.stub.AllFactories() {
 		if f.ID == r.o.factory {
 			return f
 		}

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-cleanhttp"
@@ -60,6 +61,10 @@ type Client struct {
 	caps    []string
 	repos   []string
 	observe func(CallResult)
+
+	// noDeregister: the coordinator answered 404 to deregister (a
+	// coordinator without the route); it is not asked again.
+	noDeregister atomic.Bool
 }
 
 // CallResult is one finished call to the coordinator (after its retries),
@@ -176,6 +181,25 @@ func (c *Client) Heartbeat(ctx context.Context, hb HeartbeatRequest) error {
 		hb.FactoryID = c.FactoryID()
 	}
 	_, err := c.do(ctx, call{name: "POST /fleet/factories/heartbeat", method: http.MethodPost, path: "/fleet/factories/heartbeat", body: hb, budget: c.o.Budgets.Heartbeat}, nil)
+	return err
+}
+
+// Deregister tells the coordinator this factory is leaving for good (a
+// replica that exits), so that its record does not linger as a stale
+// factory. A coordinator without the route (404) is fine: it is remembered
+// and not asked again.
+func (c *Client) Deregister(ctx context.Context) error {
+	if c.noDeregister.Load() {
+		return nil
+	}
+	id := c.FactoryID()
+	_, err := c.do(ctx, call{name: "POST /fleet/factories/:id/deregister", method: http.MethodPost,
+		path: "/fleet/factories/" + url.PathEscape(id) + "/deregister", body: map[string]string{"factoryId": id}, budget: c.o.Budgets.Heartbeat}, nil)
+	var se *StatusError
+	if errors.As(err, &se) && se.Status == http.StatusNotFound {
+		c.noDeregister.Store(true)
+		return nil
+	}
 	return err
 }
 

@@ -60,6 +60,16 @@ func (h *Heartbeater) Beat(ctx context.Context) error {
 	return nil
 }
 
+// Offline sends the last heartbeat of a factory that leaves cleanly:
+// health "offline", nothing running, no load.
+func (h *Heartbeater) Offline(ctx context.Context) error {
+	caps, repos := h.Client.Offer()
+	return h.Client.Heartbeat(ctx, HeartbeatRequest{
+		FactoryID: h.Client.FactoryID(), Capabilities: caps, Repos: repos,
+		SeatLimit: max(h.SeatLimit, 1), Health: "offline", Running: []RunningJob{}, Version: h.Version,
+	})
+}
+
 // LastOK is when a heartbeat last succeeded (zero: never).
 func (h *Heartbeater) LastOK() time.Time {
 	h.mu.Lock()

@@ -78,6 +78,7 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request, c who) 
 	_, ok, err := s.st.updateFactory(c.factory, false, func(f *Factory) {
 		f.Capabilities, f.Repos, f.Load, f.SeatLimit = req.Capabilities, req.Repos, req.Load, req.SeatLimit
 		f.Health, f.Running, f.Version, f.LastHeartbeatAt = req.Health, req.Running, req.Version, now
+		f.Deregistered = false
 	})
 	switch {
 	case err != nil:
@@ -91,6 +92,27 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request, c who) 
 
 func (s *Server) handleFactories(w http.ResponseWriter, r *http.Request, _ who) {
 	writeJSON(w, http.StatusOK, map[string]any{"factories": s.Factories()})
+}
+
+// handleDeregister: a factory leaving cleanly (a replica that exits) is no
+// longer listed or targeted, so short-lived replicas do not pile up stale
+// records; its token stays valid and a later heartbeat registers it again.
+func (s *Server) handleDeregister(w http.ResponseWriter, r *http.Request, c who) {
+	if id := r.PathValue("id"); id != c.factory {
+		writeErr(w, http.StatusForbidden, fmt.Sprintf("factory %q may deregister only itself, not %q", c.factory, id))
+		return
+	}
+	_, ok, err := s.st.updateFactory(c.factory, false, func(f *Factory) {
+		f.Deregistered, f.Health, f.Running, f.Load = true, "offline", nil, 0
+	})
+	switch {
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, err.Error())
+	case !ok:
+		writeErr(w, http.StatusNotFound, "unknown factory")
+	default:
+		writeJSON(w, http.StatusOK, map[string]bool{"deregistered": true})
+	}
 }
 
 func (s *Server) handleRevoke(w http.ResponseWriter, r *http.Request, c who) {

@@ -223,7 +223,19 @@ func (s *Server) Jobs() []Job { return s.st.jobs() }
 func (s *Server) Events(id string) []Event { return s.st.events(id) }
 
 // Factories returns every enrolled factory (staleness computed now).
+// Factories lists the registered factories (not those that deregistered).
 func (s *Server) Factories() []Factory {
+	var out []Factory
+	for _, f := range s.AllFactories() {
+		if !f.Deregistered {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// AllFactories lists every factory the stub knows, deregistered ones too.
+func (s *Server) AllFactories() []Factory {
 	fs := s.st.factories()
 	now := s.o.Now()
 	for i := range fs {
@@ -340,6 +352,7 @@ func (s *Server) routes() {
 	m.HandleFunc(RouteHeartbeat, s.factoryOnly(s.handleHeartbeat))
 	m.HandleFunc(RouteFactories, s.anyToken(s.handleFactories))
 	m.HandleFunc(RouteRevoke, s.anyToken(s.handleRevoke))
+	m.HandleFunc(RouteDeregister, s.factoryOnly(s.handleDeregister))
 	m.HandleFunc(RouteQueueState, s.anyToken(s.handleQueueState))
 	m.HandleFunc(RouteClaim, s.factoryOnly(s.handleClaim))
 	m.HandleFunc(RouteAccept, s.factoryOnly(s.handleAccept))

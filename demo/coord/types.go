@@ -107,6 +107,9 @@ type Factory struct {
 	LastHeartbeatAt time.Time    `json:"lastHeartbeatAt,omitzero"`
 	// Stale is computed when read: no heartbeat for Options.StaleAfter.
 	Stale bool `json:"stale"`
+	// Deregistered: the factory left cleanly (a replica that exited); it is
+	// no longer listed or targeted. Its next heartbeat registers it again.
+	Deregistered bool `json:"deregistered,omitempty"`
 }
 
 // RunningJob is a heartbeat's running entry.
@@ -162,6 +165,7 @@ const (
 	RouteHeartbeat  = "POST /fleet/factories/heartbeat"
 	RouteFactories  = "GET /fleet/factories"
 	RouteRevoke     = "POST /fleet/factories/{id}/token/revoke"
+	RouteDeregister = "POST /fleet/factories/{id}/deregister"
 	RouteQueueState = "GET /fleet/queue-state"
 	RouteClaim      = "POST /fleet/claim"
 	RouteAccept     = "POST /fleet/accept"

@@ -114,7 +114,7 @@ func (r *run) checks(sum *Summary) []Check {
 
 	// The fleet.
 	beating := 0
-	for _, f := range r.stub.Factories() {
+	for _, f := range r.stub.AllFactories() { // they have left (deregistered) by now
 		if slices.Contains(factoryIDs, f.ID) && !f.LastHeartbeatAt.IsZero() {
 			beating++
 		}
