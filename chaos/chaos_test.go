@@ -96,12 +96,20 @@ func TestChaos(t *testing.T) {
 			t.Errorf("no %s fault was injected", k)
 		}
 	}
-	zombies := 0
+	// A partition of a factory that held leases at the cut (in the stub's
+	// log) must make a zombie. One whose jobs had just reported when it was
+	// cut (its status file lags) had none to lose: that run did not exercise
+	// the case, which the log says.
+	zombies, held := 0, 0
 	for _, z := range res.Checks.Zombies {
 		zombies += z.Reaped
+		held += z.Held
 	}
-	if zombies == 0 {
-		t.Errorf("the partition made no zombie (no lease of the cut-off factory was reaped): %+v", res.Checks.Zombies)
+	switch {
+	case held > 0 && zombies == 0:
+		t.Errorf("the partition made no zombie (the cut-off factory held %d leases, none was reaped): %+v", held, res.Checks.Zombies)
+	case held == 0:
+		t.Logf("the partitioned factory held no lease at the cut (its jobs had just ended): no zombie this run: %+v", res.Checks.Zombies)
 	}
 }
 

@@ -69,10 +69,13 @@ type Reap struct {
 
 // Zombie is one partition's zombie case.
 type Zombie struct {
-	Factory   string `json:"factory"`
-	Reaped    int    `json:"reaped"`    // its leases reaped while cut off
-	Refused   int    `json:"refused"`   // its calls answered 409 after it came back
-	Running   int    `json:"running"`   // jobs it held when cut off
+	Factory string `json:"factory"`
+	Reaped  int    `json:"reaped"`  // its leases reaped while cut off
+	Refused int    `json:"refused"` // its calls answered 409 after it came back
+	Running int    `json:"running"` // jobs its status file said it ran when cut off
+	// Held is how many leases it held at the cut in the stub's log (its
+	// status file can lag: jobs that had just reported are not a zombie's).
+	Held      int    `json:"held"`
 	Duration  string `json:"duration"`  // how long it was cut off
 	Recovered int    `json:"recovered"` // its reaped jobs that ended terminal elsewhere or later
 }
@@ -699,6 +702,9 @@ func Check(in *Input) *Report {
 		id := fmt.Sprintf("f%d", f.Target+1)
 		z := Zombie{Factory: id, Running: f.Running, Duration: f.End.Sub(f.Start).Round(100 * time.Millisecond).String()}
 		for _, l := range leases {
+			if l.factory == id && !l.granted.After(f.Start) && (l.endKind == "" || l.end.After(f.Start)) {
+				z.Held++
+			}
 			if l.factory == id && l.endKind == "reaped" && !l.end.Before(f.Start) && !l.end.After(f.End) {
 				z.Reaped++
 				if sj := in.State.Jobs[l.job]; sj != nil && terminalStages[sj.Stage] {
