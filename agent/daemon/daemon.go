@@ -214,6 +214,7 @@ func New(o Options) (*Daemon, error) {
 			return 0
 		},
 	})
+	a.Jobs.RenewFailed = d.m.renewFailures.Inc
 	a.Client.Observe(func(r fleet.CallResult) {
 		d.m.observe(r)
 		if r.Call == "POST /fleet/factories/heartbeat" {

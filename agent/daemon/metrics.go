@@ -119,8 +119,8 @@ func (m *metrics) SettleFailed(s dispatch.Settlement) {
 // Lag implements dispatch.Metrics.
 func (m *metrics) Lag(d time.Duration) { m.lag.Observe(d.Seconds()) }
 
-// observe is the fleet client's call hook: claims, conflicts, renewal and
-// heartbeat failures and gate reads are counted from the calls themselves.
+// observe is the fleet client's call hook: claims, conflicts, heartbeat
+// failures and gate reads are counted from the calls themselves.
 func (m *metrics) observe(r fleet.CallResult) {
 	m.requests.WithLabelValues(r.Call, strconv.Itoa(r.Status)).Inc()
 	if r.Status == http.StatusConflict {
@@ -131,10 +131,6 @@ func (m *metrics) observe(r fleet.CallResult) {
 		m.claims.WithLabelValues("poll", claimResult(r)).Inc()
 	case "POST /fleet/accept":
 		m.claims.WithLabelValues("broker", claimResult(r)).Inc()
-	case "POST /fleet/jobs/:id/lease/renew":
-		if r.Err != nil {
-			m.renewFailures.Inc()
-		}
 	case "POST /fleet/factories/heartbeat":
 		if r.Err != nil {
 			m.hbFailures.Inc()

@@ -41,6 +41,10 @@ type JobRunner struct {
 	LeaseRenew time.Duration
 	Clock      Clock
 	Log        *slog.Logger
+	// RenewFailed, when set, is called for each failed lease renewal
+	// (aq_lease_renew_failures_total); a renewal refused because the final
+	// report ended the lease is not one.
+	RenewFailed func()
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -87,6 +91,7 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 	jobCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lease := NewJobLease(r.Client, c, r.LeaseRenew, cancel, r.clock(), log)
+	lease.Failed = r.RenewFailed
 	// The renewer runs from now until the final report is settled: the lease
 	// is held while the report is out, so that a report the coordinator is
 	// slow to take (503s, a restart) cannot outlive it — were it to lapse,
@@ -179,6 +184,7 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	}
 	rctx, cancel := r.reportContext(ctx)
 	defer cancel()
+	lease.Reporting()
 	var d Delivery
 	switch {
 	case out.Reason == job.ReasonFenced:

@@ -38,6 +38,12 @@ type JobLease struct {
 	authErr  error
 	renewals int
 	failures int
+	// reporting is set once the job's final report is out: a renewal the
+	// coordinator refuses (409, 404) from then on raced the report that
+	// ended the lease — no loss, no failure.
+	reporting bool
+	// Failed, when set, is called for each renewal that failed (metrics).
+	Failed func()
 }
 
 var _ runner.Lease = (*JobLease)(nil)
@@ -143,6 +149,14 @@ func (l *JobLease) Renewals() int {
 	return l.renewals
 }
 
+// Reporting says the job's final report is about to be sent: a refusal of a
+// renewal from now on ends the renewer quietly (the report ended the lease).
+func (l *JobLease) Reporting() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reporting = true
+}
+
 // Fence marks the lease fenced (a 409 seen elsewhere, e.g. on a PATCH) and
 // stops the job.
 func (l *JobLease) Fence(detail string) error { return l.stop(job.ReasonFenced, detail) }
@@ -231,8 +245,17 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 			l.setExpiry(le.LocalExpiry)
 			return nil
 		case IsFenced(err), errors.Is(err, ErrGone):
+			l.mu.Lock()
+			raced := l.reporting
+			l.mu.Unlock()
+			if raced {
+				l.log.Debug("lease renewal refused after the final report went out: the report ended the lease", "err", err)
+				return &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report ended the lease"}
+			}
+			l.failedOnce()
 			return l.stop(job.ReasonFenced, err.Error())
 		case IsAuth(err):
+			l.failedOnce()
 			l.mu.Lock()
 			l.authErr = err
 			l.mu.Unlock()
@@ -243,11 +266,18 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 		l.mu.Lock()
 		l.failures++
 		l.mu.Unlock()
+		l.failedOnce()
 		l.log.Warn("lease renewal failed; retrying until the lease's expiry is near", "err", err, "deadline", deadline.Format(time.RFC3339))
 		wait := min(Backoff(200*time.Millisecond, 5*time.Second, attempt, nil, l.rnd), deadline.Sub(l.clock.Now()))
 		if wait > 0 && l.clock.Sleep(ctx, wait) != nil {
 			return stopCause(ctx)
 		}
+	}
+}
+
+func (l *JobLease) failedOnce() {
+	if l.Failed != nil {
+		l.Failed()
 	}
 }
 

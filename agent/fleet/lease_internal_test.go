@@ -2,6 +2,9 @@ package fleet
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -37,6 +40,46 @@ func TestLeaseCadenceFitsBeforeTheDeadline(t *testing.T) {
 			}
 			if shorter := every != tc.every; shorter != tc.wantShorter {
 				t.Fatalf("cadence %v from %v: shortened=%v, want %v", every, tc.every, shorter, tc.wantShorter)
+			}
+		})
+	}
+}
+
+// A renewal the coordinator refuses (409) is a failure and fences the job —
+// unless the job's final report is already out: then the report ended the
+// lease (the race TestMetricsSeries once lost), and the refusal is neither
+// counted nor a reason to cancel anything.
+func TestRenewalRefusedAfterTheFinalReport(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		_, _ = w.Write([]byte(`{"error":"lease epoch mismatch"}`))
+	}))
+	defer srv.Close()
+	c, err := NewClient(ClientOptions{API: srv.URL, Token: "t", FactoryID: "fa"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, reporting := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reporting=%v", reporting), func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			l := NewJobLease(c, &Claim{Job: Job{ID: "j"}, LeaseEpoch: 1, LocalExpiry: time.Now().Add(time.Minute)}, time.Second, cancel, RealClock{}, nil)
+			var failed int
+			l.Failed = func() { failed++ }
+			if reporting {
+				l.Reporting()
+			}
+			err := l.Confirm(context.Background())
+			if err == nil {
+				t.Fatal("a refused renewal confirmed the lease")
+			}
+			wantFailed, wantFenced := 1, true
+			if reporting {
+				wantFailed, wantFenced = 0, false
+			}
+			if failed != wantFailed || l.Fenced() != wantFenced || (ctx.Err() != nil) != wantFenced {
+				t.Fatalf("failures counted %d (want %d), fenced %v (want %v), job cancelled %v", failed, wantFailed, l.Fenced(), wantFenced, ctx.Err() != nil)
 			}
 		})
 	}
