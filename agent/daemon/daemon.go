@@ -73,6 +73,10 @@ type Options struct {
 	// next), "engine" (the engine starts), "done". Tests and the dispatch
 	// benchmark time dispatch with it.
 	OnJobEvent func(JobEvent)
+	// OnResult, if set, is called with each job's result once it is
+	// reported (not for a job given back at a drain before it started):
+	// `aq run` in fleet mode with a broker prints and counts them.
+	OnResult func(*fleet.Result)
 }
 
 // BrokerTuning are the receiver's knobs that do not come from configuration.
@@ -634,7 +638,8 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 	}
 
 	ctx := d.jobsCtx
-	if d.dispatchCtx.Err() != nil {
+	started := d.dispatchCtx.Err() == nil
+	if !started {
 		// Taken as the drain began (a claim or an accept already under way):
 		// not started, so not run — a cancelled context makes the job runner
 		// give the lease back at once, with no attempt counted.
@@ -647,6 +652,9 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 	}
 	res := d.agent.Jobs.Run(ctx, c)
 	d.m.jobDone(res)
+	if started && d.o.OnResult != nil {
+		d.o.OnResult(res)
+	}
 
 	d.mu.Lock()
 	delete(d.running, id)

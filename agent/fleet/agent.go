@@ -123,6 +123,11 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 type RunOptions struct {
 	Once  bool // one claim; a job or ErrNoJob, never a second claim
 	Drain bool // claim until the coordinator has nothing, then return
+	// JobID accepts that one job (POST /fleet/accept, as a broker message
+	// would) instead of claiming, runs it and returns: a controller that
+	// starts one replica per job names it (`aq run --job ID`). A 409 (the
+	// job is another factory's) or 404 (no such job to accept) is returned.
+	JobID string
 }
 
 // Run is `aq run` in fleet mode: start, then take jobs one at a time (poll
@@ -139,7 +144,13 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 	ran := 0
 	for {
 		var c *Claim
-		if o.Once || o.Drain {
+		switch {
+		case o.JobID != "":
+			c, err = a.Client.Accept(s.ctx, o.JobID)
+			if err == nil {
+				c.Source = "job"
+			}
+		case o.Once || o.Drain:
 			c, err = a.Client.Claim(s.ctx, false)
 			if err == nil && c == nil {
 				if o.Once || ran == 0 {
@@ -147,7 +158,7 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 				}
 				return nil
 			}
-		} else {
+		default:
 			c, err = a.Poller.Next(s.ctx)
 		}
 		if err != nil {
@@ -172,7 +183,7 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 		if serr := s.Err(); serr != nil {
 			return serr
 		}
-		if o.Once || ctx.Err() != nil {
+		if o.Once || o.JobID != "" || ctx.Err() != nil {
 			return nil
 		}
 	}

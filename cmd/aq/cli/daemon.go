@@ -84,7 +84,13 @@ func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {
 	if err != nil {
 		return daemonError(err)
 	}
-	sigs := opts.signals
+	return superviseDaemon(ctx, f, d, opts.signals)
+}
+
+// superviseDaemon runs d until it returns, mapping stop signals to its
+// stages: the first drains, the second aborts, the third returns at once.
+// sigs nil: SIGINT and SIGTERM of this process.
+func superviseDaemon(ctx context.Context, f *Factory, d *daemon.Daemon, sigs <-chan os.Signal) error {
 	if sigs == nil {
 		ch := make(chan os.Signal, 3)
 		signal.Notify(ch, os.Interrupt, syscall.SIGTERM)

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/daemon"
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/local"
@@ -44,22 +46,101 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 	if err := checkFleetConfig(cfg); err != nil {
 		return err
 	}
+	if opts.JobID == "" && (cfg.SBNamespace != "" || cfg.SBConnectionString != "") {
+		return runFleetBroker(ctx, f, cfg, opts)
+	}
 	a, err := fleet.New(cfg, f.Logger(), f.Redactor(), fleet.Parts{})
 	if err != nil {
 		return err
 	}
-	var last *fleet.Result
-	failed := 0
-	err = a.Run(ctx, fleet.RunOptions{Once: opts.Once, Drain: opts.Drain}, func(r *fleet.Result) {
-		last = r
-		if r.Outcome.Failed() {
-			failed++
-		}
-		printFleetResult(f, opts, r)
-	})
+	var t fleetTally
+	err = a.Run(ctx, fleet.RunOptions{Once: opts.Once, Drain: opts.Drain, JobID: opts.JobID}, func(r *fleet.Result) { t.add(f, opts, r) })
 	if err != nil {
+		if opts.JobID != "" {
+			return acceptError(opts.JobID, err)
+		}
 		return fleetError(err)
 	}
+	return t.exit()
+}
+
+// runFleetBroker is `aq run` in fleet mode with a broker: a one-slot daemon
+// (agent/daemon) whose limits make it a replica — --once drains after the
+// first job starts, --once and --drain drain once no message arrived within
+// --wait — with the daemon's stopping stages on signals. Nothing received
+// within --wait is exit 3: a replica started for a message another replica
+// took exits promptly and cleanly.
+func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *runOptions) error {
+	one := *cfg
+	one.Slots = 1
+	var lim daemon.Limits
+	if opts.Once || opts.Drain {
+		lim.IdleTimeout = opts.Wait
+	}
+	if opts.Once {
+		lim.MaxJobs = 1
+	}
+	var (
+		mu sync.Mutex
+		t  fleetTally
+	)
+	d, err := daemon.New(daemon.Options{Config: &one, Log: f.Logger(), Redactor: f.Redactor(), Limits: lim,
+		OnResult: func(r *fleet.Result) {
+			mu.Lock()
+			defer mu.Unlock()
+			t.add(f, opts, r)
+		}})
+	if err != nil {
+		return daemonError(err)
+	}
+	if err := superviseDaemon(ctx, f, d, nil); err != nil {
+		return err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if t.ran == 0 && (opts.Once || opts.Drain) && ctx.Err() == nil {
+		return aqerr.New(aqerr.NoJob, fmt.Sprintf("no job arrived from the broker within --wait %s", opts.Wait),
+			"nothing is lost: a message another replica took is that replica's; `aq status` shows this factory's fleet state")
+	}
+	return t.exit()
+}
+
+// fleetTally counts a fleet run's results for its exit code.
+type fleetTally struct {
+	ran, failed int
+	last        *fleet.Result
+}
+
+func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
+	t.ran++
+	t.last = r
+	if r.Outcome.Failed() {
+		t.failed++
+	}
+	printFleetResult(f, opts, r)
+}
+
+// acceptError is fleetError for --job: a 409 is a job held by another
+// factory or not queued (exit 4), a 404 no such job to accept (exit 3).
+func acceptError(id string, err error) error {
+	var fe *fleet.FencedError
+	switch {
+	case errors.As(err, &fe):
+		why := "it is not queued"
+		if fe.Detail != "" {
+			why = fe.Detail
+		}
+		return aqerr.Wrap(aqerr.Fenced, err, fmt.Sprintf("job %s cannot be accepted (the coordinator answered 409: %s)", id, why),
+			"nothing was run: another factory holds it, or it already ran; the coordinator decides who runs it")
+	case errors.Is(err, fleet.ErrGone):
+		return aqerr.Wrap(aqerr.NoJob, err, fmt.Sprintf("the coordinator has no job %s to accept (404)", id),
+			"check the id with the coordinator; a job that already finished cannot be accepted again")
+	}
+	return fleetError(err)
+}
+
+func (t *fleetTally) exit() error {
+	last, failed := t.last, t.failed
 	switch {
 	case last != nil && (last.Fenced || last.Outcome.Reason == job.ReasonLeaseLost):
 		// Lease lost counts as fenced (DESIGN §9): another factory may own it.

@@ -22,32 +22,57 @@ type runOptions struct {
 	Once  bool
 	Drain bool
 	JSON  bool
+	// Wait bounds the wait for a broker message (--once, --drain).
+	Wait time.Duration
+	// JobID accepts that one fleet job and runs it (--job).
+	JobID string
 }
 
 func newRunCmd(f *Factory) *cobra.Command {
 	opts := &runOptions{}
 	cmd := &cobra.Command{
-		Use:   "run [--once | --drain]",
+		Use:   "run [--once | --drain | --job ID] [--wait D]",
 		Short: "Take runnable jobs and run them, one at a time",
 		Long: `Take the best runnable job (priority, then age) whose capabilities this host
 satisfies, run it in its own worktree, record the outcome, and go on.
 
-  --once   run one job, then exit
-  --drain  run jobs until none is runnable, then exit
+  --once    run one job, then exit
+  --drain   run jobs until none is runnable, then exit
   (neither) keep running, waiting POLL_SECONDS between looks at an empty queue
 
+In fleet mode (AQ_FLEET=1) jobs come from the coordinator: claimed with
+POST /fleet/claim, or — when a broker is configured (AQ_SB_NAMESPACE or
+AQ_SB_CONNECTION_STRING) — received from this factory's Service Bus
+subscription, one message at a time, the way a replica a scaler starts for
+one message works (docs/ondemand.md):
+
+  --once    receive at most one message, run its job, report, exit
+  --drain   take messages until none arrives within --wait
+  --wait D  how long to wait for a message (default 30s; 0: no limit)
+  --job ID  accept that one job (POST /fleet/accept), run it, exit — for a
+            controller that starts one replica per job
+
 Exit codes: 0 the job(s) succeeded, 1 a job failed, 2 usage or configuration
-error, 3 no runnable job, 4 the job was fenced.`,
+error, 3 no runnable job (no message within --wait; --job: no such job to
+accept), 4 the job was fenced (--job: another factory holds it), 5 the
+coordinator refused this factory's credentials.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if opts.Once && opts.Drain {
+			switch {
+			case opts.Once && opts.Drain:
 				return aqerr.Usagef("use one of them", "--once and --drain cannot be combined")
+			case opts.JobID != "" && opts.Drain:
+				return aqerr.Usagef("use --job ID alone (it runs one job)", "--job and --drain cannot be combined")
+			case opts.Wait < 0:
+				return aqerr.Usagef("use a positive duration such as 30s, or 0 for no limit", "--wait %s is negative", opts.Wait)
 			}
 			return runRun(cmd.Context(), f, opts)
 		},
 	}
 	cmd.Flags().BoolVar(&opts.Once, "once", false, "run one job, then exit")
 	cmd.Flags().BoolVar(&opts.Drain, "drain", false, "run until no job is runnable, then exit")
+	cmd.Flags().DurationVar(&opts.Wait, "wait", 30*time.Second, "fleet mode with a broker: how long --once/--drain wait for a message (0: no limit)")
+	cmd.Flags().StringVar(&opts.JobID, "job", "", "fleet mode: accept this one job (POST /fleet/accept), run it, then exit")
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print each job's result as a JSON line: {jobId, attempt, stage, outcome}")
 	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine)
 }
@@ -59,6 +84,9 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	}
 	if useFleet(cfg) { // fleet mode: jobs come from the coordinator (fleet.go)
 		return runFleet(ctx, f, cfg, opts)
+	}
+	if opts.JobID != "" {
+		return aqerr.Usagef("set AQ_FLEET=1 and AQ_FLEET_API, or run local jobs with aq run --once", "--job accepts a fleet job: it needs fleet mode")
 	}
 	a, err := f.Local()
 	if err != nil {

@@ -1,0 +1,161 @@
+//go:build unix
+
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/testenv"
+)
+
+// These tests run the real aq binary as `aq run` in fleet mode the way a
+// scaler runs a replica: against the coordinator stub and the local AMQP
+// peer (the real azservicebus SDK), with real git and real processes.
+
+// `aq run --once` with a broker receives one message, runs its job, reports,
+// leaves the fleet and exits 0 — without waiting out --wait, and without a
+// claim: the job came from the subscription.
+func TestRunOnceFromBroker(t *testing.T) {
+	e := newDaemonEnv(t, true)
+	id := testenv.ID("once-broker")
+	e.submit(id, "echo hi > hi.txt\n")
+	other := testenv.ID("once-left")
+	r := e.h.Run(t, "run", "--once", "--wait", "2m")
+	if r.Code != 0 {
+		t.Fatalf("aq run --once: %s", r)
+	}
+	if got := e.jobStage(id); got != coord.StageShipped {
+		t.Fatalf("job %s is %s, want shipped\n%s", id, got, r)
+	}
+	if !strings.Contains(r.Stdout, "job "+id+": shipped") {
+		t.Fatalf("the result line is missing:\n%s", r)
+	}
+	st := e.stub.Stats()
+	if st.Count(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 {
+		t.Fatalf("accept %d, claim %d: want 1 and 0 (the job came from the broker)", st.Count(coord.RouteAccept), st.Count(coord.RouteClaim))
+	}
+	// One job, then exit: a job submitted after is left for the next replica.
+	e.submit(other, "echo later > later.txt\n")
+	if got := e.jobStage(other); got == coord.StageShipped {
+		t.Fatalf("the second job ran too")
+	}
+	assertLeft(t, e.stub, "fa")
+	if strings.Contains(r.Stderr, "SharedAccessKey=") {
+		t.Fatal("the connection string reached the log")
+	}
+}
+
+// A replica started for a message another replica already took finds the
+// subscription empty: exit 3 once --wait has passed, having accepted
+// nothing, and leaves the fleet cleanly.
+func TestRunOnceNoMessageExits3(t *testing.T) {
+	e := newDaemonEnv(t, true)
+	r := e.h.Run(t, "run", "--once", "--wait", "1s")
+	if r.Code != 3 {
+		t.Fatalf("aq run --once with nothing to receive: %s", r)
+	}
+	if !strings.Contains(r.Stderr, "no job arrived from the broker within --wait 1s") {
+		t.Fatalf("want one clear line naming --wait:\n%s", r.Stderr)
+	}
+	if n := e.stub.Stats().Count(coord.RouteAccept); n != 0 {
+		t.Fatalf("%d accepts, want 0", n)
+	}
+	assertLeft(t, e.stub, "fa")
+}
+
+// `aq run --drain` with a broker takes messages until none arrives within
+// --wait; a failed job makes the exit 1 and the others still run.
+func TestRunDrainFromBroker(t *testing.T) {
+	e := newDaemonEnv(t, true)
+	ok1, ok2, bad := testenv.ID("drain-a"), testenv.ID("drain-b"), testenv.ID("drain-bad")
+	e.submit(ok1, "echo a > a.txt\n")
+	e.submit(ok2, "echo b > b.txt\n")
+	e.submit(bad, "exit 7\n")
+	r := e.h.Run(t, "run", "--drain", "--wait", "3s")
+	if r.Code != 1 {
+		t.Fatalf("aq run --drain with one failing job: %s", r)
+	}
+	for _, id := range []string{ok1, ok2} {
+		if got := e.jobStage(id); got != coord.StageShipped {
+			t.Fatalf("job %s is %s, want shipped\n%s", id, got, r)
+		}
+	}
+	if got := e.jobStage(bad); got == coord.StageShipped || got == coord.StageAssigned || got == coord.StageBuilding {
+		t.Fatalf("the failing job is %s\n%s", got, r)
+	}
+	if n := e.stub.Stats().Count(coord.RouteAccept); n != 3 {
+		t.Fatalf("%d accepts, want 3", n)
+	}
+}
+
+// `aq run --job ID` accepts that one job and runs it (no broker needed);
+// a job another factory holds is exit 4, one the coordinator does not have
+// exit 3 — each with one line, nothing run.
+func TestRunJobByID(t *testing.T) {
+	e := newDaemonEnv(t, false)
+	id := testenv.ID("by-id")
+	e.submit(id, "echo x > x.txt\n")
+	if r := e.h.Run(t, "run", "--job", id); r.Code != 0 || e.jobStage(id) != coord.StageShipped {
+		t.Fatalf("aq run --job: %s (job %s)", r, e.jobStage(id))
+	}
+	if n := e.stub.Stats().Count(coord.RouteClaim); n != 0 {
+		t.Fatalf("%d claims, want 0: --job accepts the named job", n)
+	}
+	for _, c := range []struct {
+		name, job, want string
+		code            int
+	}{
+		{"already finished", id, "cannot be accepted (the coordinator answered 409: job " + id + " is shipped", 4},
+		{"unknown", "no-such-job", "has no job no-such-job to accept", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := e.h.Run(t, "run", "--job", c.job)
+			if r.Code != c.code || !strings.Contains(r.Stderr, c.want) || strings.Count("\n"+r.Stderr, "\naq: ") != 1 {
+				t.Fatalf("want exit %d and %q: %s", c.code, c.want, r)
+			}
+		})
+	}
+}
+
+// Flags that do not parse or do not fit are exit 2 before anything is
+// dialled.
+func TestRunReplicaFlagsExit2(t *testing.T) {
+	e := newDaemonEnv(t, false)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--once", "--wait", "soon"}, "--wait"},
+		{[]string{"run", "--once", "--wait", "-1s"}, "--wait -1s is negative"},
+		{[]string{"run", "--drain", "--job", "j"}, "--job and --drain cannot be combined"},
+	} {
+		r := e.h.Run(t, c.args...)
+		if r.Code != 2 || !strings.Contains(r.Stderr, c.want) {
+			t.Fatalf("%v: want exit 2 naming %q: %s", c.args, c.want, r)
+		}
+	}
+	if n := len(e.stub.Stats().Routes); n != 0 {
+		t.Fatalf("the coordinator was called: %+v", e.stub.Stats().Routes)
+	}
+	local := testenv.NewHome(t)
+	local.Bin = e.h.Bin
+	if r := local.Run(t, "run", "--job", "j"); r.Code != 2 || !strings.Contains(r.Stderr, "needs fleet mode") {
+		t.Fatalf("--job in local mode: %s", r)
+	}
+}
+
+// assertLeft checks factory id left the fleet: deregistered, offline.
+func assertLeft(t *testing.T, s *coord.Server, id string) {
+	t.Helper()
+	for _, f := range s.AllFactories() {
+		if f.ID == id {
+			if !f.Deregistered || f.Health != "offline" {
+				t.Fatalf("factory %s: deregistered %v, health %q; want it gone", id, f.Deregistered, f.Health)
+			}
+			return
+		}
+	}
+	t.Fatalf("factory %s never enrolled", id)
+}
