@@ -39,6 +39,10 @@ type Config struct {
 	FleetToken  string // secret
 	ProductID   string
 	FactoryID   string
+	// FactoryPool (AQ_FACTORY_POOL) makes this factory a replica of a pool:
+	// its subscription is the pool's, and a message targeted at the pool is
+	// its to take. Leases are still held under FactoryID.
+	FactoryPool string
 	FleetRoute  bool
 	FleetShadow bool
 	FleetGate   bool
@@ -332,7 +336,12 @@ func (c *Config) derive() {
 		c.FactoryID = DefaultFactoryID()
 		c.setDerived("factory_id", c.FactoryID, "host name")
 	}
-	if c.SBSubscription == "" {
+	switch {
+	case c.SBSubscription != "":
+	case c.FactoryPool != "":
+		c.SBSubscription = c.FactoryPool
+		c.setDerived("sb_subscription", c.SBSubscription, "factory_pool")
+	default:
 		c.SBSubscription = c.FactoryID
 		c.setDerived("sb_subscription", c.SBSubscription, "factory_id")
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -54,6 +55,8 @@ var Keys = []Key{
 		set: setID(func(c *Config) *string { return &c.ProductID })},
 	{Name: "factory_id", Group: GroupFleet, Env: []string{"AQ_FACTORY_ID"}, Flag: "factory-id", Usage: "this factory's id (default: the host name)",
 		set: setID(func(c *Config) *string { return &c.FactoryID })},
+	{Name: "factory_pool", Group: GroupFleet, Env: []string{"AQ_FACTORY_POOL"}, Flag: "factory-pool", Usage: "the pool this factory is a replica of: it receives from the pool's subscription and takes messages targeted at the pool (docs/ondemand.md)",
+		set: setID(func(c *Config) *string { return &c.FactoryPool })},
 	{Name: "fleet_route", Group: GroupFleet, Env: []string{"AQ_FLEET_ROUTE"}, Flag: "fleet-route", Default: "1", Type: "bool", Usage: "0: fleet off, run the local queue (fallback)",
 		set: setBool(func(c *Config) *bool { return &c.FleetRoute })},
 	{Name: "fleet_shadow", Group: GroupFleet, Env: []string{"AQ_FLEET_SHADOW"}, Flag: "fleet-shadow", Default: "0", Type: "bool", Usage: "compare the local pick with the fleet's pick without side effects",
@@ -72,7 +75,7 @@ var Keys = []Key{
 		set: func(c *Config, raw string) error { c.SBConnectionString = strings.TrimSpace(raw); return nil }},
 	{Name: "sb_topic", Group: GroupBroker, Env: []string{"AQ_SB_TOPIC"}, Flag: "sb-topic", Default: "fleet-dispatch", Usage: "Service Bus topic",
 		set: setID(func(c *Config) *string { return &c.SBTopic })},
-	{Name: "sb_subscription", Group: GroupBroker, Env: []string{"AQ_SB_SUBSCRIPTION"}, Flag: "sb-subscription", Usage: "this factory's subscription (default: the factory id)",
+	{Name: "sb_subscription", Group: GroupBroker, Env: []string{"AQ_SB_SUBSCRIPTION"}, Flag: "sb-subscription", Usage: "this factory's subscription (default: the pool, else the factory id)",
 		set: setID(func(c *Config) *string { return &c.SBSubscription })},
 	{Name: "sb_sessions", Group: GroupBroker, Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Type: "bool", Usage: "receive with sessions keyed by repo (serializes same-repo work fleet-wide)",
 		set: setBool(func(c *Config) *bool { return &c.SBSessions })},
@@ -207,13 +210,20 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 func setID(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, raw string) error {
 		raw = strings.TrimSpace(raw)
-		if raw != "" && (!idPattern.MatchString(raw) || strings.Contains(raw, "..")) {
-			return fmt.Errorf("is not a valid id (letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128)")
+		if raw != "" && !ValidID(raw) {
+			return errors.New(idRule)
 		}
 		*field(c) = raw
 		return nil
 	}
 }
+
+const idRule = "is not a valid id (letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128)"
+
+// ValidID reports whether s is a valid id (a factory, pool, subscription):
+// letters, digits, '.', '_' and '-', starting with a letter or digit, at
+// most 128, no "..".
+func ValidID(s string) bool { return idPattern.MatchString(s) && !strings.Contains(s, "..") }
 
 func setURL(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, raw string) error {

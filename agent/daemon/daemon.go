@@ -237,7 +237,7 @@ func New(o Options) (*Daemon, error) {
 
 func (d *Daemon) brokerConfig() dispatch.Config {
 	c := d.cfg
-	return dispatch.Config{FactoryID: c.FactoryID, Namespace: c.SBNamespace, ConnectionString: c.SBConnectionString,
+	return dispatch.Config{FactoryID: c.FactoryID, Pool: c.FactoryPool, Namespace: c.SBNamespace, ConnectionString: c.SBConnectionString,
 		Topic: c.SBTopic, Subscription: c.SBSubscription, Sessions: c.SBSessions}
 }
 

@@ -119,8 +119,10 @@ func (e *invalid) Error() string { return e.Reason + ": " + e.Description }
 // What does not stop the job comes back as a warning, the body being
 // authoritative: a MessageID that is neither jobId nor jobId:generation (a
 // dispatcher may leave it to the SDK or the broker), a productId or repo
-// property that disagrees with the body.
-func parse(body []byte, messageID string, props map[string]any, factoryID string) (m Message, warning string, err error) {
+// property that disagrees with the body. A message targeted at pool (when
+// this factory is a replica of one) is this factory's as much as one
+// targeted at factoryID.
+func parse(body []byte, messageID string, props map[string]any, factoryID, pool string) (m Message, warning string, err error) {
 	m, err = parseBody(body)
 	if err != nil {
 		return m, "", err
@@ -144,8 +146,12 @@ func parse(body []byte, messageID string, props map[string]any, factoryID string
 			warning = strings.TrimPrefix(warning+"; "+msg+"; the body's is used", "; ")
 		}
 	}
-	if m.TargetFactoryID != factoryID {
-		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, this factory is %q (check the subscription's rules)", clip(m.TargetFactoryID), factoryID)}
+	if m.TargetFactoryID != factoryID && (pool == "" || m.TargetFactoryID != pool) {
+		this := fmt.Sprintf("this factory is %q", factoryID)
+		if pool != "" {
+			this += fmt.Sprintf(" of pool %q", pool)
+		}
+		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", clip(m.TargetFactoryID), this)}
 	}
 	return m, warning, nil
 }

@@ -85,26 +85,31 @@ func TestParse(t *testing.T) {
 		reason string
 		desc   string
 		warn   string // a message that runs, with this warning
+		pool   string // this factory's pool
 	}{
-		{"ok", good, "j1", map[string]any{"targetFactoryId": "fa"}, "", "", ""},
-		{"no message id", good, "", nil, "", "", ""},
-		{"not json", "hello", "j1", nil, ReasonMalformed, "body is not a dispatch message", ""},
-		{"empty", "", "j1", nil, ReasonMalformed, "body is not a dispatch message", ""},
-		{"trailing data", good + "{}", "j1", nil, ReasonMalformed, "data after", ""},
-		{"wrong type", `{"jobId":1}`, "j1", nil, ReasonMalformed, "body is not a dispatch message", ""},
-		{"no job id", `{"targetFactoryId":"fa"}`, "", nil, ReasonMalformed, "no jobId", ""},
-		{"no target", `{"jobId":"j1"}`, "j1", nil, ReasonMalformed, "no targetFactoryId", ""},
-		{"id from the SDK", good, "5f3c0e0a-uuid", nil, "", "", `MessageID "5f3c0e0a-uuid" is not the body's jobId "j1"`},
-		{"id of another job", good, "j2", nil, "", "", `the body's jobId is used`},
-		{"property disagrees", good, "j1", map[string]any{"targetFactoryId": "fb"}, ReasonMalformed, "disagrees", ""},
-		{"jobId property disagrees", good, "j1", map[string]any{"jobId": "j9"}, ReasonMalformed, `application property jobId "j9" disagrees`, ""},
-		{"repo property disagrees", good, "j1", map[string]any{"repo": "other", "productId": "p"}, "", "", `application property repo "other" disagrees with the body's "r"`},
-		{"productId property disagrees", good, "j1:4", map[string]any{"productId": 7}, "", "", `productId "7" disagrees`},
-		{"all properties agree", good, "j1:4", map[string]any{"jobId": "j1", "productId": "p", "repo": "r", "targetFactoryId": "fa"}, "", "", ""},
-		{"other factory", strings.Replace(good, `"fa"`, `"fb"`, 1), "j1", nil, ReasonMistargeted, `targetFactoryId is "fb", this factory is "fa"`, ""},
+		{"ok", good, "j1", map[string]any{"targetFactoryId": "fa"}, "", "", "", ""},
+		{"no message id", good, "", nil, "", "", "", ""},
+		{"not json", "hello", "j1", nil, ReasonMalformed, "body is not a dispatch message", "", ""},
+		{"empty", "", "j1", nil, ReasonMalformed, "body is not a dispatch message", "", ""},
+		{"trailing data", good + "{}", "j1", nil, ReasonMalformed, "data after", "", ""},
+		{"wrong type", `{"jobId":1}`, "j1", nil, ReasonMalformed, "body is not a dispatch message", "", ""},
+		{"no job id", `{"targetFactoryId":"fa"}`, "", nil, ReasonMalformed, "no jobId", "", ""},
+		{"no target", `{"jobId":"j1"}`, "j1", nil, ReasonMalformed, "no targetFactoryId", "", ""},
+		{"id from the SDK", good, "5f3c0e0a-uuid", nil, "", "", `MessageID "5f3c0e0a-uuid" is not the body's jobId "j1"`, ""},
+		{"id of another job", good, "j2", nil, "", "", `the body's jobId is used`, ""},
+		{"property disagrees", good, "j1", map[string]any{"targetFactoryId": "fb"}, ReasonMalformed, "disagrees", "", ""},
+		{"jobId property disagrees", good, "j1", map[string]any{"jobId": "j9"}, ReasonMalformed, `application property jobId "j9" disagrees`, "", ""},
+		{"repo property disagrees", good, "j1", map[string]any{"repo": "other", "productId": "p"}, "", "", `application property repo "other" disagrees with the body's "r"`, ""},
+		{"productId property disagrees", good, "j1:4", map[string]any{"productId": 7}, "", "", `productId "7" disagrees`, ""},
+		{"all properties agree", good, "j1:4", map[string]any{"jobId": "j1", "productId": "p", "repo": "r", "targetFactoryId": "fa"}, "", "", "", ""},
+		{"other factory", strings.Replace(good, `"fa"`, `"fb"`, 1), "j1", nil, ReasonMistargeted, `targetFactoryId is "fb", this factory is "fa"`, "", ""},
+		{"my pool", strings.Replace(good, `"fa"`, `"builders"`, 1), "j1", nil, "", "", "", "builders"},
+		{"my own id in a pool", good, "j1", nil, "", "", "", "builders"},
+		{"another pool", strings.Replace(good, `"fa"`, `"testers"`, 1), "j1", nil, ReasonMistargeted, `targetFactoryId is "testers", this factory is "fa" of pool "builders"`, "", "builders"},
+		{"a pool without being in one", strings.Replace(good, `"fa"`, `"builders"`, 1), "j1", nil, ReasonMistargeted, `targetFactoryId is "builders", this factory is "fa" (`, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, warning, err := parse([]byte(tc.body), tc.id, tc.props, "fa")
+			m, warning, err := parse([]byte(tc.body), tc.id, tc.props, "fa", tc.pool)
 			if tc.reason == "" {
 				if err != nil || m.JobID != "j1" || m.Priority != 3 || m.Caps[0] != "os:linux" {
 					t.Fatalf("parse = %+v, %v", m, err)
@@ -131,7 +136,7 @@ func TestServiceBusMessage(t *testing.T) {
 	if *sm.MessageID != "j1" || *sm.SessionID != "r" || sm.ApplicationProperties[PropTargetFactoryID] != "fa" || sm.ApplicationProperties[PropCaps] != "a,b" {
 		t.Fatalf("%+v", sm)
 	}
-	back, _, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa")
+	back, _, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa", "")
 	if err != nil || back.Repo != "r" || len(back.Caps) != 2 {
 		t.Fatalf("round trip: %+v %v", back, err)
 	}

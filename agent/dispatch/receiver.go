@@ -26,6 +26,9 @@ const DefaultTopic = "fleet-dispatch"
 // Config is what the receiver takes from aq's configuration (DESIGN §3).
 type Config struct {
 	FactoryID string // AQ_FACTORY_ID: messages for any other factory are dead-lettered
+	// Pool (AQ_FACTORY_POOL): a message targeted at the pool is this
+	// factory's to take too (a replica of the pool).
+	Pool string
 	// Namespace (AQ_SB_NAMESPACE) is the fully-qualified namespace: the
 	// production path, authenticated with a token credential (managed identity).
 	Namespace string
@@ -115,6 +118,9 @@ func New(opts Options) (*Receiver, error) {
 	}
 	if c.Subscription == "" {
 		c.Subscription = c.FactoryID
+		if c.Pool != "" {
+			c.Subscription = c.Pool
+		}
 	}
 	switch {
 	case c.FactoryID == "":
@@ -374,7 +380,7 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 		}
 	}()
 	log := r.log.With("messageId", msg.MessageID, "deliveryCount", msg.DeliveryCount)
-	m, warning, err := parse(msg.Body, msg.MessageID, msg.ApplicationProperties, r.opts.FactoryID)
+	m, warning, err := parse(msg.Body, msg.MessageID, msg.ApplicationProperties, r.opts.FactoryID, r.opts.Pool)
 	if warning != "" && r.warned.CompareAndSwap(false, true) {
 		// A dispatcher that does this does it to every message: once.
 		log.Warn("dispatch message differs from the contract; running it with the body authoritative (logged once)", "job", m.JobID, "warning", warning)

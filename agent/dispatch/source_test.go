@@ -203,7 +203,7 @@ func TestDispatchMessageID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, warning, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa")
+		m, warning, err := parse(sm.Body, *sm.MessageID, sm.ApplicationProperties, "fa", "")
 		if err != nil || m.JobID != "j1" || (warning == "") != ok {
 			t.Errorf("MessageID %q: job %q, warning %q, err %v", id, m.JobID, warning, err)
 		}

@@ -82,7 +82,7 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 	eo := a.Enroll
 	hn, _ := os.Hostname()
 	eo.Request = EnrollRequest{FactoryID: a.Client.FactoryID(), Hostname: hn, Capabilities: host.Tokens(), Repos: nonNil(host.Repos),
-		Engines: engines, SeatLimit: max(a.Heartbeat.SeatLimit, 1), Version: a.Heartbeat.Version}
+		Engines: engines, SeatLimit: max(a.Heartbeat.SeatLimit, 1), Version: a.Heartbeat.Version, Pool: a.Heartbeat.Pool}
 	if eo.Log == nil {
 		eo.Log = a.log()
 	}

@@ -95,7 +95,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	return &Agent{
 		Client: c,
 		Heartbeat: &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
-			Version: version.Get().Version, Clock: clock, Log: log},
+			Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log},
 		Poller:   &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log},
 		Reporter: rep,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,

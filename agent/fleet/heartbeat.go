@@ -18,7 +18,10 @@ type Heartbeater struct {
 	Running   *Running
 	SeatLimit int
 	Version   string
-	Clock     Clock
+	// Pool is the pool this factory is a replica of (AQ_FACTORY_POOL),
+	// advertised in every heartbeat.
+	Pool  string
+	Clock Clock
 	Log       *slog.Logger
 	Rand      func() float64
 
@@ -47,7 +50,7 @@ func (h *Heartbeater) Beat(ctx context.Context) error {
 	err := h.Client.Heartbeat(ctx, HeartbeatRequest{
 		FactoryID: h.Client.FactoryID(), Capabilities: caps, Repos: repos,
 		Load: float64(len(running)) / float64(seats), SeatLimit: seats,
-		Health: health, Running: running, Version: h.Version,
+		Health: health, Running: running, Version: h.Version, Pool: h.Pool,
 	})
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -66,7 +69,7 @@ func (h *Heartbeater) Offline(ctx context.Context) error {
 	caps, repos := h.Client.Offer()
 	return h.Client.Heartbeat(ctx, HeartbeatRequest{
 		FactoryID: h.Client.FactoryID(), Capabilities: caps, Repos: repos,
-		SeatLimit: max(h.SeatLimit, 1), Health: "offline", Running: []RunningJob{}, Version: h.Version,
+		SeatLimit: max(h.SeatLimit, 1), Health: "offline", Running: []RunningJob{}, Version: h.Version, Pool: h.Pool,
 	})
 }
 

@@ -60,6 +60,7 @@ type EnrollRequest struct {
 	Engines      []string `json:"engines"`
 	SeatLimit    int      `json:"seatLimit"`
 	Version      string   `json:"version"`
+	Pool         string   `json:"pool,omitempty"` // AQ_FACTORY_POOL
 }
 
 // Enrollment is enroll's answer.
@@ -84,6 +85,9 @@ type HeartbeatRequest struct {
 	Health       string       `json:"health"` // ok | degraded
 	Running      []RunningJob `json:"running"`
 	Version      string       `json:"version"`
+	// Pool is the pool this factory is a replica of (AQ_FACTORY_POOL): the
+	// coordinator may target the pool, which any replica takes.
+	Pool string `json:"pool,omitempty"`
 }
 
 // QueueState is GET /fleet/queue-state.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -742,5 +743,41 @@ func TestOnCallAudit(t *testing.T) {
 		if calls[i] != want[i] {
 			t.Errorf("call %d:\n got %+v\nwant %+v", i, calls[i], want[i])
 		}
+	}
+}
+
+// Pools are targets with or without live replicas: a declared pool before
+// any replica registered; a learnt one from its replicas' offer, kept after
+// they left; a replica is never a target of its own, the pool is.
+func TestPoolsAreTargetsWithoutLiveReplicas(t *testing.T) {
+	r := newRig(t, Options{Pools: []Pool{{Name: "declared", Capabilities: []string{"os:linux", "engine:script"}, Repos: []string{"app"}, Seats: 3}}})
+	code, m := r.call("POST", "/fleet/factories/enroll", r.s.EnrollToken(), map[string]any{"factoryId": "pod-1", "pool": "learnt",
+		"capabilities": []string{"os:linux", "engine:claude"}, "repos": []string{"web"}})
+	if code != 200 {
+		t.Fatalf("enroll: %d %v", code, m)
+	}
+	tok := m["token"].(string)
+	if code, _ := r.call("POST", "/fleet/factories/pod-1/deregister", tok, nil); code != 200 {
+		t.Fatalf("deregister: %d", code)
+	}
+	pools := r.s.Pools()
+	if len(pools) != 2 || pools[0].Name != "declared" || pools[0].Seats != 3 || pools[1].Name != "learnt" || pools[1].Live != 0 ||
+		!slices.Equal(pools[1].Repos, []string{"web"}) || pools[1].Seats != 10 {
+		t.Fatalf("pools: %+v", pools)
+	}
+	var ids []string
+	for _, f := range targets(r.s) {
+		ids = append(ids, f.ID)
+	}
+	if !slices.Equal(ids, []string{"declared", "learnt"}) {
+		t.Fatalf("targets %v, want the two pools and no replica", ids)
+	}
+	j := &Job{ID: "j", Repo: "web", Engine: "claude"}
+	cands := []Candidate{}
+	for _, f := range targets(r.s) {
+		cands = append(cands, Candidate{Factory: f})
+	}
+	if got, ok := ChooseTarget(j, cands); !ok || got != "learnt" {
+		t.Fatalf("a web/claude job goes to %q (%v), want the learnt pool", got, ok)
 	}
 }

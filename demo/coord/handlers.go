@@ -28,6 +28,7 @@ type enrollReq struct {
 	Engines      []string `json:"engines"`
 	SeatLimit    int      `json:"seatLimit"`
 	Version      string   `json:"version"`
+	Pool         string   `json:"pool"`
 }
 
 // handleEnroll trades the enrollment token for a factory token. Enrolling
@@ -50,7 +51,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) {
 	if _, _, err := s.st.updateFactory(req.FactoryID, true, func(f *Factory) {
 		f.TokenHash, f.Revoked = hashToken(tok), false
 		f.Hostname, f.Capabilities, f.Repos, f.Engines = req.Hostname, req.Capabilities, req.Repos, req.Engines
-		f.SeatLimit, f.Version, f.EnrolledAt = req.SeatLimit, req.Version, now
+		f.SeatLimit, f.Version, f.EnrolledAt, f.Pool = req.SeatLimit, req.Version, now, req.Pool
 	}); err != nil {
 		writeErr(w, http.StatusInternalServerError, err.Error())
 		return
@@ -67,6 +68,7 @@ type heartbeatReq struct {
 	Health       string       `json:"health"`
 	Running      []RunningJob `json:"running"`
 	Version      string       `json:"version"`
+	Pool         string       `json:"pool"`
 }
 
 func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request, c who) {
@@ -78,7 +80,7 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request, c who) 
 	_, ok, err := s.st.updateFactory(c.factory, false, func(f *Factory) {
 		f.Capabilities, f.Repos, f.Load, f.SeatLimit = req.Capabilities, req.Repos, req.Load, req.SeatLimit
 		f.Health, f.Running, f.Version, f.LastHeartbeatAt = req.Health, req.Running, req.Version, now
-		f.Deregistered = false
+		f.Deregistered, f.Pool = req.Health == "offline" && f.Deregistered, req.Pool
 	})
 	switch {
 	case err != nil:

@@ -223,7 +223,7 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 	for i := range jobs {
 		byID[jobs[i].ID] = &jobs[i]
 	}
-	facts := s.Factories()
+	facts := targets(s)
 	live := map[string]bool{}
 	for _, f := range facts {
 		live[f.ID] = !f.Stale && !f.Revoked
@@ -314,6 +314,28 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 		}
 	}
 	return nil
+}
+
+// targets are what the publisher may target: the registered factories that
+// are not replicas of a pool, and one target per pool — a pool is always
+// live (a message to it is what starts a replica), its running jobs those of
+// its live replicas.
+func targets(s *Server) []Factory {
+	var facts []Factory
+	running := map[string][]RunningJob{}
+	for _, f := range s.Factories() {
+		if f.Pool != "" {
+			if !f.Stale {
+				running[f.Pool] = append(running[f.Pool], f.Running...)
+			}
+			continue
+		}
+		facts = append(facts, f)
+	}
+	for _, p := range s.Pools() {
+		facts = append(facts, Factory{ID: p.Name, Capabilities: p.Capabilities, Repos: p.Repos, SeatLimit: p.Seats, Running: running[p.Name], Pool: p.Name})
+	}
+	return facts
 }
 
 // Candidate is a factory as the publisher weighs it for one job.

@@ -15,6 +15,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,10 @@ type Options struct {
 	// Publisher, when set, makes the stub publish a targeted dispatch
 	// message per queued job (publish.go); it runs from Start to Close.
 	Publisher *Publisher
+	// Pools are pools known before any replica of them registered (the
+	// capabilities a replica will offer); a pool is also learnt from its
+	// replicas' enrollments and heartbeats.
+	Pools []Pool
 	// OnCall, if set, sees every answered lease call (claim, accept, renew,
 	// release, PATCH, fail) before its answer is written: an audit of
 	// fencing (audit.go).
@@ -243,6 +248,47 @@ func (s *Server) AllFactories() []Factory {
 		fs[i].TokenHash = ""
 	}
 	return fs
+}
+
+// Pools lists the pools the stub targets: declared (Options.Pools) and
+// learnt from replicas (the latest registered replica's offer, kept after it
+// deregistered), with their live replica counts.
+func (s *Server) Pools() []Pool {
+	byName := map[string]*Pool{}
+	var order []string
+	for _, p := range s.o.Pools {
+		p := p
+		byName[p.Name] = &p
+		order = append(order, p.Name)
+	}
+	fs := s.AllFactories()
+	sort.SliceStable(fs, func(a, b int) bool { return fs[a].LastHeartbeatAt.Before(fs[b].LastHeartbeatAt) })
+	for _, f := range fs {
+		if f.Pool == "" || f.Revoked {
+			continue
+		}
+		p, ok := byName[f.Pool]
+		if !ok {
+			p = &Pool{Name: f.Pool}
+			byName[f.Pool] = p
+			order = append(order, f.Pool)
+		}
+		if len(f.Capabilities) > 0 || len(f.Repos) > 0 {
+			p.Capabilities, p.Repos = f.Capabilities, f.Repos // the latest replica's
+		}
+		if !f.Deregistered && !f.Stale {
+			p.Live++
+		}
+	}
+	out := make([]Pool, 0, len(order))
+	for _, n := range order {
+		p := *byName[n]
+		if p.Seats <= 0 {
+			p.Seats = 10
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // Version is the queue-state version.

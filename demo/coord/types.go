@@ -110,6 +110,26 @@ type Factory struct {
 	// Deregistered: the factory left cleanly (a replica that exited); it is
 	// no longer listed or targeted. Its next heartbeat registers it again.
 	Deregistered bool `json:"deregistered,omitempty"`
+	// Pool is the pool the factory is a replica of (enroll, heartbeat): the
+	// publisher targets the pool, not the replica.
+	Pool string `json:"pool,omitempty"`
+}
+
+// Pool is a pool of replicas as the publisher targets it: one candidate,
+// whatever number of replicas is live — zero too, or a pool scaled to zero
+// would never be sent a message and never scale up.
+type Pool struct {
+	Name string `json:"name"`
+	// Capabilities and Repos are what a replica offers: declared
+	// (Options.Pools) or learnt from the pool's latest replica, kept after
+	// it left.
+	Capabilities []string `json:"capabilities"`
+	Repos        []string `json:"repos"`
+	// Seats bounds the messages outstanding for the pool (the scaler's
+	// maximum replicas times their slots; default 10).
+	Seats int `json:"seats"`
+	// Live counts the replicas registered now.
+	Live int `json:"live"`
 }
 
 // RunningJob is a heartbeat's running entry.

@@ -43,12 +43,23 @@ type daemonEnv struct {
 }
 
 func newDaemonEnv(t testing.TB, broker bool, env ...string) *daemonEnv {
+	var subs []string
+	if broker {
+		subs = []string{"fleet-dispatch/fa"}
+	}
+	return newDaemonEnvSubs(t, subs, env...)
+}
+
+// newDaemonEnvSubs is newDaemonEnv with a broker whose topic has these
+// subscriptions (none: no broker).
+func newDaemonEnvSubs(t testing.TB, subs []string, env ...string) *daemonEnv {
 	t.Helper()
+	broker := len(subs) > 0
 	e := &daemonEnv{t: t, h: testenv.NewHome(t), dir: t.TempDir()}
 	e.origin = testenv.AddOrigin(t, e.h.Repo(t, "app", nil))
 	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond}
 	if broker {
-		e.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{"fleet-dispatch/fa"}})
+		e.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: subs})
 		pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: e.peer.ConnectionString(), Rescan: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -158,4 +159,45 @@ func assertLeft(t *testing.T, s *coord.Server, id string) {
 		}
 	}
 	t.Fatalf("factory %s never enrolled", id)
+}
+
+// A pool scaled to zero is still targeted: a replica of pool "builders"
+// registers the pool's offer and leaves; a job submitted while no replica
+// is live is published to the pool's subscription, and a new replica — its
+// own id, a fresh AQ_HOME — takes it from there and runs it.
+func TestPoolReplicas(t *testing.T) {
+	e := newDaemonEnvSubs(t, []string{"fleet-dispatch/builders"}, "AQ_FACTORY_POOL=builders", "AQ_FACTORY_ID=replica-1")
+	if r := e.h.Run(t, "run", "--once", "--wait", "1s"); r.Code != 3 {
+		t.Fatalf("the first replica, with nothing to do: %s", r)
+	}
+	pools := e.stub.Pools()
+	if len(pools) != 1 || pools[0].Name != "builders" || pools[0].Live != 0 || !slices.Contains(pools[0].Repos, "app") {
+		t.Fatalf("pools after the first replica left: %+v", pools)
+	}
+
+	id := testenv.ID("pooled")
+	e.submit(id, "echo pooled > pooled.txt\n")
+	h2 := testenv.NewHome(t) // the next replica: another host, no state
+	testenv.AddOrigin(t, h2.Repo(t, "app", nil))
+	h2.Bin = e.h.Bin
+	h2.Env = append(append([]string{}, e.h.Env...), "AQ_FACTORY_ID=replica-2")
+	r := h2.Run(t, "run", "--once", "--wait", "30s")
+	if r.Code != 0 || e.jobStage(id) != coord.StageShipped {
+		t.Fatalf("the second replica: %s (job %s)", r, e.jobStage(id))
+	}
+	var accepted []string
+	for _, ev := range e.stub.Events(id) {
+		if ev.Kind == "accepted" {
+			accepted = append(accepted, ev.Factory)
+		}
+	}
+	if !slices.Equal(accepted, []string{"replica-2"}) {
+		t.Fatalf("accepted by %v, want replica-2 alone", accepted)
+	}
+	for _, f := range e.stub.AllFactories() {
+		if f.Pool != "builders" {
+			t.Fatalf("factory %s advertised pool %q", f.ID, f.Pool)
+		}
+	}
+	assertLeft(t, e.stub, "replica-2")
 }

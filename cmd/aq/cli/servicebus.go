@@ -39,6 +39,7 @@ type ensureSubOptions struct {
 	Topic            string
 	Subscription     string
 	FactoryID        string
+	Pool             string
 	RuleName         string
 	LockDuration     time.Duration
 	MaxDeliveryCount int32
@@ -67,7 +68,9 @@ topic with exactly one rule: the correlation filter targetFactoryId = '<factoryI
     or any extra rule would deliver other factories' jobs here.
 
 Topic, subscription and factory id default to AQ_SB_TOPIC, AQ_SB_SUBSCRIPTION
-and AQ_FACTORY_ID. Authentication: AQ_SB_NAMESPACE with the Azure identity of
+and AQ_FACTORY_ID. For a pool of replicas (AQ_FACTORY_POOL, or --pool P) the
+subscription is the pool's and its rule matches targetFactoryId = '<pool>':
+one subscription per pool, which a scaler watches (docs/ondemand.md). Authentication: AQ_SB_NAMESPACE with the Azure identity of
 whoever runs this (DefaultAzureCredential: az login, managed identity; it
 needs Manage rights on the namespace), or AQ_SB_CONNECTION_STRING (a
 connection string with Manage rights). The topic must exist.
@@ -79,17 +82,8 @@ connection string with Manage rights). The topic must exist.
 			if err != nil {
 				return err
 			}
-			if opts.Topic == "" {
-				opts.Topic = cfg.SBTopic
-			}
-			if opts.Subscription == "" {
-				opts.Subscription = cfg.SBSubscription
-				if opts.FactoryID != "" && cfg.SBSubscription == cfg.FactoryID {
-					opts.Subscription = opts.FactoryID // the subscription follows the factory id unless set
-				}
-			}
-			if opts.FactoryID == "" {
-				opts.FactoryID = cfg.FactoryID
+			if err := opts.defaults(cfg); err != nil {
+				return err
 			}
 			if opts.admin == nil {
 				opts.admin = func() (*admin.Client, error) {
@@ -103,11 +97,46 @@ connection string with Manage rights). The topic must exist.
 	fl.StringVar(&opts.Topic, "topic", "", "dispatch topic (default: AQ_SB_TOPIC)")
 	fl.StringVar(&opts.Subscription, "subscription", "", "subscription name (default: AQ_SB_SUBSCRIPTION, i.e. the factory id)")
 	fl.StringVar(&opts.FactoryID, "target-factory-id", "", "the factory id the rule matches (default: AQ_FACTORY_ID)")
+	fl.StringVar(&opts.Pool, "pool", "", "a pool's subscription: named for the pool, its rule matching targetFactoryId = the pool (default: AQ_FACTORY_POOL)")
 	fl.StringVar(&opts.RuleName, "rule", "targetFactoryId", "name of the routing rule")
 	fl.DurationVar(&opts.LockDuration, "lock-duration", time.Minute, "message lock duration of a new subscription (aq completes on claim, so this only covers the accept call)")
 	fl.Int32Var(&opts.MaxDeliveryCount, "max-delivery-count", 10, "deliveries before the broker dead-letters a message, for a new subscription")
 	fl.BoolVar(&opts.JSON, "json", false, "print the result as JSON")
 	return configFlags(cmd, config.GroupFleet, config.GroupBroker)
+}
+
+// defaults fills what the flags left out from the configuration: topic,
+// subscription and target factory id; for a pool (--pool, AQ_FACTORY_POOL)
+// the subscription and the target are the pool's.
+func (opts *ensureSubOptions) defaults(cfg *config.Config) error {
+	if opts.Topic == "" {
+		opts.Topic = cfg.SBTopic
+	}
+	if opts.Pool == "" {
+		opts.Pool = cfg.FactoryPool
+	}
+	if opts.Pool != "" && !config.ValidID(opts.Pool) {
+		return aqerr.Usagef("use letters, digits, '.', '_' and '-'", "--pool %q is not a valid pool name", opts.Pool)
+	}
+	if opts.Pool != "" {
+		if opts.FactoryID != "" && opts.FactoryID != opts.Pool {
+			return aqerr.Usagef("drop --target-factory-id: a pool's rule matches the pool", "--pool %s and --target-factory-id %s disagree", opts.Pool, opts.FactoryID)
+		}
+		opts.FactoryID = opts.Pool
+		if opts.Subscription == "" && (cfg.SBSubscription == cfg.FactoryID || cfg.SBSubscription == cfg.FactoryPool) {
+			opts.Subscription = opts.Pool
+		}
+	}
+	if opts.Subscription == "" {
+		opts.Subscription = cfg.SBSubscription
+		if opts.FactoryID != "" && cfg.SBSubscription == cfg.FactoryID {
+			opts.Subscription = opts.FactoryID // the subscription follows the factory id unless set
+		}
+	}
+	if opts.FactoryID == "" {
+		opts.FactoryID = cfg.FactoryID
+	}
+	return nil
 }
 
 // newAdminClient builds the ATOM administration client: a token credential

@@ -19,6 +19,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -313,5 +314,39 @@ func TestEnsureSubscriptionErrors(t *testing.T) {
 	}
 	if _, err := newAdminClient("", "garbage-with-SharedAccessKey=topsecret", nil, nil); err == nil || strings.Contains(err.Error(), "topsecret") {
 		t.Fatalf("bad connection string: %v", err)
+	}
+}
+
+// A pool's subscription is named for the pool and its rule matches the pool
+// (one subscription per pool, which the scaler watches); a factory's is its
+// own. Flags win over the configuration; a pool and another target disagree.
+func TestEnsureSubscriptionPoolDefaults(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		cfg               config.Config
+		flags             ensureSubOptions
+		wantSub, wantRule string
+		wantErr           string
+	}{
+		{"factory", config.Config{FactoryID: "fa", SBSubscription: "fa", SBTopic: "t"}, ensureSubOptions{}, "fa", "fa", ""},
+		{"pool from the configuration", config.Config{FactoryID: "pod-7", FactoryPool: "builders", SBSubscription: "builders", SBTopic: "t"}, ensureSubOptions{}, "builders", "builders", ""},
+		{"--pool", config.Config{FactoryID: "fa", SBSubscription: "fa", SBTopic: "t"}, ensureSubOptions{Pool: "builders"}, "builders", "builders", ""},
+		{"--pool with its own subscription name", config.Config{FactoryID: "fa", SBSubscription: "fa", SBTopic: "t"}, ensureSubOptions{Pool: "builders", Subscription: "b-sub"}, "b-sub", "builders", ""},
+		{"--pool and another target", config.Config{FactoryID: "fa", SBSubscription: "fa", SBTopic: "t"}, ensureSubOptions{Pool: "builders", FactoryID: "fb"}, "", "", "disagree"},
+		{"--pool not an id", config.Config{FactoryID: "fa", SBSubscription: "fa", SBTopic: "t"}, ensureSubOptions{Pool: "a b"}, "", "", "not a valid pool name"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.flags
+			err := o.defaults(&c.cfg)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) || aqerr.ExitCode(err) != aqerr.Usage {
+					t.Fatalf("err %v, want a usage error with %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || o.Subscription != c.wantSub || o.FactoryID != c.wantRule || o.Topic != "t" {
+				t.Fatalf("subscription %q rule %q topic %q err %v; want %q, %q", o.Subscription, o.FactoryID, o.Topic, err, c.wantSub, c.wantRule)
+			}
+		})
 	}
 }
