@@ -34,11 +34,11 @@ type Config struct {
 	Home     string
 	RepoBase string
 
-	Fleet       bool
-	FleetAPI    string
-	FleetToken  string // secret
-	ProductID   string
-	FactoryID   string
+	Fleet      bool
+	FleetAPI   string
+	FleetToken string // secret
+	ProductID  string
+	FactoryID  string
 	// FactoryPool (AQ_FACTORY_POOL) makes this factory a replica of a pool:
 	// its subscription is the pool's, and a message targeted at the pool is
 	// its to take. Leases are still held under FactoryID.

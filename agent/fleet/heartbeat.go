@@ -22,8 +22,8 @@ type Heartbeater struct {
 	// advertised in every heartbeat.
 	Pool  string
 	Clock Clock
-	Log       *slog.Logger
-	Rand      func() float64
+	Log   *slog.Logger
+	Rand  func() float64
 
 	mu       sync.Mutex
 	lastOK   time.Time
