@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +70,9 @@ type DetectOptions struct {
 	ProbeTimeout time.Duration
 	// Tools are the tools looked for on PATH; nil means DefaultTools().
 	Tools []string
+	// Clonable are repos this host clones on demand (AQ_REPO_URLS): they
+	// are offered as repo:<name> beside the ones already under RepoBase.
+	Clonable []string
 }
 
 // EngineInfo is one engine this host can run.
@@ -218,7 +222,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	if nodeNote != "" {
 		h.Notes = append(h.Notes, nodeNote)
 	}
-	h.Repos = repos
+	h.Repos = mergeSorted(repos, opts.Clonable)
 	h.Notes = append(h.Notes, repoNotes...)
 	return h, nil
 }
@@ -386,6 +390,9 @@ func scanRepos(base string) ([]string, []string, error) {
 	var repos, notes []string
 	for _, e := range entries {
 		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue // hidden: never a repo to offer (a clone in progress is .<name>.clone-*)
+		}
 		dir := filepath.Join(base, name)
 		isDir := e.IsDir()
 		if e.Type()&fs.ModeSymlink != 0 {
@@ -437,4 +444,14 @@ func unwrapPath(err error) error {
 		return pe.Err
 	}
 	return err
+}
+
+// mergeSorted is the sorted union of a and b.
+func mergeSorted(a, b []string) []string {
+	if len(b) == 0 {
+		return a
+	}
+	out := append(append([]string{}, a...), b...)
+	sort.Strings(out)
+	return slices.Compact(out)
 }

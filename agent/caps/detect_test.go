@@ -409,7 +409,8 @@ func TestDetectRepos(t *testing.T) {
 	if err := os.Symlink(in("file.txt"), in("tofile")); err != nil {
 		t.Fatal(err)
 	}
-	// Repositories whose names fail the id rule: skipped with a note.
+	// Repositories whose names fail the id rule: skipped with a note; a
+	// hidden one (a clone in progress is .<name>.clone-*) silently.
 	for _, bad := range []string{"bad name", ".hidden", "-dash", long} {
 		gitInit(t, git, in(bad))
 	}
@@ -436,13 +437,21 @@ func TestDetectRepos(t *testing.T) {
 			skipped = append(skipped, n)
 		}
 	}
-	if len(skipped) != 4 || len(h.Notes) != 4 {
-		t.Fatalf("Notes = %q, want 4 'skipped' notes", h.Notes)
+	if len(skipped) != 3 || len(h.Notes) != 3 {
+		t.Fatalf("Notes = %q, want 3 'skipped' notes", h.Notes)
 	}
-	for _, bad := range []string{`"-dash"`, `".hidden"`, `"bad name"`, `"` + long + `"`} {
+	for _, bad := range []string{`"-dash"`, `"bad name"`, `"` + long + `"`} {
 		if !slices.ContainsFunc(skipped, func(n string) bool { return strings.Contains(n, bad) }) {
 			t.Errorf("no note for %s in %q", bad, skipped)
 		}
+	}
+	// Repos it can clone on demand are offered beside the clones, once.
+	h, err = Detect(context.Background(), DetectOptions{RepoBase: base, Path: t.TempDir(), Clonable: []string{"web", "zeta", "0app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"0app", "a.b_c-1", "alias", "linked", "notes", "sub", "web", "zeta"}; !reflect.DeepEqual(h.Repos, want) {
+		t.Errorf("Repos with clonable ones\n got %q\nwant %q", h.Repos, want)
 	}
 }
 

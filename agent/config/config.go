@@ -33,6 +33,12 @@ type Config struct {
 
 	Home     string
 	RepoBase string
+	// RepoURLs (AQ_REPO_URLS) maps repo names to clone URLs: a template
+	// with {repo}, or a file of `name url` lines (agent/repos).
+	RepoURLs string
+	// RepoMirror (AQ_REPO_MIRROR) is a read-only folder of mirrors that
+	// on-demand clones borrow objects from.
+	RepoMirror string
 
 	Fleet      bool
 	FleetAPI   string

@@ -19,11 +19,14 @@ var sample = map[string]string{
 	"config":                 "", // tested separately: it names a file
 	"home":                   "/tmp/aq-sample-home",
 	"repo_base":              "/tmp/aq-sample-src",
+	"repo_urls":              "https://github.com/acme/{repo}.git",
+	"repo_mirror":            "/tmp/aq-sample-mirror",
 	"fleet":                  "1",
 	"fleet_api":              "http://127.0.0.1:9/api",
 	"fleet_token":            "tok-sample-123",
 	"product_id":             "chronomind",
 	"factory_id":             "mac-7",
+	"factory_pool":           "builders",
 	"fleet_route":            "0",
 	"fleet_shadow":           "1",
 	"fleet_gate":             "1",
@@ -309,6 +312,11 @@ func TestDerivedDefaults(t *testing.T) {
 	if c.SBSubscription != "f-1" || setting(t, c, "sb_subscription").Source != FromDerived {
 		t.Fatalf("subscription should default to factory id: %q", c.SBSubscription)
 	}
+	t.Setenv("AQ_FACTORY_POOL", "builders")
+	if c, err := Load(flags(t)); err != nil || c.SBSubscription != "builders" || setting(t, c, "sb_subscription").Origin != "factory_pool" {
+		t.Fatalf("a replica's subscription should default to its pool: %q (%v)", c.SBSubscription, err)
+	}
+	t.Setenv("AQ_FACTORY_POOL", "")
 	home, _ := os.UserHomeDir()
 	if c.Home != filepath.Join(home, ".aq") || c.RepoBase != filepath.Join(home, "src") {
 		t.Fatalf("home %q repo base %q", c.Home, c.RepoBase)

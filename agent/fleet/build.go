@@ -10,6 +10,7 @@ import (
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/internal/secrets"
@@ -83,7 +84,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	host := parts.Host
 	if host == nil {
 		host = func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase})
+			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
 		}
 	}
 	clock := parts.Clock

@@ -9,6 +9,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/internal/secrets"
@@ -56,7 +57,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Parse:        parse,
 		Catalog:      cat,
 		Host: func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase})
+			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
 		},
 		Log: log,
 	}, nil

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/secrets"
@@ -27,6 +28,15 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 	if err != nil {
 		return nil, aqerr.Wrap(aqerr.Usage, err, "AQ_PRICE_TABLE: "+err.Error(), "fix the file or unset AQ_PRICE_TABLE to use the built-in prices")
 	}
+	rr, warnings, err := repos.Parse(cfg.RepoURLs)
+	if err != nil {
+		return nil, aqerr.Wrap(aqerr.Usage, err, err.Error(), "set AQ_REPO_URLS to a URL template with {repo} or to a file of `name url` lines")
+	}
+	for _, w := range warnings {
+		if p.Log != nil {
+			p.Log.Warn(w)
+		}
+	}
 	eng := p.Engines
 	if eng == nil {
 		eng = engines.Default()
@@ -36,6 +46,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
+			Repos: rr, Mirror: cfg.RepoMirror,
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
@@ -34,11 +35,21 @@ func (ru *run) preflight(ctx context.Context) bool {
 	}
 	repoDir := filepath.Join(ru.r.Cfg.RepoBase, j.Repo)
 	if !worktree.IsRepo(repoDir) {
-		if j.RepoURL == "" {
-			ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("no git repository %s under AQ_REPO_BASE (clone it there or fix repo:)", repoDir))
-			return false
+		url := j.RepoURL
+		if url == "" {
+			u, ok, err := ru.r.Cfg.Repos.Resolve(j.Repo)
+			switch {
+			case err != nil:
+				ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("no git repository %s under AQ_REPO_BASE, and its clone URL is unusable: %v", repoDir, err))
+				return false
+			case !ok:
+				ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("no git repository %s under AQ_REPO_BASE (clone it there, list it in AQ_REPO_URLS, or fix repo:)", repoDir))
+				return false
+			}
+			url = u
 		}
-		if err := ru.clone(ctx, repoDir); err != nil {
+		ru.log.Info("cloning the repository on demand (blobless)", "repo", j.Repo, "url", url, "mirror", ru.r.Cfg.Mirror)
+		if err := repos.Clone(ctx, &ru.r.Git, url, repoDir, ru.r.Cfg.Mirror); err != nil {
 			if !ru.stopped(ctx, "cloning the repo") {
 				ru.fail(job.ReasonRepoUnavailable, err.Error())
 			}
@@ -53,16 +64,6 @@ func (ru *run) preflight(ctx context.Context) bool {
 		}
 	}
 	return true
-}
-
-func (ru *run) clone(ctx context.Context, dir string) error {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return fmt.Errorf("cannot create %s: %v", filepath.Dir(dir), err)
-	}
-	if _, err := ru.r.Git.Run(ctx, filepath.Dir(dir), "clone", "--", ru.j.RepoURL, dir); err != nil {
-		return fmt.Errorf("cannot clone %s: %v", ru.j.RepoURL, err)
-	}
-	return nil
 }
 
 // pickEngine resolves the manifest's engine (any = the first installed) and

@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
@@ -49,6 +50,11 @@ type Config struct {
 	// so a lost host or a preemption costs at most one interval of work.
 	// 0: only the checkpoint after the engine.
 	CheckpointInterval time.Duration
+	// Repos resolves a repo that is not under RepoBase to a clone URL
+	// (AQ_REPO_URLS); nil: such a job fails repo_unavailable.
+	Repos *repos.Resolver
+	// Mirror is AQ_REPO_MIRROR, which on-demand clones borrow objects from.
+	Mirror string
 }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that

@@ -14,6 +14,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -109,7 +110,7 @@ func runCaps(ctx context.Context, f *Factory, opts *capsOptions) error {
 	if err != nil {
 		return err
 	}
-	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout})
+	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, Clonable: repos.Clonable(cfg.RepoURLs)})
 	if err != nil {
 		var typed *aqerr.Error
 		switch {

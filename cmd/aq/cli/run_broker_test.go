@@ -3,6 +3,8 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -200,4 +202,51 @@ func TestPoolReplicas(t *testing.T) {
 		}
 	}
 	assertLeft(t, e.stub, "replica-2")
+}
+
+// A replica starts with no clones: AQ_REPO_URLS names where each repo is
+// cloned from, the factory offers those repos, and the first job on one
+// clones it (blobless) under AQ_REPO_BASE and ships. A repo whose clone
+// fails is the job failed repo_unavailable (retryable), nothing left behind.
+func TestRunOnceClonesOnDemand(t *testing.T) {
+	e := newDaemonEnv(t, true)
+	testenv.Git(t, e.origin, "config", "uploadpack.allowFilter", "true")
+	replica := testenv.NewHome(t) // nothing under its repo base
+	replica.Bin = e.h.Bin
+	urls := filepath.Join(t.TempDir(), "repo-urls")
+	testenv.WriteFile(t, urls, "app file://"+e.origin+"\nghost file://"+filepath.Join(t.TempDir(), "ghost.git")+"\n")
+	replica.Env = append(append([]string{}, e.h.Env...), "AQ_REPO_URLS="+urls)
+
+	if r := replica.Run(t, "caps", "--json"); r.Code != 0 || !strings.Contains(r.Stdout, `"repo:app"`) || !strings.Contains(r.Stdout, `"repo:ghost"`) {
+		t.Fatalf("aq caps does not offer the repos it can clone: %s", r)
+	}
+	id := testenv.ID("cloned")
+	e.submit(id, "echo cloned > cloned.txt\n")
+	if r := replica.Run(t, "run", "--once", "--wait", "30s"); r.Code != 0 || e.jobStage(id) != coord.StageShipped {
+		t.Fatalf("the job on a repo cloned on demand: %s (job %s)", r, e.jobStage(id))
+	}
+	app := filepath.Join(replica.RepoBase, "app")
+	if got := strings.TrimSpace(testenv.Git(t, app, "config", "remote.origin.partialclonefilter")); got != "blob:none" {
+		t.Fatalf("the clone is not blobless (filter %q)", got)
+	}
+
+	ghost := testenv.ID("ghost")
+	sp := filepath.Join(e.dir, ghost+".sh")
+	testenv.WriteFile(t, sp, "echo boo > boo.txt\n")
+	m := testenv.Manifest(t, t.TempDir(), ghost, "repo: ghost\nengine: script\nship: branch\nretry:\n  max: 1\nscript: /bin/sh "+sp)
+	if r := e.h.Run(t, "submit", m); r.Code != 0 {
+		t.Fatalf("submit: %s", r)
+	}
+	r := replica.Run(t, "run", "--once", "--wait", "30s")
+	j, _ := e.stub.Job(ghost)
+	if r.Code != 1 || j.Reason != "repo_unavailable" || !strings.Contains(r.Stderr, "cannot clone file://") {
+		t.Fatalf("a clone that fails: %s (job %s, reason %q)", r, j.Stage, j.Reason)
+	}
+	if j.Stage != coord.StageQueued {
+		t.Fatalf("the job is %s: a failed clone must be reported retryable (retry.max 1 requeues it)", j.Stage)
+	}
+	entries, _ := os.ReadDir(replica.RepoBase)
+	if len(entries) != 1 || entries[0].Name() != "app" {
+		t.Fatalf("the repo base holds %v after a failed clone, want app alone", entries)
+	}
 }
