@@ -7,9 +7,16 @@
 //   node sbpeer.js [--port 0] [--host 127.0.0.1] [--sub TOPIC/NAME[=FACTORY|*]]...
 //                  [--lock-ms 30000] [--max-delivery 10] [--dup-window-ms 600000]
 //                  [--events FILE|-] [--state FILE] [--tls-cert F --tls-key F] [--config FILE]
+//                  [--admin-cert F --admin-key F [--admin-port 0]]
 //
-// The first line on stdout is {"event":"listening","port":N,...}. Every other
-// event is one JSON line in --events (default stdout).
+// The first line on stdout is {"event":"listening","port":N,...} (with
+// "adminPort" when --admin-cert is given). Every other event is one JSON line
+// in --events (default stdout).
+//
+// With --admin-cert/--admin-key it also serves the management (ATOM) API's
+// one read a scaler makes — GET /TOPIC/Subscriptions/NAME, the subscription's
+// runtime properties (MessageCount, CountDetails) — over HTTPS on its own
+// port, as KEDA's azure-servicebus scaler reads it.
 'use strict';
 const fs = require('fs');
 const crypto = require('crypto');
@@ -19,7 +26,7 @@ const { types, message: amqpmsg } = rhea;
 // ---- configuration -------------------------------------------------------
 function parseArgs(argv) {
   const cfg = { host: '127.0.0.1', port: 0, lockMs: 30000, maxDelivery: 10, dupWindowMs: 600000,
-    events: '-', state: '', tlsCert: '', tlsKey: '', topics: {} };
+    events: '-', state: '', tlsCert: '', tlsKey: '', adminCert: '', adminKey: '', topics: {} };
   const subs = [];
   for (let i = 0; i < argv.length; i++) {
     const [flag, inline] = argv[i].split(/=(.*)/s, 2);
@@ -35,6 +42,9 @@ function parseArgs(argv) {
       case '--state': cfg.state = val(); break;
       case '--tls-cert': cfg.tlsCert = val(); break;
       case '--tls-key': cfg.tlsKey = val(); break;
+      case '--admin-cert': cfg.adminCert = val(); break;
+      case '--admin-key': cfg.adminKey = val(); break;
+      case '--admin-port': cfg.adminPort = Number(val()); break;
       case '--sub': subs.push(val()); break;
       default: throw new Error(`unknown flag ${argv[i]}`);
     }
@@ -436,6 +446,58 @@ function guard(fn, ...args) {
   }
 }
 
+// ---- management (ATOM) API: subscription runtime properties ---------------
+// The answer has the shape of Service Bus's: an Atom entry whose content is a
+// SubscriptionDescription with MessageCount and CountDetails. Active counts
+// every message in the subscription, locked ones included (as the service
+// does); a locked message leaves the count when it is completed.
+const started = new Date().toISOString();
+function subscriptionEntry(host, topic, name, q) {
+  const active = q.messages.length;
+  const dead = q.dlq.messages.length;
+  const now = new Date().toISOString();
+  const c = (tag, n) => `<d2p1:${tag}>${n}</d2p1:${tag}>`;
+  return '<entry xmlns="http://www.w3.org/2005/Atom">' +
+    `<id>https://${host}/${topic}/Subscriptions/${name}</id><title type="text">${name}</title>` +
+    `<published>${started}</published><updated>${now}</updated>` +
+    '<content type="application/xml">' +
+    '<SubscriptionDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/servicebus/connect" xmlns:i="http://www.w3.org/2001/XMLSchema-instance">' +
+    `<LockDuration>PT${Math.round(q.lockMs / 1000)}S</LockDuration><RequiresSession>false</RequiresSession>` +
+    `<MaxDeliveryCount>${Number.isFinite(q.maxDelivery) ? q.maxDelivery : 10}</MaxDeliveryCount>` +
+    `<MessageCount>${active + dead}</MessageCount><Status>Active</Status>` +
+    `<CreatedAt>${started}</CreatedAt><UpdatedAt>${started}</UpdatedAt><AccessedAt>${now}</AccessedAt>` +
+    '<CountDetails xmlns:d2p1="http://schemas.microsoft.com/netservices/2011/06/servicebus">' +
+    c('ActiveMessageCount', active) + c('DeadLetterMessageCount', dead) + c('ScheduledMessageCount', 0) +
+    c('TransferMessageCount', 0) + c('TransferDeadLetterMessageCount', 0) +
+    '</CountDetails></SubscriptionDescription></content></entry>';
+}
+function adminRequest(req, res) {
+  const url = new URL(req.url, 'https://peer');
+  const m = /^\/([^/]+)\/Subscriptions\/([^/]+)$/i.exec(decodeURIComponent(url.pathname));
+  const q = m && queues[`${m[1]}/Subscriptions/${m[2]}`.toLowerCase()];
+  const auth = req.headers.authorization || '';
+  log('admin', { method: req.method, path: url.pathname, status: !auth ? 401 : req.method !== 'GET' ? 405 : q ? 200 : 404 });
+  if (!auth) { // the SDK always signs: a SAS token or a bearer token
+    res.writeHead(401, { 'Content-Type': 'application/xml' });
+    return res.end('<Error><Code>401</Code><Detail>no Authorization header</Detail></Error>');
+  }
+  if (req.method !== 'GET') {
+    res.writeHead(405, { 'Content-Type': 'application/xml' });
+    return res.end('<Error><Code>405</Code><Detail>this peer answers only reads of subscription runtime properties</Detail></Error>');
+  }
+  if (!q) {
+    res.writeHead(404, { 'Content-Type': 'application/xml' });
+    return res.end(`<Error><Code>404</Code><Detail>no subscription ${url.pathname}</Detail></Error>`);
+  }
+  res.writeHead(200, { 'Content-Type': 'application/atom+xml;type=entry;charset=utf-8' });
+  res.end(subscriptionEntry(req.headers.host, m[1], m[2], q));
+}
+let admin = null;
+if (cfg.adminCert) {
+  admin = require('https').createServer({ cert: fs.readFileSync(cfg.adminCert), key: fs.readFileSync(cfg.adminKey) },
+    (req, res) => guard(adminRequest, req, res));
+}
+
 load();
 const listenOpts = { host: cfg.host, port: cfg.port };
 if (cfg.tlsCert) Object.assign(listenOpts, { transport: 'tls', cert: fs.readFileSync(cfg.tlsCert), key: fs.readFileSync(cfg.tlsKey) });
@@ -443,9 +505,16 @@ const server = container.listen(listenOpts);
 server.on('listening', () => {
   const { port } = server.address();
   const ready = { event: 'listening', host: cfg.host, port, tls: Boolean(cfg.tlsCert), pid: process.pid };
-  process.stdout.write(JSON.stringify(ready) + '\n');
-  if (eventsFd !== 1) log('listening', ready);
-  for (const q of Object.values(queues)) pump(q);
+  const announce = () => {
+    process.stdout.write(JSON.stringify(ready) + '\n');
+    if (eventsFd !== 1) log('listening', ready);
+    for (const q of Object.values(queues)) pump(q);
+  };
+  if (!admin) return announce();
+  admin.listen(cfg.adminPort || 0, cfg.host, () => {
+    ready.adminPort = admin.address().port;
+    announce();
+  });
 });
 server.on('error', (e) => {
   process.stderr.write(`sbpeer: ${e.message}\n`);

@@ -30,6 +30,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,6 +67,10 @@ type Options struct {
 	PeerDir string
 	// Env is the peer's environment; nil: this process's.
 	Env []string
+	// Admin makes the peer serve the management API's read of a
+	// subscription's runtime properties over HTTPS on a port of its own
+	// (AdminConnectionString, AdminHTTPClient): what a scaler reads.
+	Admin bool
 }
 
 // Peer is one running (or killed) sbpeer process.
@@ -79,11 +84,12 @@ type Peer struct {
 	keyPath    string
 	roots      *x509.CertPool
 
-	mu     sync.Mutex
-	port   int
-	cmd    *exec.Cmd
-	done   chan struct{}
-	stderr *syncBuffer
+	mu        sync.Mutex
+	port      int
+	adminPort int
+	cmd       *exec.Cmd
+	done      chan struct{}
+	stderr    *syncBuffer
 }
 
 // ServerName is the TLS server name in the peer's certificate.
@@ -143,18 +149,18 @@ func Launch(opts Options) (*Peer, error) {
 	if opts.Persist {
 		p.statePath = filepath.Join(opts.Dir, "sbpeer-state.json")
 	}
-	if opts.TLS {
+	if opts.TLS || opts.Admin {
 		if err := p.makeCert(); err != nil {
 			return nil, err
 		}
 	}
-	if err := p.start(0); err != nil {
+	if err := p.start(0, 0); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-func (p *Peer) args(port int) []string {
+func (p *Peer) args(port, adminPort int) []string {
 	a := []string{p.script, "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--events", p.eventsPath}
 	for _, s := range p.opts.Subs {
 		a = append(a, "--sub", s)
@@ -171,14 +177,17 @@ func (p *Peer) args(port int) []string {
 	if p.statePath != "" {
 		a = append(a, "--state", p.statePath)
 	}
-	if p.certPath != "" {
+	if p.opts.TLS {
 		a = append(a, "--tls-cert", p.certPath, "--tls-key", p.keyPath)
+	}
+	if p.opts.Admin {
+		a = append(a, "--admin-cert", p.certPath, "--admin-key", p.keyPath, "--admin-port", strconv.Itoa(adminPort))
 	}
 	return a
 }
 
-func (p *Peer) start(port int) error {
-	cmd := exec.Command(p.opts.Node, p.args(port)...)
+func (p *Peer) start(port, adminPort int) error {
+	cmd := exec.Command(p.opts.Node, p.args(port, adminPort)...)
 	cmd.Dir = filepath.Dir(p.script)
 	cmd.Env = p.opts.Env
 	process.SetGroup(cmd)
@@ -202,8 +211,9 @@ func (p *Peer) start(port int) error {
 		close(done)
 	}()
 	var ready struct {
-		Event string `json:"event"`
-		Port  int    `json:"port"`
+		Event     string `json:"event"`
+		Port      int    `json:"port"`
+		AdminPort int    `json:"adminPort"`
 	}
 	if rerr != nil || json.Unmarshal(line, &ready) != nil || ready.Event != "listening" {
 		_ = cmd.Process.Kill()
@@ -211,7 +221,7 @@ func (p *Peer) start(port int) error {
 		return fmt.Errorf("the peer did not start (%v): %s", rerr, strings.TrimSpace(stderr.String()))
 	}
 	p.mu.Lock()
-	p.port, p.cmd, p.done, p.stderr = ready.Port, cmd, done, stderr
+	p.port, p.adminPort, p.cmd, p.done, p.stderr = ready.Port, ready.AdminPort, cmd, done, stderr
 	p.mu.Unlock()
 	return nil
 }
@@ -230,6 +240,23 @@ func (p *Peer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa
 // UseDevelopmentEmulator=true makes the SDK dial plain amqp:// to this host.
 func (p *Peer) ConnectionString() string {
 	return "Endpoint=sb://" + p.Addr() + ";SharedAccessKeyName=sbpeer;SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ==;UseDevelopmentEmulator=true"
+}
+
+// AdminConnectionString is a connection string for the management API
+// (Options.Admin): its endpoint is the HTTPS port the peer answers the
+// subscription runtime-properties read on. The SDK's admin client signs
+// with its key; the peer checks only that a signature is there.
+func (p *Peer) AdminConnectionString() string {
+	p.mu.Lock()
+	port := p.adminPort
+	p.mu.Unlock()
+	return "Endpoint=sb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ";SharedAccessKeyName=sbpeer;SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ=="
+}
+
+// AdminHTTPClient trusts the peer's self-signed certificate, for the admin
+// client's transport (azcore.ClientOptions.Transport).
+func (p *Peer) AdminHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: p.TLSConfig()}, Timeout: 10 * time.Second}
 }
 
 // TLSConfig trusts the peer's self-signed certificate (Options.TLS). go-amqp
@@ -254,7 +281,10 @@ func (p *Peer) Kill() {
 // first). With Options.Persist it finds the messages it held.
 func (p *Peer) Restart() error {
 	p.Kill()
-	return p.start(p.Port())
+	p.mu.Lock()
+	port, adminPort := p.port, p.adminPort
+	p.mu.Unlock()
+	return p.start(port, adminPort)
 }
 
 // Stop ends the peer gracefully (SIGTERM: it saves its state and exits),

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 )
@@ -139,3 +141,65 @@ func receive(t *testing.T, r *azservicebus.Receiver, n int) []*azservicebus.Rece
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The peer answers the management API's read of a subscription's runtime
+// properties — what KEDA's azure-servicebus scaler reads — through the
+// SDK's own admin client: active and dead-letter counts follow the messages,
+// a locked message counts until it is completed, an unknown subscription is
+// not found.
+func TestPeerAdminRuntimeProperties(t *testing.T) {
+	p := sbpeertest.Start(t, sbpeertest.Options{Subs: []string{"fleet-dispatch/pool"}, Admin: true})
+	ctx := context.Background()
+	ac, err := admin.NewClientFromConnectionString(p.AdminConnectionString(), &admin.ClientOptions{ClientOptions: azcore.ClientOptions{Transport: p.AdminHTTPClient()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := func() (active, dead int32) {
+		t.Helper()
+		rp, err := ac.GetSubscriptionRuntimeProperties(ctx, "fleet-dispatch", "pool", nil)
+		if err != nil || rp == nil {
+			t.Fatalf("runtime properties: %v (%v)", rp, err)
+		}
+		return rp.ActiveMessageCount, rp.DeadLetterMessageCount
+	}
+	if a, d := counts(); a != 0 || d != 0 {
+		t.Fatalf("empty subscription: active %d dead %d", a, d)
+	}
+	c, err := azservicebus.NewClientFromConnectionString(p.ConnectionString(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	snd, err := c.NewSender("fleet-dispatch", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if err := snd.SendMessage(ctx, &azservicebus.Message{MessageID: &id, Body: []byte("{}"), ApplicationProperties: map[string]any{"targetFactoryId": "pool"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, _ := counts(); a != 3 {
+		t.Fatalf("active %d, want 3", a)
+	}
+	rcv, err := c.NewReceiverForSubscription("fleet-dispatch", "pool", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := receive(t, rcv, 2)
+	if a, _ := counts(); a != 3 {
+		t.Fatalf("active %d with two locked, want 3 (locked messages are active)", a)
+	}
+	if err := rcv.CompleteMessage(ctx, msgs[0], nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rcv.DeadLetterMessage(ctx, msgs[1], nil); err != nil {
+		t.Fatal(err)
+	}
+	if a, d := counts(); a != 1 || d != 1 {
+		t.Fatalf("after a complete and a dead-letter: active %d dead %d, want 1 and 1", a, d)
+	}
+	if rp, err := ac.GetSubscriptionRuntimeProperties(ctx, "fleet-dispatch", "nope", nil); err != nil || rp != nil {
+		t.Fatalf("an unknown subscription: %+v, %v; want not found (nil, nil)", rp, err)
+	}
+}
