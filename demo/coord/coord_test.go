@@ -227,6 +227,28 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 }
 
+// A periodic checkpoint is a building report after the building report of
+// the start: found by the scale-to-zero act, the stub took it for a re-send
+// of the first and dropped its checkpoint, so the next owner restarted.
+func TestBuildingReportsCarryCheckpoints(t *testing.T) {
+	r := newRig(t, Options{LeaseTTL: 10 * time.Second})
+	tok := r.enroll("f1")
+	r.submit("j1", nil)
+	r.claim("f1", tok)
+	for _, cp := range []string{"", "wip1", "wip1", "wip2"} {
+		body := map[string]any{"stage": "building", "leaseEpoch": 1}
+		if cp != "" {
+			body["checkpoint"] = cp
+		}
+		if code, _ := r.call("PATCH", "/fleet/jobs/j1", tok, body); code != 200 {
+			t.Fatalf("building %q: %d", cp, code)
+		}
+		if j, _ := r.s.Job("j1"); cp != "" && j.Checkpoint != cp {
+			t.Fatalf("after building with checkpoint %q the job records %q", cp, j.Checkpoint)
+		}
+	}
+}
+
 func TestReaperRequeuesKeepingCheckpoint(t *testing.T) {
 	r := newRig(t, Options{LeaseTTL: 10 * time.Second})
 	tok := r.enroll("f1")

@@ -363,8 +363,10 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		// epoch still current, and a report that keeps the lease (building)
 		// only while the lease is still this factory's — else a zombie's
 		// re-sent building would be told it still holds the job.
+		// A building report that carries a new checkpoint is not a re-send.
 		if l := j.Last; l != nil && l.Kind == "patch" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && l.Stage == req.Stage &&
-			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, req.LeaseEpoch) == "") {
+			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, req.LeaseEpoch) == "") &&
+			(req.Checkpoint == "" || req.Checkpoint == j.Checkpoint) {
 			return http.StatusOK, "", nil // a re-sent report
 		}
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
