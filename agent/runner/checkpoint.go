@@ -102,10 +102,10 @@ func (ru *run) startPeriodic(ctx context.Context) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-// periodicCheckpoint records the worktree on aq/wip/<id> and, when it
-// changed, pushes it where the final checkpoint would go: as a
+// periodicCheckpoint records the worktree on aq/wip/<id> and, until origin
+// has it, pushes it where the final checkpoint would go: as a
 // compare-and-swap, in fleet mode only while the lease is held. Nothing
-// changed: no commit, no push.
+// changed since the last push: no commit, no push.
 func (ru *run) periodicCheckpoint(ctx context.Context) {
 	ru.cpMu.Lock()
 	defer ru.cpMu.Unlock()
@@ -117,13 +117,17 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 		}
 		return
 	}
-	if sha == ru.lastPeriodic || sha == ru.start {
-		return // nothing new since the last one
+	if sha == ru.start {
+		return // nothing done yet
 	}
-	ru.lastPeriodic = sha
-	ru.log.Info("periodic checkpoint", "checkpoint", sha)
-	ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
-	if ru.fencedNow(ctx) || !ru.hasOrigin(ctx) || sha == ru.wipOnOrigin {
+	if sha != ru.lastPeriodic {
+		ru.lastPeriodic = sha
+		ru.log.Info("periodic checkpoint", "checkpoint", sha)
+		ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
+	}
+	// An unchanged tree whose last push was skipped or failed is pushed
+	// now: the work must reach origin even if the engine writes no more.
+	if sha == ru.wipOnOrigin || ru.fencedNow(ctx) || !ru.hasOrigin(ctx) {
 		return
 	}
 	if ru.o.Lease != nil && !ru.o.Lease.Held(wipLeaseMargin) {

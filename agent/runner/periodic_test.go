@@ -197,3 +197,31 @@ func TestResumeFromANewerPushedCheckpoint(t *testing.T) {
 		t.Fatalf("the second attempt did not resume from origin's newer checkpoint %s (recorded %s): %+v", newer, recorded, second)
 	}
 }
+
+// flakyLease is held only after its first refusals: a lease whose expiry was
+// too near for a push at the first interval (a renewal late under load).
+type flakyLease struct{ refusals atomic.Int32 }
+
+func (l *flakyLease) Confirm(context.Context) error { return nil }
+func (l *flakyLease) Held(time.Duration) bool     { return l.refusals.Add(-1) < 0 }
+
+// A checkpoint whose push was skipped (the lease could not be confirmed at
+// that instant) is pushed at a later interval even though the engine wrote
+// nothing since: found by the scale-to-zero act, where an engine that had
+// made its change and then waited never had its work on origin.
+func TestPeriodicCheckpointPushIsRetried(t *testing.T) {
+	f := newFixture(t)
+	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
+	testenv.AddOrigin(t, f.repo)
+	j := f.job("periodic-retry", "echo once > once.txt\nsleep 1.2\n")
+	lease := &flakyLease{}
+	lease.refusals.Store(3)
+	var log eventLog
+	if out := f.run(context.Background(), j, runner.Options{Attempt: 1, Lease: lease, OnEvent: log.add}); out.Failed() {
+		t.Fatalf("%+v", out)
+	}
+	cps, pushed := log.kinds("checkpoint"), log.kinds("checkpoint-pushed")
+	if len(cps) != 2 || len(pushed) != 1 || pushed[0] != cps[0] {
+		t.Fatalf("checkpoints %v pushed while the engine ran %v; want the one change pushed once the lease was confirmed", cps, pushed)
+	}
+}
