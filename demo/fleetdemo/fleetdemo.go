@@ -310,7 +310,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	r.env = baseEnv(r.o.Env, r.ws)
+	r.env = demo.ChildEnv(r.o.Env, r.ws)
 
 	r.say("1. The fleet")
 	if err := r.makeRepos(ctx); err != nil {
@@ -328,7 +328,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 	case r.o.NoBroker:
 		r.why = "the broker is turned off (NoBroker)"
 	default:
-		r.why = peerMissing(r.env, peerDir)
+		r.why = demo.PeerMissing(r.env, peerDir)
 	}
 	if r.why == "" {
 		p, err := startPeer(peerDir, r.ws, r.env, topic, factoryIDs)
@@ -435,27 +435,6 @@ func jobFileName(n string) string {
 		return rest
 	}
 	return b
-}
-
-// baseEnv is env without aq's own variables (the user's AQ_FLEET_TOKEN or
-// config must not leak into the demo) and with git and aq configuration
-// isolated in the workspace.
-func baseEnv(env []string, ws string) []string {
-	if env == nil {
-		env = os.Environ()
-	}
-	out := make([]string, 0, len(env)+4)
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		switch {
-		case strings.HasPrefix(k, "AQ_"), k == "POLL_SECONDS", k == "XDG_CONFIG_HOME",
-			strings.HasPrefix(k, "GIT_"):
-			continue
-		}
-		out = append(out, kv)
-	}
-	return append(out, "GIT_CONFIG_GLOBAL="+filepath.Join(ws, "gitconfig"), "GIT_CONFIG_NOSYSTEM=1",
-		"XDG_CONFIG_HOME="+filepath.Join(ws, "xdg"), "GIT_TERMINAL_PROMPT=0")
 }
 
 // stopAll stops the daemons (drain; a second SIGTERM and SIGKILL only if

@@ -48,7 +48,7 @@ func runDemo(t *testing.T, o Options) (*Summary, string) {
 // peer's packages are installed, the gated poll path otherwise.
 func TestFleetDemo(t *testing.T) {
 	sum, out := runDemo(t, Options{})
-	if peerMissing(os.Environ(), demo.FindPeerDir("")) == "" && sum.Path != "broker" {
+	if demo.PeerMissing(os.Environ(), demo.FindPeerDir("")) == "" && sum.Path != "broker" {
 		t.Errorf("Node and the peer are installed, but the demo used the %s path (%s)", sum.Path, sum.PathNote)
 	}
 	for _, want := range []string{"kill -9", "the reaper:", "409 Conflict", "aq gc", "Expected events"} {
