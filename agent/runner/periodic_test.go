@@ -203,7 +203,7 @@ func TestResumeFromANewerPushedCheckpoint(t *testing.T) {
 type flakyLease struct{ refusals atomic.Int32 }
 
 func (l *flakyLease) Confirm(context.Context) error { return nil }
-func (l *flakyLease) Held(time.Duration) bool     { return l.refusals.Add(-1) < 0 }
+func (l *flakyLease) Held(time.Duration) bool       { return l.refusals.Add(-1) < 0 }
 
 // A checkpoint whose push was skipped (the lease could not be confirmed at
 // that instant) is pushed at a later interval even though the engine wrote
