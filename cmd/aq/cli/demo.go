@@ -17,6 +17,7 @@ import (
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/fleetdemo"
 	"github.com/aqfleet/aq/demo/local"
+	"github.com/aqfleet/aq/demo/scaledemo"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -29,7 +30,7 @@ func newDemoCmd(f *Factory) *cobra.Command {
 	o := &demoOptions{}
 	cmd := &cobra.Command{
 		Use:   "demo [--keep] [--dir DIR] [--local-only] [--json]",
-		Short: "Run aq's offline demo: local mode, then a two-factory fleet on this machine",
+		Short: "Run aq's offline demo: local mode, a two-factory fleet, then a pool scaled to zero",
 		Long: `Run aq's main job offline, in a throw-away workspace, in a minute or two,
 narrating what happens and checking that every expected event happened.
 
@@ -47,11 +48,22 @@ killed factory restarting as a zombie and being fenced (409), a failing job
 releasing its lease at once, and aq gc cleaning up; then a summary of jobs,
 attempts, lease epochs and requests made.
 
+Act 3, scale to zero (needs the local Service Bus peer; skipped, saying so,
+without it): a pool of on-demand replicas. A scaler that implements KEDA's
+ScaledJob "accurate" strategy reads the pool subscription's active message
+count through the management API, as KEDA does, and starts aq run --once
+replicas, each with a fresh AQ_HOME and no clones. It shows zero aq
+processes and zero coordinator requests while idle, a burst capped at the
+scaler's maximum, a replica's host lost mid-job (kill -9, its AQ_HOME
+deleted) and its job finished by another replica from the checkpoint pushed
+before the loss, every replica deregistered, and idle again.
+
 Exit 0 only if every check passed. Everything the demo starts is stopped
 before it exits, also on Ctrl-C. The workspace is removed unless --keep (or
 --dir) is given.
 
   aq demo local         act 1 alone
+  aq demo scale         act 3 alone
   aq demo coordinator   run the in-memory coordinator stub (a test and demo
                         double of the fleet coordinator) to try fleet mode`,
 		Args: cobra.NoArgs,
@@ -66,7 +78,15 @@ before it exits, also on Ctrl-C. The workspace is removed unless --keep (or
 		RunE:  func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), f, local) },
 	}
 	local.flags(localCmd, false)
-	cmd.AddCommand(localCmd, newDemoCoordinatorCmd(f))
+	scale := &demoOptions{ScaleOnly: true}
+	scaleCmd := &cobra.Command{
+		Use:   "scale [--keep] [--dir DIR] [--json]",
+		Short: "Run act 3 of the demo alone: a pool of one-job replicas scaled on broker depth, from zero and back",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), f, scale) },
+	}
+	scale.flags(scaleCmd, false)
+	cmd.AddCommand(localCmd, scaleCmd, newDemoCoordinatorCmd(f))
 	return cmd
 }
 
@@ -75,6 +95,7 @@ type demoOptions struct {
 	Dir       string
 	Keep      bool
 	LocalOnly bool
+	ScaleOnly bool
 	JSON      bool
 }
 
@@ -96,6 +117,7 @@ type DemoSummary struct {
 	Passed     bool               `json:"passed"`
 	Local      *local.Summary     `json:"local,omitempty"`
 	Fleet      *fleetdemo.Summary `json:"fleet,omitempty"`
+	Scale      *scaledemo.Summary `json:"scale,omitempty"`
 	DurationMS int64              `json:"durationMs"`
 }
 
@@ -129,28 +151,44 @@ func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
 		return filepath.Join(dir, name)
 	}
 	sum := &DemoSummary{Workspace: dir, Kept: keep}
-	acts := "1 of 2"
-	if o.LocalOnly {
-		acts = "1 of 1"
+	passed := true
+	if !o.ScaleOnly {
+		acts := "1 of 3"
+		if o.LocalOnly {
+			acts = "1 of 1"
+		}
+		fmt.Fprintf(out, "━━ Act %s: local mode ━━\n\n", acts)
+		ls, err := local.Run(ctx, local.Options{Dir: actDir("local"), Out: out})
+		sum.Local = ls
+		if err == nil && ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		if err != nil {
+			return demoError(ctx, err)
+		}
+		passed = ls.Passed()
 	}
-	fmt.Fprintf(out, "━━ Act %s: local mode ━━\n\n", acts)
-	ls, err := local.Run(ctx, local.Options{Dir: actDir("local"), Out: out})
-	sum.Local = ls
-	if err == nil && ctx.Err() != nil {
-		err = context.Cause(ctx)
-	}
-	if err != nil {
-		return demoError(ctx, err)
-	}
-	passed := ls.Passed()
-	if !o.LocalOnly {
-		fmt.Fprintf(out, "\n━━ Act 2 of 2: the fleet on one machine ━━\n\n")
+	if !o.LocalOnly && !o.ScaleOnly {
+		fmt.Fprintf(out, "\n━━ Act 2 of 3: the fleet on one machine ━━\n\n")
 		fs, err := fleetdemo.Run(ctx, fleetdemo.Options{Dir: actDir("fleet"), Out: out})
 		sum.Fleet = fs
 		if err != nil {
 			return demoError(ctx, err)
 		}
 		passed = passed && fs.Passed()
+	}
+	if !o.LocalOnly {
+		acts := "3 of 3"
+		if o.ScaleOnly {
+			acts = "1 of 1"
+		}
+		fmt.Fprintf(out, "\n━━ Act %s: scale to zero ━━\n\n", acts)
+		ss, err := scaledemo.Run(ctx, scaledemo.Options{Dir: actDir("scale"), Out: out})
+		sum.Scale = ss
+		if err != nil {
+			return demoError(ctx, err)
+		}
+		passed = passed && ss.Passed()
 	}
 	sum.Passed = passed
 	sum.DurationMS = time.Since(start).Milliseconds()
@@ -170,9 +208,9 @@ func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
 		}
 	}
 	if !passed {
-		fix := "run it again with --keep and look at the daemons' logs (daemon.log) in the workspace"
+		fix := "run it again with --keep and look at the daemons' and replicas' logs in the workspace"
 		if keep {
-			fix = "the daemons' logs are in " + filepath.Join(dir, "fleet")
+			fix = "the daemons' logs are in " + filepath.Join(dir, "fleet") + ", the replicas' in " + filepath.Join(dir, "scale", "replicas")
 		}
 		return aqerr.New(aqerr.Failed, fmt.Sprintf("the demo's checks failed: %d of %d passed", ok, total), fix)
 	}
@@ -187,6 +225,9 @@ func (s *DemoSummary) counts() (total, ok int) {
 	}
 	if s.Fleet != nil {
 		all = append(all, s.Fleet.Checks...)
+	}
+	if s.Scale != nil {
+		all = append(all, s.Scale.Checks...)
 	}
 	return len(all), demo.Passed(all)
 }

@@ -40,13 +40,20 @@ func TestDemoWholeBinary(t *testing.T) {
 	if jerr := json.Unmarshal(stdout.Bytes(), &sum); jerr != nil {
 		t.Fatalf("stdout is not the JSON summary: %v\n%s", jerr, stdout.String())
 	}
-	if res.Code != 0 || !sum.Passed || sum.Local == nil || sum.Fleet == nil {
+	if res.Code != 0 || !sum.Passed || sum.Local == nil || sum.Fleet == nil || sum.Scale == nil {
 		t.Fatalf("exit %d, passed %t:\n%s", res.Code, sum.Passed, stderr.String())
 	}
 	if len(sum.Fleet.Checks) < 15 || len(sum.Fleet.Jobs) != 8 || sum.Fleet.Total == 0 || len(sum.Fleet.Requests) == 0 {
 		t.Fatalf("summary incomplete: %+v", sum.Fleet)
 	}
-	for _, want := range []string{"Act 1 of 2", "Act 2 of 2", "kill -9", "409 Conflict", "aq demo: all"} {
+	if sum.Scale.Skipped == "" && (len(sum.Scale.Checks) < 8 || sum.Scale.Peak == 0) {
+		t.Fatalf("scale act summary incomplete: %+v", sum.Scale)
+	}
+	wants := []string{"Act 1 of 3", "Act 2 of 3", "Act 3 of 3: scale to zero", "kill -9", "409 Conflict", "aq demo: all"}
+	if sum.Scale.Skipped == "" {
+		wants = append(wants, "Idle again")
+	}
+	for _, want := range wants {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("narration lacks %q", want)
 		}
