@@ -194,9 +194,10 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 		// Also for lease_lost: the fail carries our epoch, so it is fenced
 		// (409) if the coordinator reaped the lease, and frees the lease at
 		// once if it did not.
+		in := out.Insights
 		d = r.Reporter.Send(rctx, FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
-			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail,
+			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail, Insights: &in,
 		}))
 		res.Stage = job.Failed
 		if d.Delivered && d.Stage != "" {

@@ -154,6 +154,10 @@ type FailRequest struct {
 	Retryable  bool   `json:"retryable"`
 	Checkpoint string `json:"checkpoint,omitempty"`
 	Detail     string `json:"detail,omitempty"`
+	// Insights are the failed run's usage (tokens, cost, turns, wall), so
+	// the coordinator's budgets count the spend of failures too, not only
+	// that of successes. Nil for a failure no run measured (an orphan).
+	Insights *job.Insights `json:"insights,omitempty"`
 }
 
 // FailAnswer is /fleet/fail's answer: where the job went.

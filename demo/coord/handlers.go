@@ -376,9 +376,7 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		if req.Checkpoint != "" {
 			j.Checkpoint = req.Checkpoint
 		}
-		if len(req.Insights) > 0 && string(req.Insights) != "null" {
-			j.Insights = req.Insights
-		}
+		j.record(req.Insights)
 		if req.Branch != "" {
 			j.Branch = req.Branch
 		}
@@ -410,6 +408,9 @@ type failReq struct {
 	Retryable  bool   `json:"retryable"`
 	Checkpoint string `json:"checkpoint"`
 	Detail     string `json:"detail"`
+	// Insights: the failed run's usage (tokens, cost), recorded on the job
+	// and added to its spend like a success's.
+	Insights json.RawMessage `json:"insights"`
 }
 
 // handleFail ends the holder's run with a failure and releases the lease at
@@ -439,6 +440,7 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 		if req.Checkpoint != "" {
 			j.Checkpoint = req.Checkpoint
 		}
+		j.record(req.Insights)
 		j.Last = &LastReport{Kind: "fail", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "fail", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: stage, Detail: req.Reason}}
 	})
