@@ -46,6 +46,9 @@ var sample = map[string]string{
 	"checkpoint_interval":    "2m",
 	"claude_permission_mode": "bypassPermissions",
 	"price_table":            "/tmp/prices.json",
+	"claude_telemetry":       "1",
+	"notify_url":             "https://hooks.example.com/services/T0/B0/sample-token",
+	"broker_depth_interval":  "2m0s",
 	"log_format":             "json",
 	"log_level":              "debug",
 }
@@ -230,6 +233,11 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "home in file", file: "home: /x\n", want: []string{"home cannot be set"}},
 		{name: "missing explicit file", args: []string{"--config=/nonexistent/aq.yaml"}, want: []string{"does not exist"}},
 		{name: "unreadable token file", args: []string{"--fleet-token-file=/nonexistent/tok"}, want: []string{"--fleet-token-file", "cannot read"}},
+		{name: "notify url not http", env: map[string]string{"AQ_NOTIFY_URL": "ftp://hooks.example.com/T0/tok-in-url"}, want: []string{`AQ_NOTIFY_URL="***"`, "http(s) URL"}},
+		{name: "notify url no host", env: map[string]string{"AQ_NOTIFY_URL": "https:///tok-in-url"}, want: []string{"AQ_NOTIFY_URL", "http(s) URL"}},
+		{name: "notify url file", args: []string{"--notify-url-file=/nonexistent/url"}, want: []string{"--notify-url-file", "cannot read"}},
+		{name: "depth interval too short", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "1s"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "at least 10s"}},
+		{name: "depth interval not a duration", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "often"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "duration"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -253,6 +261,9 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 			msg := aqerr.Message(err)
 			if strings.Contains(msg, "\n") {
 				t.Errorf("message is not one line: %q", msg)
+			}
+			if strings.Contains(msg, "tok-in-url") {
+				t.Errorf("message quotes a secret: %q", msg)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(msg, w) {

@@ -97,8 +97,14 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",
+		set: setBool(func(c *Config) *bool { return &c.ClaudeTelemetry })},
 	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
 		set: setPath(func(c *Config) *string { return &c.PriceTable })},
+	{Name: "notify_url", Group: GroupObserve, Env: []string{"AQ_NOTIFY_URL"}, Flag: "notify-url-file", Secret: true, FlagIsFile: true, Usage: "file holding the http(s) URL that gets a JSON POST when a job ships, fails for good or needs a person (docs/observability.md)",
+		set: setNotifyURL},
+	{Name: "broker_depth_interval", Group: GroupObserve, Type: "duration", Env: []string{"AQ_BROKER_DEPTH_INTERVAL"}, Flag: "broker-depth-interval", Default: "60s", Usage: "with a broker and AQ_METRICS_ADDR, read the subscription's active and dead-letter message counts this often (at least 10s; 0: off)",
+		set: setDepthInterval},
 	{Name: "log_format", Group: GroupGlobal, Env: []string{"AQ_LOG_FORMAT"}, Flag: "log-format", Default: "text", Usage: "log format: text|json",
 		set: setEnum(func(c *Config) *string { return &c.LogFormat }, "text", "json")},
 	{Name: "log_level", Group: GroupGlobal, Env: []string{"AQ_LOG_LEVEL"}, Flag: "log-level", Default: "info", Usage: "log level: debug|info|warn|error",
@@ -246,6 +252,40 @@ func setURL(field func(*Config) *string) func(*Config, string) error {
 		*field(c) = strings.TrimRight(raw, "/")
 		return nil
 	}
+}
+
+// setNotifyURL checks AQ_NOTIFY_URL: an http(s) URL with a host. The value
+// is a secret (a webhook's token often sits in its path or query): the
+// message never quotes it.
+func setNotifyURL(c *Config, raw string) error {
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		c.NotifyURL = ""
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("is not an http(s) URL (use e.g. https://hooks.example.com/aq)")
+	}
+	c.NotifyURL = raw
+	return nil
+}
+
+// minDepthInterval keeps the management API's reads slow: they count
+// against the namespace's throttling, and a scaler (KEDA polls every 30 s)
+// reads the same numbers.
+const minDepthInterval = 10 * time.Second
+
+func setDepthInterval(c *Config, raw string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(raw))
+	if err != nil {
+		return fmt.Errorf("is not a duration (use Go syntax such as 60s or 5m; 0 turns it off)")
+	}
+	if d != 0 && d < minDepthInterval {
+		return fmt.Errorf("is too short (use at least %s, or 0 to turn it off: each read is a management API call)", minDepthInterval)
+	}
+	c.BrokerDepthInterval = d
+	return nil
 }
 
 func setHost(field func(*Config) *string) func(*Config, string) error {

@@ -172,7 +172,7 @@ func New(o Options) (*Daemon, error) {
 	}
 	pipe := parts.Pipeline
 	if pipe == nil {
-		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: parts.Shipper, Log: o.Log, Redactor: o.Redactor, FetchBase: true})
+		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: parts.Shipper, Log: o.Log, Redactor: o.Redactor, FetchBase: true, Tracer: parts.Tracer})
 		if err != nil {
 			return nil, err
 		}

@@ -7,9 +7,12 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
@@ -31,6 +34,10 @@ type Parts struct {
 	Pipeline Pipeline // default: a runner.Runner from configuration
 	// SafetyInterval of the gated poll path (0: DefaultSafetyInterval).
 	SafetyInterval time.Duration
+	// Tracer records a trace per job (nil: none); Notifier is told of each
+	// job's end (nil: off).
+	Tracer   trace.Tracer
+	Notifier *notify.Notifier
 }
 
 // NewClientFromConfig builds the coordinator client of cfg (no network I/O).
@@ -75,7 +82,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		if shipper == nil {
 			shipper = &ship.GH{}
 		}
-		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true})
+		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true, Tracer: parts.Tracer})
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +107,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Poller:   &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log},
 		Reporter: rep,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
-			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log},
+			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier},
 		Running:  running,
 		Host:     host,
 		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},

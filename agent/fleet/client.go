@@ -17,8 +17,10 @@ import (
 
 	"github.com/hashicorp/go-cleanhttp"
 	"github.com/hashicorp/go-retryablehttp"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/job"
 )
@@ -419,6 +421,7 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 			sentAt = c.o.Now()
 			if n > 0 {
 				c.o.Log.Debug("fleet call retry", "call", cl.name, "attempt", n+1, "job", cl.jobID)
+				telemetry.Event(ctx, telemetry.EventRetry, attribute.String(telemetry.AttrCall, cl.name), attribute.Int(telemetry.AttrAttemptN, n+1))
 			}
 		},
 	}

@@ -8,9 +8,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -45,6 +51,11 @@ type JobRunner struct {
 	// (aq_lease_renew_failures_total); a renewal refused because the final
 	// report ended the lease is not one.
 	RenewFailed func()
+	// Tracer records one trace per job: a root span from the claim to the
+	// final report (internal/telemetry); nil: none.
+	Tracer trace.Tracer
+	// Notifier is told of each job's end once its report settled (nil: off).
+	Notifier *notify.Notifier
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -64,10 +75,23 @@ type Result struct {
 	// Err is a refusal of this factory's credentials seen while the job ran
 	// (the fleet path must stop).
 	Err error `json:"-"`
+
+	parsed *job.Job // the job's manifest, once parsed
 }
 
-// Run runs the job of claim c. It always returns a Result.
+// Run runs the job of claim c in its trace (one per job, from the claim to
+// the final report) and tells the notifier how it ended. It always returns
+// a Result.
 func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
+	ctx, span := telemetry.StartJob(ctx, r.tracer(), telemetry.JobStart{ID: c.Job.ID, Repo: c.Job.Repo, Attempt: c.Attempt(),
+		Mode: "fleet", Source: c.Source, Epoch: c.LeaseEpoch})
+	res := r.run(ctx, c)
+	r.ended(ctx, span, c, res)
+	return res
+}
+
+// run runs the job of claim c.
+func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 	id := c.Job.ID
 	log := r.log().With("job", id, "repo", c.Job.Repo, "epoch", c.LeaseEpoch)
 	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}
@@ -117,6 +141,7 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 		return res
 	}
 	r.record(log, id, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
+	res.parsed = j
 
 	// assigned → building, fenced: a 409 here means the job is already
 	// someone else's, before any work.
@@ -184,6 +209,8 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	}
 	rctx, cancel := r.reportContext(ctx)
 	defer cancel()
+	rctx, rspan := telemetry.Step(rctx, r.tracer(), telemetry.SpanReport)
+	defer func() { endReport(rspan, res) }()
 	lease.Reporting()
 	var d Delivery
 	switch {
@@ -251,6 +278,45 @@ func (r *JobRunner) reportContext(ctx context.Context) (context.Context, context
 		limit = b.Drain
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), limit+time.Second)
+}
+
+// ended closes the job's trace and tells the notifier where the job went:
+// a failure is for good when the coordinator said so (failed, dead_letter)
+// or, its answer unknown (spooled), when the job's retry policy says so.
+func (r *JobRunner) ended(ctx context.Context, span trace.Span, c *Claim, res *Result) {
+	o := res.Outcome
+	telemetry.EndJob(span, telemetry.JobEnd{Stage: res.Stage, Reason: o.Reason, Fenced: res.Fenced, Insights: o.Insights,
+		Branch: o.Branch, PRURL: o.PRURL, Report: res.Report})
+	if res.Report == "released" || res.Report == "none" {
+		return // never started here, or fenced: nothing of this factory's to announce
+	}
+	var title string
+	final := res.Stage == job.Failed || res.Stage == job.DeadLetter
+	if j := res.parsed; j != nil {
+		title = j.Title
+		if res.Report != "delivered" && o.Failed() {
+			final = !job.Retryable(o.Reason, res.Attempt, j.Retry)
+		}
+	}
+	r.Notifier.Notify(notify.End{JobID: res.JobID, Title: title, Repo: c.Job.Repo, Attempt: res.Attempt, Stage: res.Stage, Reason: o.Reason,
+		Detail: o.Detail, Fenced: res.Fenced, Final: final, Branch: o.Branch, PRURL: o.PRURL, Insights: o.Insights, Mode: "fleet",
+		TraceID: telemetry.TraceID(ctx)})
+}
+
+// endReport ends the final report's span with what became of it.
+func endReport(span trace.Span, res *Result) {
+	span.SetAttributes(attribute.String(telemetry.AttrReport, res.Report))
+	if res.Report != "delivered" && res.Report != "none" {
+		span.SetStatus(codes.Error, "report "+res.Report) // spooled, rejected, fenced: not taken now
+	}
+	span.End()
+}
+
+func (r *JobRunner) tracer() trace.Tracer {
+	if r.Tracer != nil {
+		return r.Tracer
+	}
+	return telemetry.Off().Tracer()
 }
 
 func (r *JobRunner) parse(c *Claim) (*job.Job, error) {

@@ -7,7 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -101,6 +104,9 @@ func (r *Reporter) Send(ctx context.Context, rep Report) Delivery {
 		stage, err := r.deliver(ctx, rep, 0)
 		d := r.settle(log, rep, stage, err, false)
 		unlock()
+		if d.Spooled {
+			telemetry.Event(ctx, telemetry.EventSpooled, attribute.String("aq.report", rep.stage()))
+		}
 		return d
 	}
 	// Earlier reports of this job wait: this one goes behind them.

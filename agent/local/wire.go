@@ -5,9 +5,12 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
@@ -23,6 +26,10 @@ type Parts struct {
 	Catalog *profiles.Catalog
 	Engines runner.Engines
 	Shipper runner.Shipper
+	// Tracer records a trace per job (nil: none); Notifier is told of each
+	// job's end (nil: off).
+	Tracer   trace.Tracer
+	Notifier *notify.Notifier
 }
 
 // New builds the local agent from configuration: the queue under
@@ -45,7 +52,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	if shipper == nil {
 		shipper = &ship.GH{}
 	}
-	r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red})
+	r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, Tracer: parts.Tracer})
 	if err != nil {
 		return nil, err
 	}
@@ -59,6 +66,8 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Host: func(ctx context.Context) (*caps.Host, error) {
 			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
 		},
-		Log: log,
+		Log:      log,
+		Tracer:   parts.Tracer,
+		Notifier: parts.Notifier,
 	}, nil
 }

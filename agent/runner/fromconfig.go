@@ -3,6 +3,8 @@ package runner
 import (
 	"log/slog"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
@@ -18,6 +20,8 @@ type Parts struct {
 	Redactor *secrets.Redactor
 	// FetchBase: fleet mode starts from origin/<base> (see Config).
 	FetchBase bool
+	// Tracer records the runs' steps (nil: none).
+	Tracer trace.Tracer
 }
 
 // FromConfig builds the runner local and fleet mode share: its paths, kill
@@ -46,11 +50,12 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
-			Repos: rr, Mirror: cfg.RepoMirror,
+			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,
 		Log:      p.Log,
 		Redactor: p.Redactor,
+		Tracer:   p.Tracer,
 	}, nil
 }

@@ -49,7 +49,11 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 	if opts.JobID == "" && (cfg.SBNamespace != "" || cfg.SBConnectionString != "") {
 		return runFleetBroker(ctx, f, cfg, opts)
 	}
-	a, err := fleet.New(cfg, f.Logger(), f.Redactor(), fleet.Parts{})
+	obs, err := f.Observe()
+	if err != nil {
+		return err
+	}
+	a, err := fleet.New(cfg, f.Logger(), f.Redactor(), fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier})
 	if err != nil {
 		return err
 	}
@@ -84,7 +88,12 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		mu sync.Mutex
 		t  fleetTally
 	)
+	obs, err := f.Observe()
+	if err != nil {
+		return err
+	}
 	d, err := daemon.New(daemon.Options{Config: &one, Log: f.Logger(), Redactor: f.Redactor(), Limits: lim,
+		Parts: fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier},
 		OnResult: func(r *fleet.Result) {
 			mu.Lock()
 			defer mu.Unlock()

@@ -74,11 +74,15 @@ coordinator refused this factory's credentials.`,
 	cmd.Flags().DurationVar(&opts.Wait, "wait", 30*time.Second, "fleet mode with a broker: how long --once/--drain wait for a message (0: no limit)")
 	cmd.Flags().StringVar(&opts.JobID, "job", "", "fleet mode: accept this one job (POST /fleet/accept), run it, then exit")
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print each job's result as a JSON line: {jobId, attempt, stage, outcome}")
-	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine)
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupObserve)
 }
 
 func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	obs, err := f.Observe()
 	if err != nil {
 		return err
 	}
@@ -92,6 +96,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	if err != nil {
 		return err
 	}
+	a.Tracer, a.Runner.Tracer, a.Notifier = obs.Tracer(), obs.Tracer(), obs.notifier
 	ids, err := a.Recover(ctx)
 	if err != nil {
 		// Repairs that failed for some jobs; the others can still run.
