@@ -36,8 +36,10 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 	"github.com/gofrs/flock"
 	"github.com/hashicorp/go-cleanhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aqfleet/aq/agent/config"
@@ -85,6 +87,10 @@ type BrokerTuning struct {
 	SDKRetry   *azservicebus.RetryOptions
 	TLSConfig  *tls.Config
 	Credential azcore.TokenCredential
+	// Admin reads the subscription's depth (nil: an admin client built from
+	// the namespace or connection string); tests point it at the local
+	// peer's management endpoint.
+	Admin *admin.Client
 }
 
 // JobEvent is one step of a job in the daemon.
@@ -104,6 +110,8 @@ type Daemon struct {
 	hc    *http.Client
 	slots *dispatch.Semaphore
 	m     *metrics
+	disk  *diskGauge   // aq_worktree_disk_bytes
+	depth *brokerDepth // the broker depth gauges; nil when not read
 
 	kick     chan struct{} // the status writer's
 	statusMu sync.Mutex
@@ -187,8 +195,16 @@ func New(o Options) (*Daemon, error) {
 	if cfg.SBConnectionString != "" {
 		o.Redactor.Add(dispatch.ConnectionStringSecrets(cfg.SBConnectionString)...)
 	}
+	d.disk = newDiskGauge(cfg.WorktreesDir())
+	var depth prometheus.Collector
+	if bc := d.brokerConfig(); bc.Enabled() && cfg.MetricsAddr != "" && cfg.BrokerDepthInterval > 0 {
+		d.depth = newBrokerDepth(bc.Topic, bc.Subscription)
+		depth = d.depth
+	}
 	d.m = newMetrics(gauges{
 		running: func() float64 { return float64(a.Running.Len()) },
+		disk:    d.disk.value,
+		depth:   depth,
 		slots:   func() float64 { return float64(cfg.Slots) },
 		spool:   func() float64 { return float64(a.Reporter.Spool.Depth()) },
 		source: func(s string) float64 {
@@ -218,7 +234,7 @@ func New(o Options) (*Daemon, error) {
 			return 0
 		},
 	})
-	a.Jobs.RenewFailed = d.m.renewFailures.Inc
+	a.Jobs.RenewFailed = d.m.renewFailed
 	a.Client.Observe(func(r fleet.CallResult) {
 		d.m.observe(r)
 		if r.Call == "POST /fleet/factories/heartbeat" {
@@ -477,6 +493,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.serveMetrics(life, &wg); err != nil {
 		return err
 	}
+	d.watchGauges(life, &wg)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -649,9 +666,11 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 		cancel()
 	} else {
 		d.jobStarted()
+		d.m.started.Inc()
 	}
 	res := d.agent.Jobs.Run(ctx, c)
 	d.m.jobDone(res)
+	d.ended(id, started, res)
 	if started && d.o.OnResult != nil {
 		d.o.OnResult(res)
 	}
@@ -667,6 +686,50 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 	}
 }
 
+// ended counts a job that started here once its report settled, and has
+// the worktrees' disk measured again.
+func (d *Daemon) ended(id string, started bool, res *fleet.Result) {
+	if !started {
+		return
+	}
+	d.mu.Lock()
+	var took time.Duration
+	if rj := d.running[id]; rj != nil {
+		took = time.Since(rj.AcceptedAt)
+	}
+	d.mu.Unlock()
+	d.m.jobEnded(res, took)
+	d.disk.Kick()
+}
+
+// watchGauges starts the gauges measured on a cadence, while /metrics is
+// served: the worktrees' disk, and the broker's depth.
+func (d *Daemon) watchGauges(ctx context.Context, wg *sync.WaitGroup) {
+	if d.cfg.MetricsAddr == "" {
+		return
+	}
+	wg.Go(func() { d.disk.run(ctx) })
+	if d.depth == nil {
+		return
+	}
+	var r depthReader
+	if d.o.Broker.Admin != nil {
+		r = d.o.Broker.Admin
+	} else {
+		dr, why, err := newDepthReader(d.brokerConfig(), d.o.Broker.Credential)
+		switch {
+		case err != nil:
+			d.log.Warn("the broker depth gauges are off: "+err.Error(), "fix", "set AQ_BROKER_DEPTH_INTERVAL=0 to silence this")
+			return
+		case dr == nil:
+			d.log.Info("the broker depth gauges are off: " + why)
+			return
+		}
+		r = dr
+	}
+	wg.Go(func() { watchDepth(ctx, r, d.depth, d.cfg.BrokerDepthInterval, d.m.depthErrors.Inc, d.log) })
+}
+
 // event records a job's step.
 func (d *Daemon) event(e JobEvent) {
 	d.mu.Lock()
@@ -678,6 +741,7 @@ func (d *Daemon) event(e JobEvent) {
 		case "engine":
 			rj.Phase, rj.EngineAt = "running", e.At.UTC()
 			d.m.toEngine.WithLabelValues(rj.Source).Observe(e.At.Sub(rj.AcceptedAt).Seconds())
+			d.m.startup.WithLabelValues(rj.Source).Observe(e.At.Sub(rj.AcceptedAt).Seconds())
 		}
 		if e.Source == "" {
 			e.Source = rj.Source

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
@@ -66,6 +67,8 @@ type rig struct {
 	cfg     *config.Config
 	logs    *testenv.SyncBuffer
 	d       *daemon.Daemon
+	// admin is the daemon's management client (BrokerTuning.Admin).
+	admin *admin.Client
 
 	evMu   sync.Mutex
 	events []daemon.JobEvent
@@ -93,6 +96,8 @@ type rigOptions struct {
 	parts       func(*fleet.Parts)
 	// heartbeat overrides the 1 s cadence.
 	heartbeat time.Duration
+	// peerAdmin: the peer serves the management API's depth read.
+	peerAdmin bool
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -116,7 +121,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		testenv.Git(t, root, "clone", "-q", r.origins[name], filepath.Join(r.base, name))
 	}
 	if o.broker {
-		r.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{topic + "/" + o.factory, topic + "/other"}})
+		r.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{topic + "/" + o.factory, topic + "/other"}, Admin: o.peerAdmin})
 	}
 	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, LeaseTTL: o.leaseTTL}
 	if o.broker && !o.noPublisher {
@@ -198,6 +203,7 @@ func (r *rig) build() *daemon.Daemon {
 		Broker: daemon.BrokerTuning{
 			Backoff:  dispatch.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 			SDKRetry: &azservicebus.RetryOptions{MaxRetries: 1, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond},
+			Admin:    r.admin,
 		},
 		ConnectGrace: 10 * time.Second,
 		Limits:       r.limits,

@@ -476,10 +476,19 @@ function adminRequest(req, res) {
   const m = /^\/([^/]+)\/Subscriptions\/([^/]+)$/i.exec(decodeURIComponent(url.pathname));
   const q = m && queues[`${m[1]}/Subscriptions/${m[2]}`.toLowerCase()];
   const auth = req.headers.authorization || '';
-  log('admin', { method: req.method, path: url.pathname, status: !auth ? 401 : req.method !== 'GET' ? 405 : q ? 200 : 404 });
+  // The peer's one key with Manage rights is "sbpeer"; a SAS signed with any
+  // other key name is refused as the service refuses a policy without
+  // Manage (a Listen-only key): reading runtime properties needs Manage.
+  const skn = /(?:^|[&\s])skn=([^&\s]+)/.exec(auth);
+  const manage = !skn || decodeURIComponent(skn[1]) === 'sbpeer';
+  log('admin', { method: req.method, path: url.pathname, status: !auth || !manage ? 401 : req.method !== 'GET' ? 405 : q ? 200 : 404 });
   if (!auth) { // the SDK always signs: a SAS token or a bearer token
     res.writeHead(401, { 'Content-Type': 'application/xml' });
     return res.end('<Error><Code>401</Code><Detail>no Authorization header</Detail></Error>');
+  }
+  if (!manage) {
+    res.writeHead(401, { 'Content-Type': 'application/xml' });
+    return res.end('<Error><Code>401</Code><Detail>Manage,EntityRead claims required for this operation.</Detail></Error>');
   }
   if (req.method !== 'GET') {
     res.writeHead(405, { 'Content-Type': 'application/xml' });

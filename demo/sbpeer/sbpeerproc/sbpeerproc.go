@@ -246,11 +246,17 @@ func (p *Peer) ConnectionString() string {
 // (Options.Admin): its endpoint is the HTTPS port the peer answers the
 // subscription runtime-properties read on. The SDK's admin client signs
 // with its key; the peer checks only that a signature is there.
-func (p *Peer) AdminConnectionString() string {
+func (p *Peer) AdminConnectionString() string { return p.AdminConnectionStringFor("sbpeer") }
+
+// AdminConnectionStringFor is AdminConnectionString signed with another key
+// name: the peer's only key with Manage rights is "sbpeer", so any other
+// (say "listen") is refused with 401, as the service refuses a policy
+// without Manage.
+func (p *Peer) AdminConnectionStringFor(keyName string) string {
 	p.mu.Lock()
 	port := p.adminPort
 	p.mu.Unlock()
-	return "Endpoint=sb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ";SharedAccessKeyName=sbpeer;SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ=="
+	return "Endpoint=sb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ";SharedAccessKeyName=" + keyName + ";SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ=="
 }
 
 // AdminHTTPClient trusts the peer's self-signed certificate, for the admin
