@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
@@ -87,6 +88,9 @@ type JobStart struct {
 // itself runs in — one trace per job) whose context the job's steps, its
 // lease and its reports record into.
 func StartJob(ctx context.Context, tr trace.Tracer, s JobStart) (context.Context, trace.Span) {
+	if _, off := tr.(noop.Tracer); off {
+		return tr.Start(ctx, SpanJob) // tracing off: no attributes to build
+	}
 	attrs := []attribute.KeyValue{
 		attribute.String(AttrJobID, s.ID), attribute.String(AttrRepo, s.Repo),
 		attribute.Int(AttrAttempt, s.Attempt), attribute.String(AttrMode, s.Mode),
