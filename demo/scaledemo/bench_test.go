@@ -60,7 +60,9 @@ func benchColdStart(b *testing.B, mirror bool) {
 	if why := demo.PeerMissing(r.env, peerDir); why != "" {
 		b.Skip(why)
 	}
-	r.seedHistory = func(ctx context.Context, seed string) error { return fastImport(ctx, r, seed, benchFiles, benchCommits) }
+	r.seedHistory = func(ctx context.Context, seed string) error {
+		return fastImport(ctx, r, seed, benchFiles, benchCommits)
+	}
 	defer r.teardown(cancel)
 	if err := r.setup(ctx, peerDir); err != nil {
 		b.Fatal(err)
