@@ -85,6 +85,7 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		t  fleetTally
 	)
 	d, err := daemon.New(daemon.Options{Config: &one, Log: f.Logger(), Redactor: f.Redactor(), Limits: lim,
+		RequireSubscription: opts.Once || opts.Drain,
 		OnResult: func(r *fleet.Result) {
 			mu.Lock()
 			defer mu.Unlock()
