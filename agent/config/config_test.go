@@ -98,6 +98,11 @@ func TestEveryKeyHasFlagAndEnv(t *testing.T) {
 		if _, ok := sample[k.Name]; !ok {
 			t.Errorf("key %s has no sample value in config_test.go", k.Name)
 		}
+		// pflag takes a `quoted` word in a usage line for the flag's type
+		// name in help (--repo-urls name url).
+		if strings.Contains(k.Usage, "`") {
+			t.Errorf("key %s: its usage has a backquote, which help would show as the flag's type", k.Name)
+		}
 	}
 	for _, k := range Keys {
 		if k.Name == "config" {

@@ -45,7 +45,7 @@ var Keys = []Key{
 		set: setPath(func(c *Config) *string { return &c.Home })},
 	{Name: "repo_base", Group: GroupRepo, Env: []string{"AQ_REPO_BASE", "AQ_FLEET_REPO_BASE"}, Flag: "repo-base", Default: "~/src", Usage: "folder whose git repositories are repo:<name>",
 		set: setPath(func(c *Config) *string { return &c.RepoBase })},
-	{Name: "repo_urls", Group: GroupRepo, Env: []string{"AQ_REPO_URLS"}, Flag: "repo-urls", Usage: "clone URLs for repos not under the repo base: a template with {repo}, or a file of `name url` lines (docs/ondemand.md)",
+	{Name: "repo_urls", Group: GroupRepo, Env: []string{"AQ_REPO_URLS"}, Flag: "repo-urls", Usage: "clone URLs for repos not under the repo base: a template with {repo}, or a file of 'name url' lines (docs/ondemand.md)",
 		set: func(c *Config, raw string) error { c.RepoURLs = strings.TrimSpace(raw); return nil }},
 	{Name: "repo_mirror", Group: GroupRepo, Env: []string{"AQ_REPO_MIRROR"}, Flag: "repo-mirror", Usage: "read-only folder of mirrors (<name>.git) an on-demand clone borrows objects from",
 		set: setPath(func(c *Config) *string { return &c.RepoMirror })},

@@ -75,6 +75,12 @@ type Options struct {
 	// next), "engine" (the engine starts), "done". Tests and the dispatch
 	// benchmark time dispatch with it.
 	OnJobEvent func(JobEvent)
+	// RequireSubscription stops the daemon (Run returns a usage error: exit
+	// 2) when the broker says its subscription does not exist before any job
+	// started: a replica a scaler starts for its subscription's messages
+	// cannot be right without it. A long-running daemon instead logs it and
+	// keeps to the poll path until the subscription appears.
+	RequireSubscription bool
 	// OnResult, if set, is called with each job's result once it is
 	// reported (not for a job given back at a drain before it started):
 	// `aq run` in fleet mode with a broker prints and counts them.
@@ -439,7 +445,11 @@ func (d *Daemon) fail(err error) {
 	d.mu.Unlock()
 	if first {
 		d.log.Error("stopping: "+err.Error(), "err", err)
-		d.abort(job.Stop(job.ReasonInterrupted, "aq daemon stopped: the coordinator refused this factory's credentials"))
+		why := "the coordinator refused this factory's credentials"
+		if dispatch.IsMissingSubscription(err) {
+			why = "its Service Bus subscription does not exist"
+		}
+		d.abort(job.Stop(job.ReasonInterrupted, "aq daemon stopped: "+why))
 	}
 }
 
@@ -789,14 +799,20 @@ func (d *Daemon) switched(live string, why error) {
 	d.kickStatus()
 }
 
-// brokerHealth is the receiver's report, for the status.
+// brokerHealth is the receiver's report, for the status; a missing
+// subscription stops a replica that has not started a job
+// (RequireSubscription).
 func (d *Daemon) brokerHealth(h dispatch.Health) {
 	d.mu.Lock()
 	if d.broker != nil {
 		d.broker.Healthy, d.broker.Since, d.broker.Error = h.Healthy, h.Since.UTC(), errString(h.Err)
 	}
+	idle := d.started == 0
 	d.mu.Unlock()
 	d.kickStatus()
+	if !h.Healthy && d.o.RequireSubscription && idle && dispatch.IsMissingSubscription(h.Err) {
+		d.fail(aqerr.Wrap(aqerr.Usage, h.Err, h.Err.Error(), "a replica receives from its pool's subscription; nothing was taken or run"))
+	}
 }
 
 func (d *Daemon) kickStatus() {

@@ -311,7 +311,7 @@ func (r *Receiver) receive(ctx context.Context, client *azservicebus.Client, att
 	rcv, err := client.NewReceiverForSubscription(r.opts.Topic, r.opts.Subscription,
 		&azservicebus.ReceiverOptions{ReceiveMode: azservicebus.ReceiveModePeekLock})
 	if err != nil {
-		return err
+		return r.missing(err)
 	}
 	var inHand sync.WaitGroup // messages being accepted and settled on rcv
 	defer func() {
@@ -321,6 +321,9 @@ func (r *Receiver) receive(ctx context.Context, client *azservicebus.Client, att
 		cancel()
 	}()
 	if _, err := rcv.PeekMessages(ctx, 1, nil); err != nil {
+		if err := r.missing(err); IsMissingSubscription(err) {
+			return err
+		}
 		return fmt.Errorf("open %s: %w", r.path, err)
 	}
 	r.setHealth(true, nil)

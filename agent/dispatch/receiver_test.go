@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -476,4 +477,27 @@ func (c *fakeCredential) Scopes() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.scopes...)
+}
+
+// A subscription that does not exist is a deployment mistake, not an outage:
+// the broker link reports unhealthy with an error that names the
+// subscription and how to create it, and says it is missing (IsMissing).
+func TestMissingSubscription(t *testing.T) {
+	r := newRig(t, rigOptions{factory: "nosuch", mutate: func(o *dispatch.Options) { o.Pool = "builders" }})
+	h := <-r.health
+	if h.Healthy {
+		t.Fatalf("healthy on a subscription that does not exist")
+	}
+	var me *dispatch.MissingSubscriptionError
+	if !errors.As(h.Err, &me) || !dispatch.IsMissingSubscription(h.Err) {
+		t.Fatalf("health error %v (%T) is not a missing subscription", h.Err, h.Err)
+	}
+	for _, want := range []string{"fleet-dispatch/builders", "does not exist", "aq servicebus ensure-subscription --pool builders"} {
+		if !strings.Contains(h.Err.Error(), want) {
+			t.Errorf("error %q lacks %q", h.Err, want)
+		}
+	}
+	if dispatch.IsMissingSubscription(errors.New("connection refused")) {
+		t.Errorf("any error is a missing subscription")
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
@@ -49,12 +50,14 @@ func (ru *run) preflight(ctx context.Context) bool {
 			url = u
 		}
 		ru.log.Info("cloning the repository on demand (blobless)", "repo", j.Repo, "url", url, "mirror", ru.r.Cfg.Mirror)
+		start := time.Now()
 		if err := repos.Clone(ctx, &ru.r.Git, url, repoDir, ru.r.Cfg.Mirror); err != nil {
 			if !ru.stopped(ctx, "cloning the repo") {
 				ru.fail(job.ReasonRepoUnavailable, err.Error())
 			}
 			return false
 		}
+		ru.log.Info("cloned", "repo", j.Repo, "took", time.Since(start).Round(time.Millisecond))
 	}
 	ru.repoDir = repoDir
 	if j.Ship == "pr" || j.Ship == "merge" {

@@ -93,7 +93,8 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		return err
 	}
 	d, err := daemon.New(daemon.Options{Config: &one, Log: f.Logger(), Redactor: f.Redactor(), Limits: lim,
-		Parts: fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier},
+		Parts:               fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier},
+		RequireSubscription: opts.Once || opts.Drain,
 		OnResult: func(r *fleet.Result) {
 			mu.Lock()
 			defer mu.Unlock()

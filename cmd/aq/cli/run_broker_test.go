@@ -204,6 +204,26 @@ func TestPoolReplicas(t *testing.T) {
 	assertLeft(t, e.stub, "replica-2")
 }
 
+// A replica of a pool whose subscription does not exist is a deployment
+// mistake: one clear line naming the subscription and the command that
+// makes it, exit 2 at once (not after --wait), nothing accepted or claimed.
+func TestRunOnceMissingPoolSubscription(t *testing.T) {
+	e := newDaemonEnvSubs(t, []string{"fleet-dispatch/builders"}, "AQ_FACTORY_POOL=nosuch", "AQ_FACTORY_ID=replica-1")
+	r := e.h.Run(t, "run", "--once", "--wait", "2m")
+	if r.Code != 2 {
+		t.Fatalf("a replica without its subscription: %s", r)
+	}
+	for _, want := range []string{"fleet-dispatch/nosuch does not exist", "aq servicebus ensure-subscription --pool nosuch"} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.Stderr)
+		}
+	}
+	st := e.stub.Stats()
+	if st.Count(coord.RouteAccept) != 0 || st.Count(coord.RouteClaim) != 0 {
+		t.Fatalf("accept %d, claim %d: want none", st.Count(coord.RouteAccept), st.Count(coord.RouteClaim))
+	}
+}
+
 // A replica starts with no clones: AQ_REPO_URLS names where each repo is
 // cloned from, the factory offers those repos, and the first job on one
 // clones it (blobless) under AQ_REPO_BASE and ships. A repo whose clone
