@@ -43,7 +43,9 @@ func (h *Host) offered(kind string) []string {
 	case "engine":
 		out := make([]string, 0, len(h.Engines))
 		for _, e := range h.Engines {
-			out = append(out, e.Name)
+			if e.Refused == "" {
+				out = append(out, e.Name)
+			}
 		}
 		return out
 	case "node":
