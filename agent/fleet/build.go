@@ -9,6 +9,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
@@ -41,7 +42,7 @@ func NewClientFromConfig(cfg *config.Config, log *slog.Logger, red *secrets.Reda
 		b = *budgets
 	}
 	return NewClient(ClientOptions{API: cfg.FleetAPI, Token: cfg.FleetToken, ProductID: cfg.ProductID, FactoryID: cfg.FactoryID,
-		Budgets: b, HTTP: hc, Redactor: red, Log: log})
+		Budgets: b, HTTP: hc, Redactor: red, Log: log, Holds: holds.Open(runner.HoldsPath(cfg.Home), nil)})
 }
 
 // New builds the fleet agent of cfg: the client, the runner (fetching base
