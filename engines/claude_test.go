@@ -268,3 +268,31 @@ func TestClaudeRecoveredErrorIsNotTheEnd(t *testing.T) {
 		t.Errorf("Outcome = %s (%+v), skipped %d (%s); want limited (out of credits) from an error object, nothing skipped", res.Outcome, res.Limit, res.SkippedLines, res.Detail)
 	}
 }
+
+// TestClaudeArgsWithoutOptionalFlags: a claude whose --help lacks the
+// optional flags runs without them: no turn or USD limit passed (aq's own
+// budgets still apply), no session id chosen (claude's is recorded), and
+// the persona goes before the task on stdin.
+func TestClaudeArgsWithoutOptionalFlags(t *testing.T) {
+	c := &Claude{}
+	spec := Spec{
+		Model: "claude-sonnet-4-5", Persona: "You are terse.", Prompt: "Fix it.", SessionID: "5f3c1d2e-8b7a-4c6d-9e0f-1a2b3c4d5e6f",
+		Budget: Budget{USD: 2, Turns: 9},
+		Flags:  &FlagSet{Found: []string{"-p", "--output-format", "--verbose", "--permission-mode", "--model"}},
+	}
+	args, sid, err := c.Args(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"-p", "--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5", "--permission-mode", "acceptEdits"}
+	if !slices.Equal(args, want) || sid != "" {
+		t.Errorf("Args = %q (session %q), want %q and no session id", args, sid, want)
+	}
+	if got := c.prompt(spec); got != "You are terse.\n\nFix it." {
+		t.Errorf("prompt = %q, want the persona before the task", got)
+	}
+	spec.Flags = nil // unprobed: the full command line, the persona by flag
+	if got := c.prompt(spec); got != "Fix it." {
+		t.Errorf("prompt with --append-system-prompt = %q", got)
+	}
+}

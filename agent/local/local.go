@@ -115,7 +115,10 @@ func (a *Agent) log() *slog.Logger {
 
 // HostCaps returns this host's capabilities, detected once.
 func (a *Agent) HostCaps(ctx context.Context) (*caps.Host, error) {
-	a.hostOnce.Do(func() { a.host, a.hostErr = a.Host(ctx) })
+	a.hostOnce.Do(func() {
+		a.host, a.hostErr = a.Host(ctx)
+		caps.LogEngines(a.log(), a.host)
+	})
 	return a.host, a.hostErr
 }
 
