@@ -74,9 +74,12 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
+	caps.LogEngines(a.log(), host)
 	engines := make([]string, 0, len(host.Engines))
 	for _, e := range host.Engines {
-		engines = append(engines, e.Name)
+		if e.Refused == "" {
+			engines = append(engines, e.Name)
+		}
 	}
 	a.Client.SetOffer(host.Tokens(), host.Repos)
 	eo := a.Enroll

@@ -11,11 +11,13 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -47,7 +49,7 @@ func NewClientFromConfig(cfg *config.Config, log *slog.Logger, red *secrets.Reda
 		b = *budgets
 	}
 	return NewClient(ClientOptions{API: cfg.FleetAPI, Token: cfg.FleetToken, ProductID: cfg.ProductID, FactoryID: cfg.FactoryID,
-		Budgets: b, HTTP: hc, Redactor: red, Log: log})
+		Budgets: b, HTTP: hc, Redactor: red, Log: log, Holds: holds.Open(runner.HoldsPath(cfg.Home), nil)})
 }
 
 // New builds the fleet agent of cfg: the client, the runner (fetching base
@@ -91,7 +93,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	host := parts.Host
 	if host == nil {
 		host = func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
+			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
 		}
 	}
 	clock := parts.Clock

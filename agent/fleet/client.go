@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/internal/version"
@@ -44,6 +45,10 @@ type ClientOptions struct {
 	Log      *slog.Logger
 	Now      func() time.Time
 	Rand     func() float64
+	// Holds are the engines held until their limit resets: their
+	// engine:<name> capability is left out of every claim and heartbeat
+	// (Offer) until then. nil: none.
+	Holds *holds.Store
 }
 
 // Client calls the coordinator's /fleet API (DESIGN §9). Every call carries
@@ -147,11 +152,13 @@ func (c *Client) FactoryID() string {
 	return c.fid
 }
 
-// Offer returns the capabilities and repos claims send.
+// Offer returns the capabilities and repos claims and heartbeats send:
+// SetOffer's, less the engines held until their limit resets.
 func (c *Client) Offer() (capabilities, repos []string) {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return append([]string{}, c.caps...), append([]string{}, c.repos...)
+	caps, repos := append([]string{}, c.caps...), append([]string{}, c.repos...)
+	c.mu.RUnlock()
+	return c.o.Holds.Filter(caps), repos
 }
 
 // Budgets are the client's retry budgets.

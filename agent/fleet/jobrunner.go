@@ -217,6 +217,21 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	case out.Reason == job.ReasonFenced:
 		res.Fenced, res.Stage, res.Report = true, job.Failed, "none"
 		log.Warn("job fenced: another factory owns it; nothing is reported or shipped", "stage", job.Failed, "reason", job.ReasonFenced, "checkpoint", out.Checkpoint)
+	case out.IsParked():
+		// The engine's account hit a limit: release the lease with the
+		// reset, so the job waits (on this factory or another) without a
+		// retry spent. A coordinator without /fleet/fail gets the same
+		// through the route fallback (PATCH queued + release).
+		d = r.Reporter.Send(rctx, FailReport(FailRequest{
+			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
+			Retryable: true, Checkpoint: out.Checkpoint, Detail: out.Detail, NotBefore: out.ParkedUntil,
+		}))
+		res.Stage = job.Inbox
+		if d.Delivered && d.Stage != "" {
+			res.Stage = job.StageFromFleet(d.Stage)
+		}
+		log.Warn("job parked: lease released until the engine's limit resets", "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339),
+			"detail", out.Detail, "stage", res.Stage, "report", d.String(), "checkpoint", out.Checkpoint)
 	case out.Failed():
 		// Also for lease_lost: the fail carries our epoch, so it is fenced
 		// (409) if the coordinator reaped the lease, and frees the lease at

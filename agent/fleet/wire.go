@@ -158,6 +158,13 @@ type FailRequest struct {
 	// the coordinator's budgets count the spend of failures too, not only
 	// that of successes. Nil for a failure no run measured (an orphan).
 	Insights *job.Insights `json:"insights,omitempty"`
+	// NotBefore (reason rate_limited: the engine's account hit a rate or
+	// usage limit, or ran out of credit) is when the limit resets: the
+	// coordinator must not hand the job out before it, and must not count
+	// the run as an attempt. Another factory, on another account, may take
+	// it at once only if the coordinator knows the accounts differ; the
+	// stub simply waits.
+	NotBefore time.Time `json:"notBefore,omitzero"`
 }
 
 // FailAnswer is /fleet/fail's answer: where the job went.

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
@@ -122,7 +123,10 @@ func (a *Agent) log() *slog.Logger {
 
 // HostCaps returns this host's capabilities, detected once.
 func (a *Agent) HostCaps(ctx context.Context) (*caps.Host, error) {
-	a.hostOnce.Do(func() { a.host, a.hostErr = a.Host(ctx) })
+	a.hostOnce.Do(func() {
+		a.host, a.hostErr = a.Host(ctx)
+		caps.LogEngines(a.log(), a.host)
+	})
 	return a.host, a.hostErr
 }
 
@@ -144,7 +148,7 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	if s.Engine == "any" || s.Engine == "" {
 		found := false
 		for _, e := range h.Engines {
-			if e.Name != caps.ScriptEngine {
+			if e.Name != caps.ScriptEngine && e.Refused == "" {
 				found = true
 			}
 		}
@@ -158,6 +162,38 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	return false, caps.Explain(missing)
 }
 
+// HeldFor reports the hold that keeps job s from running now: its engine's
+// (held until its limit resets), or for `engine: any` the earliest of the
+// holds when every coding engine h has is held. active is holds.Store.Active.
+func HeldFor(h *caps.Host, active map[string]holds.Hold, s queue.State) (holds.Hold, bool) {
+	if len(active) == 0 {
+		return holds.Hold{}, false
+	}
+	switch s.Engine {
+	case "claude", "codex", "devin":
+		hold, ok := active[s.Engine]
+		return hold, ok
+	case "", "any":
+		var first *holds.Hold
+		for _, e := range h.Engines {
+			if e.Name == caps.ScriptEngine || e.Refused != "" {
+				continue
+			}
+			hold, ok := active[e.Name]
+			if !ok {
+				return holds.Hold{}, false // a coding engine that is free
+			}
+			if first == nil || hold.Until.Before(first.Until) {
+				first = &hold
+			}
+		}
+		if first != nil {
+			return *first, true
+		}
+	}
+	return holds.Hold{}, false
+}
+
 // RunOne takes the best runnable job and runs it. It returns queue.ErrNoJob
 // when nothing can run now.
 func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
@@ -166,9 +202,13 @@ func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 		return nil, err
 	}
 	var jobLock *worktree.Lock
+	active, _ := a.Runner.Holds.Active()
 	entry, err := a.Queue.Next(func(s queue.State) bool {
 		if ok, _ := Runnable(host, s); !ok {
 			return false
+		}
+		if _, held := HeldFor(host, active, s); held {
+			return false // its engine's limit has not reset: it would only park
 		}
 		// Take the job's lock before the queue moves it to building, so that
 		// no other aq can mistake it for an orphan in between.
@@ -219,6 +259,11 @@ func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 		if !out.Failed() {
 			s.Reason, s.Detail = "", out.Detail
 		}
+	}
+	if out.IsParked() {
+		res.Stage, err = job.Inbox, a.Queue.Park(st.ID, out.Reason, out.Parked, out.Detail, out.ParkedUntil, record)
+		log.Warn("job parked", "stage", job.Inbox, "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339), "detail", out.Detail, "checkpoint", out.Checkpoint)
+		return res, err
 	}
 	if out.Failed() {
 		res.Stage, err = a.Queue.Fail(st.ID, out.Reason, out.Detail, record)

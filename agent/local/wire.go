@@ -15,6 +15,7 @@ import (
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -64,7 +65,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Parse:        parse,
 		Catalog:      cat,
 		Host: func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
+			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
 		},
 		Log:      log,
 		Tracer:   parts.Tracer,

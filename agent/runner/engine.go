@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
@@ -48,6 +49,7 @@ func (ru *run) spec() engines.Spec {
 		Supervisor:     ru.r.Cfg.Supervisor,
 		Redactor:       ru.r.Redactor,
 		Prices:         ru.r.Cfg.Prices,
+		Flags:          ru.info.Flags,
 	}
 }
 
@@ -147,6 +149,29 @@ func outcomeName(o engines.Outcome) string {
 	return string(o)
 }
 
+// limited parks a run its engine's account stopped, until the limit resets
+// (job.ParkUntil: the engine's reset time, or a default), and holds the
+// engine until then so that no other job is started on it. The work is
+// already checkpointed.
+func (ru *run) limited(res engines.Result) {
+	lim := res.Limit
+	if lim == nil {
+		lim = &engines.Limit{Kind: engines.LimitRate}
+	}
+	name := ru.eng.Name()
+	until, note := job.ParkUntil(ru.r.now(), lim.ResetAt)
+	detail := firstNonEmpty(res.Detail, name+" "+lim.Kind)
+	for _, n := range []string{lim.Note, note} {
+		if n != "" {
+			detail += " (" + n + ")"
+		}
+	}
+	if err := ru.r.Holds.Hold(holds.Hold{Engine: name, Until: until, Why: lim.Kind, Job: ru.j.ID}); err != nil {
+		ru.log.Warn("cannot hold the engine; other jobs may meet the same limit", "engine", name, "err", err)
+	}
+	ru.park(name+" "+lim.Kind, until, detail)
+}
+
 // judgeEngine records the engine's result and decides whether to go on.
 func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) bool {
 	in := &ru.out.Insights
@@ -164,9 +189,14 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 		return false
 	}
 	if err != nil {
-		if errors.Is(err, engines.ErrNotInstalled) {
+		var ue *engines.UnavailableError
+		switch {
+		case errors.Is(err, engines.ErrNotInstalled):
 			ru.fail(job.ReasonNoEngine, err.Error())
-		} else if !ru.stopped(ctx, "engine") {
+		case ru.stopped(ctx, "engine"):
+		case errors.As(err, &ue): // its --help changed under aq: a flag it needs is gone
+			ru.fail(job.ReasonEngineUnavailable, err.Error())
+		default:
 			ru.fail(job.ReasonCrash, "engine did not run: "+err.Error())
 		}
 		return false
@@ -181,6 +211,8 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 		return true
 	case engines.Unavailable:
 		ru.fail(job.ReasonEngineUnavailable, firstNonEmpty(res.Detail, "the engine is unavailable"))
+	case engines.Limited:
+		ru.limited(res)
 	case engines.Stopped:
 		if res.BudgetExceeded { // the engine stopped itself at the budget aq gave it
 			ru.fail(job.ReasonBudgetExceeded, firstNonEmpty(res.Detail, "the engine stopped at its budget"))

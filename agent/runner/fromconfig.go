@@ -2,10 +2,12 @@ package runner
 
 import (
 	"log/slog"
+	"path/filepath"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
@@ -43,7 +45,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 	}
 	eng := p.Engines
 	if eng == nil {
-		eng = engines.Default()
+		eng = engines.DefaultWith(engines.NewProbeCache(ProbeCachePath(cfg.Home)))
 	}
 	return &Runner{
 		Cfg: Config{
@@ -57,5 +59,13 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 		Log:      p.Log,
 		Redactor: p.Redactor,
 		Tracer:   p.Tracer,
+		Holds:    holds.Open(HoldsPath(cfg.Home), nil),
 	}, nil
 }
+
+// HoldsPath is the file of the engines held until their limit resets
+// (agent/holds), shared by every aq process of the home.
+func HoldsPath(home string) string { return filepath.Join(home, "engines", "holds.json") }
+
+// ProbeCachePath is the cache of the engines' --help probes.
+func ProbeCachePath(home string) string { return filepath.Join(home, "engines", "probes.json") }

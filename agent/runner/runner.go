@@ -28,6 +28,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
@@ -158,10 +159,21 @@ type Outcome struct {
 	// reported it without running the engine.
 	Redelivered bool   `json:"redelivered,omitempty"`
 	Worktree    string `json:"worktree,omitempty"`
+	// Parked (Reason rate_limited) says what the job waits for, e.g.
+	// "claude usage limit", and ParkedUntil until when: the limit's reset
+	// as the engine reported it, or job.ParkUntil's default.
+	Parked      string    `json:"parked,omitempty"`
+	ParkedUntil time.Time `json:"parkedUntil,omitzero"`
 }
 
-// Failed reports whether the outcome is a failure.
+// Failed reports whether the run did not succeed: a failure, or a park
+// (see Parked).
 func (o Outcome) Failed() bool { return o.Reason != "" }
+
+// IsParked reports whether the run was parked (an engine's rate or usage
+// limit, exhausted credit) rather than failed: not an attempt, the job
+// waits until ParkedUntil.
+func (o Outcome) IsParked() bool { return o.Reason.Parks() }
 
 // Runner runs jobs. Its fields are set once; Run may be called concurrently
 // for jobs on different repos (the repo lock serialises the same repo).
@@ -177,6 +189,10 @@ type Runner struct {
 	// Tracer records the run's steps as children of the job's span in the
 	// context Run is given (internal/telemetry); nil: no spans.
 	Tracer trace.Tracer
+	// Holds are the engines held until their limit resets: a run whose
+	// engine hits a limit holds it, and a run for a held engine parks at
+	// once. nil: nothing is held across runs.
+	Holds *holds.Store
 }
 
 func (r *Runner) now() time.Time {
@@ -287,6 +303,17 @@ func (ru *run) fail(reason job.Reason, detail string) {
 	if reason == job.ReasonFenced {
 		ru.out.Fenced = true
 	}
+}
+
+// park ends the run as parked: not a failure, the job waits until until
+// for what (e.g. "claude usage limit").
+func (ru *run) park(what string, until time.Time, detail string) {
+	if ru.out.Reason != "" {
+		return
+	}
+	ru.out.Stage, ru.out.Reason, ru.out.Detail = job.Failed, job.ReasonRateLimited, detail
+	ru.out.Parked, ru.out.ParkedUntil = what, until.UTC()
+	ru.log.Warn("job parked: the engine's account hit a limit", "parked", what, "until", until.UTC().Format(time.RFC3339), "detail", detail)
 }
 
 func (ru *run) event(e Event) {

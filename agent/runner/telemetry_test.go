@@ -14,23 +14,28 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// fakeClaude is a `claude` on its own path that answers --version as the
-// real one does, records its environment, and prints a recorded stream-json
-// run of the real claude (engines/testdata/claude/success.jsonl).
-func fakeClaude(t *testing.T, envFile string) *engines.Claude {
+// fakeClaudeEnv is a `claude` on its own path that answers --version and
+// --help (the recorded 2.1.197 help) as the real one does, records its
+// environment, and prints a recorded stream-json run of the real claude
+// (engines/testdata/claude/success.jsonl).
+func fakeClaudeEnv(t *testing.T, envFile string) *engines.Claude {
 	t.Helper()
-	fixture, err := filepath.Abs("../../engines/testdata/claude/success.jsonl")
+	td, err := filepath.Abs("../../engines/testdata/claude")
 	if err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "claude")
 	testenv.WriteFile(t, bin, fmt.Sprintf(`#!/bin/sh
-if [ "$1" = "--version" ]; then echo "2.1.85 (Claude Code)"; exit 0; fi
+case "$*" in
+--version) echo "2.1.197 (Claude Code)"; exit 0;;
+*--help) cat %[1]q; exit 0;;
+*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
+esac
 cat >/dev/null
-env > %q
+env > %[2]q
 echo changed > claude.txt
-cat %q
-`, envFile, fixture))
+cat %[3]q
+`, filepath.Join(td, "help.txt"), envFile, filepath.Join(td, "success.jsonl")))
 	if err := os.Chmod(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +49,7 @@ func TestClaudeTelemetryEnv(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprint(on), func(t *testing.T) {
 			envFile := filepath.Join(t.TempDir(), "env")
-			f := newFixture(t, fakeClaude(t, envFile))
+			f := newFixture(t, fakeClaudeEnv(t, envFile))
 			f.r.Cfg.ClaudeTelemetry = on
 			f.r.Env = append(f.r.Env, "ANTHROPIC_API_KEY=sk-test", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318",
 				"OTEL_SERVICE_NAME=aq-factory", "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer otlp-secret")

@@ -411,11 +411,15 @@ type failReq struct {
 	// Insights: the failed run's usage (tokens, cost), recorded on the job
 	// and added to its spend like a success's.
 	Insights json.RawMessage `json:"insights"`
+	// NotBefore: a parked run (reason rate_limited) — the job is not handed
+	// out again before it (the engine's reset).
+	NotBefore time.Time `json:"notBefore"`
 }
 
 // handleFail ends the holder's run with a failure and releases the lease at
 // once: retryable with retries left → queued (after the job's backoff),
-// retries exhausted → dead_letter, not retryable → failed.
+// retries exhausted → dead_letter, not retryable → failed. A parked run
+// (rate_limited) → queued until its notBefore, the attempt not counted.
 func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 	var req failReq
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
@@ -434,6 +438,9 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 			return http.StatusConflict, why, nil
 		}
 		stage, nb := afterFail(j, job.Reason(req.Reason), req.Retryable, now, s.o.MaxBackoff)
+		if job.Reason(req.Reason).Parks() {
+			stage, nb = afterPark(j, req.NotBefore, now)
+		}
 		j.Stage, j.NotBefore, j.Waiting = stage, nb, stage == StageQueued && nb.After(now)
 		j.Holder, j.LeaseExpiresAt = "", time.Time{}
 		j.Reason, j.Detail = req.Reason, req.Detail

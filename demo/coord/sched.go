@@ -107,6 +107,19 @@ func depsShipped(j *Job, stageOf func(id string) (string, bool)) bool {
 	return shipped == len(j.Deps)
 }
 
+// afterPark is where a parked run (rate_limited: the engine's account hit
+// a limit) sends a job: queued, not handed out before notBefore (the
+// engine's reset; job.ParkUntil's rules when it is missing, past or too
+// far), and the run is not an attempt: the claim's count is taken back, so
+// parking never spends the job's retries.
+func afterPark(j *Job, notBefore, now time.Time) (stage string, nb time.Time) {
+	if j.Attempts > 0 {
+		j.Attempts--
+	}
+	nb, _ = job.ParkUntil(now, notBefore)
+	return StageQueued, nb
+}
+
 // afterFail is where a failed run sends a job: not retryable → failed;
 // retries left (job.Retryable, the local queue's rule) → queued after
 // job.Backoff (capped by maxBackoff when > 0); else dead_letter.

@@ -124,7 +124,7 @@ type fleetTally struct {
 func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
 	t.ran++
 	t.last = r
-	if r.Outcome.Failed() {
+	if r.Outcome.Failed() && !r.Outcome.IsParked() {
 		t.failed++
 	}
 	printFleetResult(f, opts, r)
@@ -157,6 +157,8 @@ func (t *fleetTally) exit() error {
 		return &aqerr.Silent{Code: aqerr.Fenced}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
+	case last != nil && last.Outcome.IsParked():
+		return &aqerr.Silent{Code: aqerr.NoJob} // released until the limit resets: not a failure
 	}
 	return nil
 }
@@ -190,6 +192,9 @@ func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	switch {
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:
 		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", r.JobID, o.Reason, o.Detail, r.JobID)
+	case o.IsParked():
+		fmt.Fprintf(f.IO.Err, "aq: job %s parked: %s until %s (not a failure: its lease is released for that long, report %s): %s\n",
+			r.JobID, o.Parked, clockText(o.ParkedUntil, time.Now()), r.Report, o.Detail)
 	case o.Failed():
 		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.Report)
 	default:

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/job"
 )
@@ -26,8 +27,11 @@ type Board struct {
 	Waiting   []WaitingJob      `json:"waiting"` // queued or blocked jobs that cannot run now, and why
 	Failed    []FailedJob       `json:"failed"`
 	Recovered []string          `json:"recovered,omitempty"` // orphans this call returned to the queue
-	Fleet     *FleetStatus      `json:"fleet,omitempty"`     // fleet mode's jobs, spool and shadow counts (fleet.go)
-	Daemon    *DaemonStatus     `json:"daemon,omitempty"`    // aq daemon's slots, running jobs, heartbeat, source (daemon.go)
+	// Holds are the engines held until their rate or usage limit resets:
+	// their jobs wait (agent/holds).
+	Holds  []holds.Hold  `json:"holds"`
+	Fleet  *FleetStatus  `json:"fleet,omitempty"`  // fleet mode's jobs, spool and shadow counts (fleet.go)
+	Daemon *DaemonStatus `json:"daemon,omitempty"` // aq daemon's slots, running jobs, heartbeat, source (daemon.go)
 }
 
 // RunningJob is a job in building.
@@ -47,6 +51,9 @@ type WaitingJob struct {
 	ID    string    `json:"id"`
 	Stage job.Stage `json:"stage"`
 	Why   string    `json:"why"`
+	// Until is when a parked job (an engine's rate or usage limit), a job
+	// in retry backoff or a job whose engine is held may run again.
+	Until time.Time `json:"until,omitzero"`
 }
 
 // FailedJob is a job in failed or dead_letter.
@@ -64,7 +71,8 @@ func newStatusCmd(f *Factory) *cobra.Command {
 		Use:   "status",
 		Short: "Board: jobs per stage, running jobs, and why waiting jobs wait",
 		Long: `Show the board: jobs per stage, running jobs with their age and pid, jobs that
-wait (deps not shipped, a capability this host lacks, a retry backoff) and why,
+wait (deps not shipped, a capability this host lacks, a retry backoff, parked
+until an engine's rate or usage limit resets, an engine held) and why,
 and failed jobs with their reasons. Orphans of a dead aq are recovered first
 (their worktrees checkpointed, the jobs requeued).`,
 		Args: cobra.NoArgs,
@@ -72,7 +80,7 @@ and failed jobs with their reasons. Orphans of a dead aq are recovered first
 			return runStatus(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered, holds}")
 	return configFlags(cmd, config.GroupFleet)
 }
 
@@ -113,7 +121,9 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 		return nil, err
 	}
 	host, hostErr := a.HostCaps(ctx)
-	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Recovered: recovered}
+	active, _ := a.Runner.Holds.Active()
+	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Recovered: recovered,
+		Holds: a.Runner.Holds.List()}
 	for _, st := range job.Stages {
 		b.Counts[st] = 0
 	}
@@ -130,8 +140,13 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 			}
 			b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: why})
 		case job.Inbox:
+			if s.NotBefore.After(now) && s.Parked != "" {
+				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: s.NotBefore,
+					Why: fmt.Sprintf("parked: %s until %s (not a failure; parked %d time(s))", s.Parked, clockText(s.NotBefore, now), s.Parks)})
+				continue
+			}
 			if s.NotBefore.After(now) {
-				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: fmt.Sprintf("retry backoff until %s (attempt %d failed: %s)", s.NotBefore.Local().Format(time.TimeOnly), s.Attempts, s.Reason)})
+				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: s.NotBefore, Why: fmt.Sprintf("retry backoff until %s (attempt %d failed: %s)", s.NotBefore.Local().Format(time.TimeOnly), s.Attempts, s.Reason)})
 				continue
 			}
 			if hostErr != nil {
@@ -139,12 +154,27 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 			}
 			if ok, why := local.Runnable(host, s); !ok {
 				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: "this host cannot run it: " + why})
+				continue
+			}
+			if h, held := local.HeldFor(host, active, s); held {
+				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: h.Until,
+					Why: fmt.Sprintf("held: %s %s until %s (met by job %s)", h.Engine, h.Why, clockText(h.Until, now), h.Job)})
 			}
 		case job.Failed, job.DeadLetter:
 			b.Failed = append(b.Failed, FailedJob{ID: s.ID, Stage: s.Stage, Reason: s.Reason, Detail: s.Detail, Attempts: s.Attempts})
 		}
 	}
 	return b, nil
+}
+
+// clockText is t as a person reads it: "14:05" today, "Mon Jan 2 14:05"
+// on another day (local time).
+func clockText(t, now time.Time) string {
+	lt, ln := t.Local(), now.Local()
+	if lt.YearDay() == ln.YearDay() && lt.Year() == ln.Year() {
+		return lt.Format("15:04")
+	}
+	return lt.Format("Mon Jan 2 15:04")
 }
 
 func printBoard(f *Factory, b *Board) error {
@@ -166,6 +196,12 @@ func printBoard(f *Factory, b *Board) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Repo, r.Engine, r.Attempt, r.PID, (time.Duration(r.AgeSec) * time.Second).String())
 		}
 		tw.Flush()
+	}
+	if len(b.Holds) > 0 {
+		fmt.Fprintln(w, "\nheld engines (their jobs wait until the limit resets):")
+		for _, h := range b.Holds {
+			fmt.Fprintf(w, "  %s %s until %s (met by job %s)\n", h.Engine, h.Why, clockText(h.Until, time.Now()), h.Job)
+		}
 	}
 	if len(b.Waiting) > 0 {
 		fmt.Fprintln(w, "\nwaiting:")
