@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -34,7 +35,7 @@ type Transcript struct {
 	hasUse  bool
 	last    string
 	ended   bool // the current attempt printed its final event
-	attempt int
+	attempt int  // the current attempt's number, from its header (0: none seen)
 	// mU is what the parser last fed its meter; mSeen says it did during
 	// the current line (the parsers meter synchronously, under t.mu).
 	mU    Usage
@@ -103,7 +104,7 @@ func (t *Transcript) Line(line []byte) []Note {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m := headerLine.FindSubmatch(bytes.TrimSpace(line)); m != nil {
-		t.attempt++
+		t.attempt, _ = strconv.Atoi(string(m[2]))
 		t.kind, t.parser, t.ended = "", nil, false
 		t.usage, t.hasUse = Usage{}, false
 		bin := filepath.Base(string(m[3]))
@@ -167,6 +168,14 @@ func (t *Transcript) Last() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.last
+}
+
+// Attempt is the number of the attempt the log is at (its last header; 0
+// before any).
+func (t *Transcript) Attempt() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.attempt
 }
 
 // Ended reports whether the current attempt printed its final event

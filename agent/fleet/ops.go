@@ -26,6 +26,7 @@ type JobDoc struct {
 	ID             string        `json:"id"`
 	ProductID      string        `json:"productId,omitempty"`
 	Repo           string        `json:"repo"`
+	RepoURL        string        `json:"repoUrl,omitempty"`
 	Stage          string        `json:"stage"`
 	Capabilities   []string      `json:"capabilities,omitempty"`
 	Engine         string        `json:"engine,omitempty"`

@@ -205,7 +205,6 @@ func (s *Server) handleArtifactUpload(w http.ResponseWriter, r *http.Request, c 
 	s.arts.byJob[id] = l
 	s.arts.bytes[a.ID] = gz
 	s.arts.mu.Unlock()
-	s.st.event(Event{JobID: id, Kind: "artifact", Factory: factory, Epoch: up.LeaseEpoch, Detail: fmt.Sprintf("%s (%s, %d bytes%s)", a.Name, a.Kind, a.Size, map[bool]string{true: ", truncated"}[a.Truncated])}, s.o.Now().UTC())
 	writeJSON(w, http.StatusCreated, a)
 }
 
