@@ -131,10 +131,11 @@ func (m *Model) headLines(w int) []string {
 	}
 	if f := s.Fleet; f != nil && !f.Reachable {
 		since := f.UnreachableSince.Local().Format(time.TimeOnly)
-		msg := "coordinator unreachable since " + since + ": " + f.Error
+		msg := "coordinator unreachable since " + since
 		if !f.FetchedAt.IsZero() {
-			msg += " — showing what it said at " + f.FetchedAt.Local().Format(time.TimeOnly)
+			msg += " (showing what it said at " + f.FetchedAt.Local().Format(time.TimeOnly) + ")"
 		}
+		msg += ": " + f.Error
 		lines = append(lines, errStyle.Render("! "+msg))
 	}
 	return lines
