@@ -93,7 +93,7 @@ type Factory struct {
 	Running      int
 	Seats        int
 	Load         float64
-	HeartbeatAge time.Duration
+	HeartbeatAge time.Duration // negative: never
 	Jobs         []string
 	Version      string
 }

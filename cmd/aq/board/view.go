@@ -207,7 +207,7 @@ func (m *Model) bodyLines(mark bool) []line {
 				st = warnStyle.Render(fa.Health)
 			}
 			hb := "never"
-			if fa.HeartbeatAge > 0 {
+			if fa.HeartbeatAge >= 0 {
 				hb = ago(fa.HeartbeatAge)
 			}
 			jobs := ""
@@ -270,7 +270,11 @@ func (m *Model) footLines() []string {
 	case m.message != "":
 		status = okStyle.Render(m.message)
 	}
-	help := dimStyle.Render("↑/↓ select · enter log · r requeue · x reject · s ship · R refresh · q quit")
+	help := "↑/↓ select · enter log · r requeue · x reject · s ship · R refresh · q quit"
+	if m.width < 80 && !m.plain {
+		help = "↑/↓ · enter log · r/x/s requeue/reject/ship · q quit"
+	}
+	help = dimStyle.Render(help)
 	return []string{status, help}
 }
 
@@ -308,7 +312,7 @@ func (m *Model) viewLog(w, h int) string {
 func ago(d time.Duration) string { return dur(d) + " ago" }
 
 func dur(d time.Duration) string {
-	if d <= 0 {
+	if d < 0 {
 		return "-"
 	}
 	d = d.Round(time.Second)

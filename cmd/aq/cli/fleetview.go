@@ -72,7 +72,7 @@ type FleetViewFactory struct {
 	Running         int      `json:"running"`
 	Jobs            []string `json:"jobs"`
 	Load            float64  `json:"load"`
-	HeartbeatAgeSec int64    `json:"heartbeatAgeSec"`
+	HeartbeatAgeSec int64    `json:"heartbeatAgeSec"` // -1: never
 	Version         string   `json:"version,omitempty"`
 	Pool            string   `json:"pool,omitempty"`
 }
@@ -202,7 +202,7 @@ func buildFleetView(api string, jobs []fleet.JobDoc, factories []fleet.FactoryDo
 	byJob := map[string]string{} // job → factory running it (heartbeats)
 	var live []*caps.Host
 	for _, f := range factories {
-		age := int64(0)
+		age := int64(-1) // never
 		if !f.LastHeartbeatAt.IsZero() {
 			age = int64(now.Sub(f.LastHeartbeatAt).Seconds())
 		}
@@ -220,7 +220,11 @@ func buildFleetView(api string, jobs []fleet.JobDoc, factories []fleet.FactoryDo
 		view.Factories = append(view.Factories, row)
 		switch {
 		case stale:
-			view.Alerts = append(view.Alerts, FleetAlert{Kind: "stale_factory", Subject: f.ID, Message: fmt.Sprintf("factory %s is stale: no heartbeat for %s", f.ID, ageText(age, f.LastHeartbeatAt.IsZero()))})
+			msg := fmt.Sprintf("factory %s is stale: no heartbeat for %s", f.ID, time.Duration(age)*time.Second)
+			if f.LastHeartbeatAt.IsZero() {
+				msg = fmt.Sprintf("factory %s is stale: it never sent a heartbeat", f.ID)
+			}
+			view.Alerts = append(view.Alerts, FleetAlert{Kind: "stale_factory", Subject: f.ID, Message: msg})
 		case health != "ok" && health != "unknown":
 			view.Alerts = append(view.Alerts, FleetAlert{Kind: "unhealthy_factory", Subject: f.ID, Message: fmt.Sprintf("factory %s reports health %q", f.ID, health)})
 		}
@@ -310,12 +314,9 @@ func queuedWhy(j fleet.JobDoc, live []*caps.Host, knowFactories bool, now time.T
 	if len(live) == 0 {
 		return "no live factory (none has heartbeated within 90s)"
 	}
-	return "no live factory can run it: " + caps.Explain(best)
-}
-
-func ageText(sec int64, never bool) string {
-	if never {
-		return "ever"
+	toks := make([]string, len(best))
+	for i, m := range best {
+		toks[i] = m.Token
 	}
-	return (time.Duration(sec) * time.Second).String()
+	return "no live factory can run it: none offers " + strings.Join(toks, ", ")
 }

@@ -225,7 +225,11 @@ func printCoordinator(w io.Writer, v *FleetView) {
 			if f.Stale {
 				h = "stale"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d/%d\t%.2f\t%ds ago\n", f.ID, h, f.Running, f.SeatLimit, f.Load, f.HeartbeatAgeSec)
+			hb := "never"
+			if f.HeartbeatAgeSec >= 0 {
+				hb = fmt.Sprintf("%ds ago", f.HeartbeatAgeSec)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d/%d\t%.2f\t%s\n", f.ID, h, f.Running, f.SeatLimit, f.Load, hb)
 		}
 		tw.Flush()
 	}
@@ -369,7 +373,7 @@ func fleetSnapshot(s *boardui.Snapshot, b *Board, v *FleetView, cfg *config.Conf
 		FactoriesKnown: !slices.Contains(v.Missing, "GET /fleet/factories"), Missing: v.Missing, Requests: v.Requests}
 	for _, f := range v.Factories {
 		bf.Factories = append(bf.Factories, boardui.Factory{ID: f.ID, Health: f.Health, Stale: f.Stale, Running: f.Running, Seats: f.SeatLimit,
-			Load: f.Load, HeartbeatAge: time.Duration(f.HeartbeatAgeSec) * time.Second, Jobs: f.Jobs, Version: f.Version})
+			Load: f.Load, HeartbeatAge: time.Duration(f.HeartbeatAgeSec) * time.Second, Jobs: f.Jobs, Version: f.Version}) // -1s: never
 	}
 	for _, a := range v.Alerts {
 		bf.Alerts = append(bf.Alerts, a.Message)
