@@ -157,7 +157,8 @@ echo done > done.txt`, "ship: branch"))
 
 	// The live log of the running job, then back.
 	x.keys("Enter")
-	x.waitText("aq log", long, "· usage: 1.5k tokens", "editing the parser now", "stage inbox → building")
+	s = x.waitText("aq log", long, "· usage: 1.5k tokens", "editing the parser now", "stage inbox → building")
+	t.Logf("log view:\n%s", s)
 	x.keys("Escape")
 	x.waitText("RUNNING (1)", "FAILED (1)")
 

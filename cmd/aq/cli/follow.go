@@ -63,7 +63,11 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 	}
 	first := true
 	for {
-		fo.readLocal(emit, false)
+		if !first {
+			// The log before the stage changes: a run's last lines are
+			// written before its stage moves.
+			fo.readLocal(emit, false)
+		}
 		changes, ended, err := fo.watch.Poll(ctx)
 		switch {
 		case err != nil && first:
@@ -79,9 +83,12 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 				emit("· the coordinator answers again")
 			}
 		}
-		first = false
 		for _, c := range changes {
 			emit(c)
+		}
+		if first {
+			fo.readLocal(emit, false) // the history first, then the log so far
+			first = false
 		}
 		if ended {
 			fo.readLocal(emit, true)
