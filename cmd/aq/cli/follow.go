@@ -43,6 +43,9 @@ type follower struct {
 	remote  *fleet.Client
 	raw     bool
 	every   time.Duration
+	// meta receives what is not the engine's output (stage changes,
+	// notes) when raw keeps stdout to the engine's own lines; nil: emit.
+	meta func(string)
 
 	tr       *engines.Transcript
 	offset   int64
@@ -75,16 +78,16 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 		case err != nil:
 			if msg := err.Error(); msg != fo.lastErr {
 				fo.lastErr = msg
-				emit("! " + msg + " (still trying)")
+				fo.note(emit, "! "+msg+" (still trying)")
 			}
 		default:
 			if fo.lastErr != "" {
 				fo.lastErr = ""
-				emit("· the coordinator answers again")
+				fo.note(emit, "· the coordinator answers again")
 			}
 		}
 		for _, c := range changes {
-			emit(c)
+			fo.note(emit, c)
 		}
 		if first {
 			fo.readLocal(emit, false) // the history first, then the log so far
@@ -105,6 +108,16 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 		case <-t.C:
 		}
 	}
+}
+
+// note emits a line that is not the engine's output: to meta when set
+// (--raw keeps stdout to the engine's lines).
+func (fo *follower) note(emit func(string), l string) {
+	if fo.meta != nil {
+		fo.meta(l)
+		return
+	}
+	emit(l)
 }
 
 // readLocal reads what the log gained since the last call; at the end
@@ -163,7 +176,7 @@ func (fo *follower) line(l []byte, emit func(string)) {
 func (fo *follower) readRemote(ctx context.Context, emit func(string)) {
 	arts, err := fo.remote.JobArtifacts(ctx, fo.id)
 	if err != nil {
-		emit("! the engine's output is not available from the coordinator: " + err.Error())
+		fo.note(emit, "! the engine's output is not available from the coordinator: "+err.Error())
 		return
 	}
 	var pick *fleet.ArtifactDoc
@@ -173,17 +186,15 @@ func (fo *follower) readRemote(ctx context.Context, emit func(string)) {
 		}
 	}
 	if pick == nil {
-		emit("· the coordinator holds no engine output for this job (it may not have run, or its factory has not uploaded it yet)")
+		fo.note(emit, "· the coordinator holds no engine output for this job (it may not have run, or its factory has not uploaded it yet)")
 		return
 	}
 	b, err := fo.remote.ArtifactContent(ctx, *pick)
 	if err != nil {
-		emit("! cannot read the engine output artifact " + pick.ID + ": " + err.Error())
+		fo.note(emit, "! cannot read the engine output artifact "+pick.ID+": "+err.Error())
 		return
 	}
-	if !fo.raw {
-		emit(fmt.Sprintf("· engine output of attempt %d, from factory %s (artifact %s%s)", pick.Attempt, orDash(pick.FactoryID), pick.ID, map[bool]string{true: ", truncated"}[pick.Truncated]))
-	}
+	fo.note(emit, fmt.Sprintf("· engine output of attempt %d, from factory %s (artifact %s%s)", pick.Attempt, orDash(pick.FactoryID), pick.ID, map[bool]string{true: ", truncated"}[pick.Truncated]))
 	for _, l := range bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n")) {
 		fo.line(l, emit)
 	}

@@ -144,7 +144,7 @@ log, as they were written.
 -f follows the job until it ends: the engine's events rendered for a person
 (what it says, the tools it calls and on what, usage and cost as they accrue)
 and the job's stage changes. With --raw, -f prints the engine's own
-stream-json/JSONL lines instead.
+stream-json/JSONL lines on stdout instead (stage changes go to stderr).
 
 In fleet mode a job that ran (or runs) on another factory is read from the
 coordinator: its events while it runs, and its logs from the artifacts its
@@ -166,6 +166,9 @@ factory uploaded when it ended.`,
 				fo, err := newFollower(cmd.Context(), f, args[0], raw)
 				if err != nil {
 					return err
+				}
+				if raw {
+					fo.meta = func(l string) { fmt.Fprintln(f.IO.Err, l) }
 				}
 				return fo.run(cmd.Context(), func(l string) { fmt.Fprintln(f.IO.Out, l) })
 			}
