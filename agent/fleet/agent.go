@@ -23,6 +23,9 @@ type Agent struct {
 	Heartbeat *Heartbeater
 	Poller    *Poller
 	Reporter  *Reporter
+	// Artifacts uploads jobs' logs; its Reporter drains the artifact
+	// spool. Nil: no uploads.
+	Artifacts *Artifacts
 	Jobs      *JobRunner
 	Running   *Running
 	// Host detects this host's capabilities and repos.
@@ -119,6 +122,17 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 		defer s.wg.Done()
 		a.Reporter.Run(sctx)
 	}()
+	if a.Artifacts != nil {
+		// Uploads left from earlier runs go in the background, first at once.
+		if a.Artifacts.Reporter.Spool.Depth() > 0 {
+			a.Artifacts.Reporter.Kick()
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			a.Artifacts.Reporter.Run(sctx)
+		}()
+	}
 	return s, nil
 }
 

@@ -78,6 +78,10 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	if err != nil {
 		return nil, err
 	}
+	artSpool, err := OpenSpool(filepath.Join(cfg.SpoolDir(), "artifacts"))
+	if err != nil {
+		return nil, err
+	}
 	pipe := parts.Pipeline
 	if pipe == nil {
 		shipper := parts.Shipper
@@ -102,14 +106,16 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	}
 	running := &Running{}
 	rep := &Reporter{Client: c, Spool: spool, Records: records, Log: log, Clock: clock}
+	arts := &Artifacts{Reporter: &Reporter{Client: c, Spool: artSpool, Log: log, Clock: clock}, LogsDir: cfg.LogsDir(), Redactor: red, Log: log}
 	return &Agent{
 		Client: c,
 		Heartbeat: &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
 			Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log},
-		Poller:   &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log},
-		Reporter: rep,
+		Poller:    &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log},
+		Reporter:  rep,
+		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
-			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier},
+			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
 		Running:  running,
 		Host:     host,
 		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},

@@ -72,6 +72,9 @@ type Client struct {
 	// noDeregister: the coordinator answered 404 to deregister (a
 	// coordinator without the route); it is not asked again.
 	noDeregister atomic.Bool
+	// noArtifacts: the coordinator answered 404/405 to an artifact upload;
+	// uploads are skipped from then on (ops.go).
+	noArtifacts atomic.Bool
 }
 
 // CallResult is one finished call to the coordinator (after its retries),
@@ -364,6 +367,14 @@ type call struct {
 	budget time.Duration
 	jobID  string // for fenced/gone errors
 	epoch  int64
+	// optional: a route an older coordinator may lack; a 404 or 405 is a
+	// *MissingRouteError (not ErrGone).
+	optional bool
+	// raw, when set, receives a 2xx answer's body as it is (gunzipped when
+	// the server sent it gzip-encoded) instead of decoding JSON; limit
+	// bounds it (0: maxAnswer).
+	raw   *[]byte
+	limit int64
 }
 
 // answer is what a successful call saw.
@@ -445,6 +456,11 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	if c.o.ProductID != "" {
 		req.Header.Set("x-product-id", c.o.ProductID)
 	}
+	if cl.raw != nil {
+		// Asked for explicitly, the transport hands gzip over as it is
+		// (rawBody decodes it), whatever the server does.
+		req.Header.Set("Accept-Encoding", "gzip")
+	}
 	resp, err := rc.Do(req)
 	if err != nil && resp != nil {
 		resp.Body.Close()
@@ -465,7 +481,11 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return answer{}, &TransientError{Call: cl.name, Tries: at.tries, Err: errors.New(c.redact(scrubURL(err.Error())))}
 	}
 	defer resp.Body.Close()
-	data, rerr := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	limit := int64(maxAnswer)
+	if cl.limit > 0 {
+		limit = cl.limit
+	}
+	data, rerr := io.ReadAll(io.LimitReader(resp.Body, limit))
 	info := answer{status: resp.StatusCode, sentAt: sentAt}
 	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 		info.date = d
@@ -475,6 +495,14 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		if rerr != nil {
 			return info, &TransientError{Call: cl.name, Tries: at.tries, Err: errors.New(c.redact(rerr.Error()))}
 		}
+		if cl.raw != nil {
+			b, err := rawBody(resp, data, limit)
+			if err != nil {
+				return info, &StatusError{Call: cl.name, Status: s, Detail: c.redact(err.Error())}
+			}
+			*cl.raw = b
+			return info, nil
+		}
 		if out != nil && s != http.StatusNoContent && len(bytes.TrimSpace(data)) > 0 {
 			if err := json.Unmarshal(data, out); err != nil {
 				return info, &StatusError{Call: cl.name, Status: s, Detail: "the answer is not the expected JSON: " + c.redact(err.Error())}
@@ -483,6 +511,8 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return info, nil
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
 		return info, &AuthError{Call: cl.name, Status: s, Detail: c.detail(data)}
+	case cl.optional && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
+		return info, &MissingRouteError{Call: cl.name, Status: s}
 	case s == http.StatusConflict:
 		return info, &FencedError{Call: cl.name, JobID: cl.jobID, Epoch: cl.epoch, Detail: c.detail(data)}
 	case s == http.StatusNotFound && cl.jobID != "":

@@ -56,6 +56,9 @@ type JobRunner struct {
 	Tracer trace.Tracer
 	// Notifier is told of each job's end once its report settled (nil: off).
 	Notifier *notify.Notifier
+	// Artifacts, when set, uploads the job's logs after each terminal
+	// report (never before it, never holding it up).
+	Artifacts *Artifacts
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -131,6 +134,7 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 		if res.Err == nil {
 			res.Err = lease.AuthErr()
 		}
+		r.upload(ctx, log, c, res)
 	}
 
 	j, err := r.parse(c)
@@ -280,6 +284,27 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 		rec.Insights = &in
 		rec.EndedAt = r.now().UTC()
 	})
+}
+
+// upload sends the job's logs as artifacts once its terminal report is
+// settled: tried within the upload budget when the report went through,
+// spooled at once when the report itself was spooled (the coordinator is
+// away), not at all for a fenced job (this factory reports nothing for it).
+func (r *JobRunner) upload(ctx context.Context, log *slog.Logger, c *Claim, res *Result) {
+	if r.Artifacts == nil {
+		return
+	}
+	switch res.Report {
+	case "delivered", "spooled", "rejected":
+	default:
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.Artifacts.uploadBudget()+time.Second)
+	defer cancel()
+	ds := r.Artifacts.Upload(actx, c.Job.ID, c.LeaseEpoch, res.Attempt, res.Report == "spooled")
+	for name, d := range ds {
+		log.Debug("artifact", "name", name, "upload", d.String())
+	}
 }
 
 // reportContext is the final report's context: it outlives the job's (a

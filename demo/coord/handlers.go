@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -572,9 +573,23 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, _ who) {
 	writeJSON(w, http.StatusOK, map[string]any{"events": ev})
 }
 
+// actionReq is an action's optional body: the reason recorded on the job
+// (reject).
+type actionReq struct {
+	Detail string `json:"detail"`
+}
+
 // handleAction is an operator's action on a job: requeue, ship or reject.
+// The body is optional ({"detail": "why"}).
 func (s *Server) handleAction(w http.ResponseWriter, r *http.Request, _ who) {
-	j, err := s.Action(r.PathValue("id"), r.PathValue("action"))
+	var req actionReq
+	if b, err := io.ReadAll(io.LimitReader(r.Body, 64<<10)); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		if err := json.Unmarshal(b, &req); err != nil {
+			writeErr(w, http.StatusBadRequest, "the body is not valid JSON: "+err.Error())
+			return
+		}
+	}
+	j, err := s.ActionWith(r.PathValue("id"), r.PathValue("action"), req.Detail)
 	if err != nil {
 		var ae *ActionError
 		if errors.As(err, &ae) {
@@ -597,9 +612,16 @@ func (e *ActionError) Error() string { return e.Msg }
 
 // Action applies an operator action: requeue (back to queued — or blocked —
 // with the epoch bumped, which fences the current holder; checkpoint kept),
-// ship (review|testing → shipped) or reject (→ failed, fencing a holder).
-func (s *Server) Action(id, action string) (Job, error) {
+// ship (review|testing → shipped) or reject (→ failed, fencing a holder). A
+// shipped job can be neither requeued nor rejected (409).
+func (s *Server) Action(id, action string) (Job, error) { return s.ActionWith(id, action, "") }
+
+// ActionWith is Action with the reason an operator gave (reject's detail).
+func (s *Server) ActionWith(id, action, detail string) (Job, error) {
 	var fn func(j *Job, now time.Time) (int, string, []Event)
+	shipped := func(j *Job) (int, string, []Event) {
+		return http.StatusConflict, fmt.Sprintf("job %s is shipped; a shipped job cannot be %sed (submit a new job instead)", j.ID, strings.TrimSuffix(action, "e")), nil
+	}
 	switch action {
 	case "requeue":
 		stageOf := func(d string) (string, bool) {
@@ -607,6 +629,9 @@ func (s *Server) Action(id, action string) (Job, error) {
 			return o.Stage, ok
 		}
 		fn = func(j *Job, now time.Time) (int, string, []Event) {
+			if j.Stage == StageShipped {
+				return shipped(j)
+			}
 			holder := j.Holder
 			j.LeaseEpoch++
 			j.Holder, j.LeaseExpiresAt, j.NotBefore, j.Waiting, j.Last = "", time.Time{}, time.Time{}, false, nil
@@ -627,11 +652,18 @@ func (s *Server) Action(id, action string) (Job, error) {
 		}
 	case "reject":
 		fn = func(j *Job, now time.Time) (int, string, []Event) {
+			if j.Stage == StageShipped {
+				return shipped(j)
+			}
 			if j.held() {
 				j.LeaseEpoch++
 			}
+			why := "rejected by an operator"
+			if d := strings.TrimSpace(detail); d != "" {
+				why = d
+			}
 			j.Holder, j.LeaseExpiresAt = "", time.Time{}
-			j.Stage, j.Reason, j.Detail = StageFailed, string(job.ReasonRejected), "rejected by an operator"
+			j.Stage, j.Reason, j.Detail = StageFailed, string(job.ReasonRejected), why
 			return 0, "", []Event{{JobID: j.ID, Kind: "rejected", Epoch: j.LeaseEpoch, Stage: j.Stage}}
 		}
 	default:

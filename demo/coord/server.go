@@ -65,6 +65,10 @@ type Options struct {
 	// release, PATCH, fail) before its answer is written: an audit of
 	// fencing (audit.go).
 	OnCall func(Call)
+	// Without are routes (e.g. "GET /fleet/factories") the stub answers
+	// 404 as if it did not have them: a coordinator older or smaller than
+	// the one aq was built against. SetWithout changes them at run time.
+	Without []string
 }
 
 // Server is the stub: an http.Handler over the store.
@@ -80,6 +84,9 @@ type Server struct {
 	faultMu sync.Mutex
 	faults  faultConfig
 	rnd     *mrand.Rand
+	without []string // guarded by faultMu
+
+	arts artifactStore
 
 	bg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -129,6 +136,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.rnd = mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	s.faults = faultConfig{Rate: o.FailRate, Latency: o.Latency, Routes: o.FaultRoutes}
+	s.without = slices.Clone(o.Without)
 	s.stats = Stats{Since: o.Now().UTC(), Routes: map[string]RouteStats{}}
 
 	s.st.mu.Lock()
@@ -194,6 +202,21 @@ func (s *Server) SetFaults(rate float64, latency time.Duration, routes ...string
 	s.faultMu.Lock()
 	defer s.faultMu.Unlock()
 	s.faults = faultConfig{Rate: rate, Latency: latency, Routes: routes}
+}
+
+// SetWithout makes the stub answer 404 on routes, as a coordinator without
+// them would (none: every route is served again).
+func (s *Server) SetWithout(routes ...string) {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	s.without = slices.Clone(routes)
+}
+
+// lacks reports whether route is one the stub pretends not to have.
+func (s *Server) lacks(route string) bool {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	return slices.Contains(s.without, route)
 }
 
 // Stats returns a copy of the request counters.
@@ -313,6 +336,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &StatusRecorder{ResponseWriter: w}
 	defer func() { s.count(route, rec.Status()) }()
+	if s.lacks(route) {
+		http.NotFound(rec, r) // what a server without the route answers
+		return
+	}
 	if s.injectFault(r.Context(), rec, route) {
 		return
 	}
@@ -411,6 +438,10 @@ func (s *Server) routes() {
 	m.HandleFunc(RouteJob, s.anyToken(s.handleJob))
 	m.HandleFunc(RouteEvents, s.anyToken(s.handleEvents))
 	m.HandleFunc(RouteAction, s.anyToken(s.handleAction))
+	m.HandleFunc(RouteArtifactUpload, s.anyToken(s.handleArtifactUpload))
+	m.HandleFunc(RouteArtifactList, s.anyToken(s.handleArtifactList))
+	m.HandleFunc(RouteArtifactGet, s.anyToken(s.handleArtifactGet))
+	m.HandleFunc(RouteArtifactDelete, s.anyToken(s.handleArtifactDelete))
 	m.HandleFunc(RouteGetStats, s.handleStats)
 	m.HandleFunc(RouteFaults, s.anyToken(s.handleFaults))
 }

@@ -10,13 +10,16 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
 )
 
 func init() { register(newStatusCmd) }
 
 type statusOptions struct {
-	JSON bool
+	JSON     bool
+	Watch    bool
+	Interval time.Duration
 }
 
 // Board is `aq status --json`. Field names are stable.
@@ -26,12 +29,25 @@ type Board struct {
 	Running   []RunningJob      `json:"running"`
 	Waiting   []WaitingJob      `json:"waiting"` // queued or blocked jobs that cannot run now, and why
 	Failed    []FailedJob       `json:"failed"`
+	Gate      []GateJob         `json:"gate"`                // jobs in review or testing: the ship gate
 	Recovered []string          `json:"recovered,omitempty"` // orphans this call returned to the queue
 	// Holds are the engines held until their rate or usage limit resets:
 	// their jobs wait (agent/holds).
 	Holds  []holds.Hold  `json:"holds"`
 	Fleet  *FleetStatus  `json:"fleet,omitempty"`  // fleet mode's jobs, spool and shadow counts (fleet.go)
 	Daemon *DaemonStatus `json:"daemon,omitempty"` // aq daemon's slots, running jobs, heartbeat, source (daemon.go)
+	// Coordinator is the fleet as the coordinator sees it (fleet mode
+	// only): jobs per stage, factories, alerts (fleetview.go).
+	Coordinator *FleetView `json:"coordinator,omitempty"`
+}
+
+// GateJob is a job in review or testing, waiting for `aq job ship`.
+type GateJob struct {
+	ID     string    `json:"id"`
+	Stage  job.Stage `json:"stage"`
+	Repo   string    `json:"repo"`
+	Branch string    `json:"branch,omitempty"`
+	PR     string    `json:"pr,omitempty"`
 }
 
 // RunningJob is a job in building.
@@ -44,6 +60,13 @@ type RunningJob struct {
 	PID       int       `json:"pid"`
 	StartedAt time.Time `json:"startedAt"`
 	AgeSec    int64     `json:"ageSec"`
+	// From the engine's log as it is written: where the run is (preparing,
+	// engine, finishing), what it spent so far, and its last event.
+	Phase         string  `json:"phase,omitempty"`
+	Tokens        int64   `json:"tokens"`
+	CostUSD       float64 `json:"costUsd"`
+	CostEstimated bool    `json:"costEstimated,omitempty"`
+	LastEvent     string  `json:"lastEvent,omitempty"`
 }
 
 // WaitingJob is a queued job that is not runnable now.
@@ -70,35 +93,50 @@ func newStatusCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Board: jobs per stage, running jobs, and why waiting jobs wait",
-		Long: `Show the board: jobs per stage, running jobs with their age and pid, jobs that
-wait (deps not shipped, a capability this host lacks, a retry backoff, parked
-until an engine's rate or usage limit resets, an engine held) and why,
-and failed jobs with their reasons. Orphans of a dead aq are recovered first
-(their worktrees checkpointed, the jobs requeued).`,
+		Long: `Show the board: jobs per stage, running jobs with their age, pid, phase,
+usage and the engine's last event, jobs that wait (deps not shipped, a
+capability this host lacks, a retry backoff, parked until an engine's rate or
+usage limit resets, an engine held) and why, and failed jobs with their
+reasons. Orphans of a dead aq are recovered first (their worktrees
+checkpointed, the jobs requeued). In fleet mode the coordinator's view is
+added: jobs per stage, factories with health and load, alerts.
+
+--watch opens the live board (docs/board.md): refreshed every --interval,
+with keys to follow a job's log (enter), requeue (r), reject (x) and ship (s)
+a job after a y/n confirmation, and quit (q, Ctrl-C). Without a terminal,
+--watch prints the plain board every --interval until interrupted.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runStatus(cmd.Context(), f, opts)
+			return runStatus(cmd.Context(), f, opts, cmd.Flags().Changed("interval"))
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered, holds}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, gate, recovered, holds, fleet, daemon, coordinator}")
+	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "the live board: full screen on a terminal, else the plain board every --interval")
+	cmd.Flags().DurationVar(&opts.Interval, "interval", 2*time.Second, "with --watch: how often the board is refreshed (at least 200ms)")
 	return configFlags(cmd, config.GroupFleet)
 }
 
-func runStatus(ctx context.Context, f *Factory, opts *statusOptions) error {
-	cfg, err := f.Config()
+func runStatus(ctx context.Context, f *Factory, opts *statusOptions, intervalSet bool) error {
+	switch {
+	case intervalSet && !opts.Watch:
+		return aqerr.Usagef("add --watch, or drop --interval (plain `aq status` is one snapshot)", "--interval goes with --watch")
+	case opts.Watch && opts.Interval < 200*time.Millisecond:
+		return aqerr.Usagef("give --interval 200ms or more, e.g. --interval 2s", "--interval %s is too short", opts.Interval)
+	case opts.Watch && opts.JSON:
+		return aqerr.Usagef("use `aq status --json` for a snapshot, --watch for the live board", "--json and --watch do not go together")
+	}
+	if opts.Watch {
+		return runWatch(ctx, f, opts)
+	}
+	r, err := newStatusReader(f)
 	if err != nil {
 		return err
 	}
-	a, err := f.Local()
+	now := time.Now()
+	b, err := r.read(ctx, now)
 	if err != nil {
 		return err
 	}
-	b, err := buildBoard(ctx, f, a, cfg.Home, time.Now())
-	if err != nil {
-		return err
-	}
-	b.Fleet = fleetStatus(cfg, time.Now())
-	b.Daemon = daemonStatus(cfg)
 	if opts.JSON {
 		return writeJSON(f.IO.Out, b)
 	}
@@ -106,7 +144,8 @@ func runStatus(ctx context.Context, f *Factory, opts *statusOptions) error {
 		return err
 	}
 	printFleetStatus(f, b.Fleet)
-	printDaemonStatus(f, b.Daemon, time.Now())
+	printDaemonStatus(f, b.Daemon, now)
+	printCoordinator(f.IO.Out, b.Coordinator)
 	return nil
 }
 
@@ -122,7 +161,7 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 	}
 	host, hostErr := a.HostCaps(ctx)
 	active, _ := a.Runner.Holds.Active()
-	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Recovered: recovered,
+	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Gate: []GateJob{}, Recovered: recovered,
 		Holds: a.Runner.Holds.List()}
 	for _, st := range job.Stages {
 		b.Counts[st] = 0
@@ -162,6 +201,8 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 			}
 		case job.Failed, job.DeadLetter:
 			b.Failed = append(b.Failed, FailedJob{ID: s.ID, Stage: s.Stage, Reason: s.Reason, Detail: s.Detail, Attempts: s.Attempts})
+		case job.Review, job.Testing:
+			b.Gate = append(b.Gate, GateJob{ID: s.ID, Stage: s.Stage, Repo: s.Repo, Branch: s.Branch, PR: s.PR})
 		}
 	}
 	return b, nil
@@ -191,9 +232,10 @@ func printBoard(f *Factory, b *Board) error {
 	if len(b.Running) > 0 {
 		fmt.Fprintln(w, "\nrunning:")
 		tw = table(w)
-		fmt.Fprintln(tw, "  JOB\tREPO\tENGINE\tATTEMPT\tPID\tAGE")
+		fmt.Fprintln(tw, "  JOB\tREPO\tENGINE\tATTEMPT\tPID\tAGE\tPHASE\tUSAGE\tLAST EVENT")
 		for _, r := range b.Running {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Repo, r.Engine, r.Attempt, r.PID, (time.Duration(r.AgeSec) * time.Second).String())
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.Repo, r.Engine, r.Attempt, r.PID, (time.Duration(r.AgeSec) * time.Second).String(),
+				orDash(r.Phase), usageCell(r.Tokens, r.CostUSD, r.CostEstimated), r.LastEvent)
 		}
 		tw.Flush()
 	}
@@ -207,6 +249,12 @@ func printBoard(f *Factory, b *Board) error {
 		fmt.Fprintln(w, "\nwaiting:")
 		for _, x := range b.Waiting {
 			fmt.Fprintf(w, "  %s (%s): %s\n", x.ID, x.Stage, x.Why)
+		}
+	}
+	if len(b.Gate) > 0 {
+		fmt.Fprintln(w, "\nreview/testing (`aq job ship ID`):")
+		for _, x := range b.Gate {
+			fmt.Fprintf(w, "  %s (%s) %s %s\n", x.ID, x.Stage, x.Branch, x.PR)
 		}
 	}
 	if len(b.Failed) > 0 {
