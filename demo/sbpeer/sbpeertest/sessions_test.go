@@ -249,7 +249,9 @@ func TestPeerSessionsAcceptNextWaitsThenTimesOut(t *testing.T) {
 		r, err := sp.acceptNext(time.Minute)
 		got <- res{r, err}
 	}()
-	sp.waitEvent(func(e sbpeertest.Event) bool { return e.Event == "session-wait" && e.Link != w.Link && e.Link != w2.Link })
+	sp.waitEvent(func(e sbpeertest.Event) bool {
+		return e.Event == "session-wait" && e.Link != w.Link && e.Link != w2.Link
+	})
 	sp.send("x1", "late")
 	r := <-got
 	if r.err != nil || r.r.SessionID() != "late" {
