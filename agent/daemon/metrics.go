@@ -32,6 +32,7 @@ type metrics struct {
 	settleFailed  *prometheus.CounterVec
 	switches      *prometheus.CounterVec
 	orphans       *prometheus.CounterVec
+	sessions      *prometheus.CounterVec // aq_dispatch_sessions_total{event} (metrics_sessions.go)
 }
 
 var _ dispatch.Metrics = (*metrics)(nil)
@@ -105,6 +106,7 @@ func newMetrics(g gauges) *metrics {
 	for _, s := range []string{"poll", "broker"} {
 		m.claims.WithLabelValues(s, "leased")
 	}
+	m.sessions = newSessionCounter(reg)
 	return m
 }
 
