@@ -44,6 +44,9 @@ const (
 	defaultSessionAcceptWait = 30 * time.Second
 	defaultSessionIdle       = time.Second
 	minSessionRenew          = 50 * time.Millisecond
+	// unknownSessionLock is the lock assumed when the broker's attach did
+	// not say until when it holds (Service Bus's shortest lock duration).
+	unknownSessionLock = 5 * time.Second
 )
 
 // heldElsewhere reports whether err says the session is locked by another
@@ -186,6 +189,10 @@ func (r *Receiver) holdSession(ctx context.Context, sr sessionReceiver) {
 	log := r.log.With("session", sr.SessionID())
 	// Read once, before the renewer starts: the SDK writes it on renewal.
 	lockFor := time.Until(sr.LockedUntil())
+	if lockFor <= 0 {
+		log.Warn("the broker did not say until when the session is locked; renewing as for the shortest lock", "assumed", unknownSessionLock)
+		lockFor = unknownSessionLock
+	}
 	lost := make(chan struct{})
 	rctx, stopRenew := context.WithCancel(context.WithoutCancel(ctx))
 	var renewer sync.WaitGroup
