@@ -245,20 +245,14 @@ func TestSessionsSerialiseARepoAcrossFactories(t *testing.T) {
 // duration: it never expires, and the repo's next message comes to the same
 // holder after the job, in order.
 func TestSessionRenewedWhileJobRuns(t *testing.T) {
-	peer, r := poolPeer(t, sbpeertest.Options{LockDuration: 600 * time.Millisecond})
+	peer, r := poolPeer(t, sbpeertest.Options{LockDuration: 1500 * time.Millisecond})
 	tl := newTimeline(t)
 	startPoolReceiver(t, peer, "fa", 1, tl, func(o *dispatch.Options) { o.SessionIdle = time.Second })
 	r.publishTo("app-1", "app", "p", true)
 	tl.waitStarted("app-1")
 	acc := r.waitEvent(func(e sbpeertest.Event) bool { return e.Event == "session-accept" && e.Session == "app" })
 	// Three renewals: the job has run for more than two lock durations.
-	for {
-		n := count(r.events(), func(e sbpeertest.Event) bool { return e.Event == "session-renew" && e.Link == acc.Link })
-		if n >= 3 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRenewals(t, r, acc.Link, 0, 3)
 	r.publishTo("app-2", "app", "p", true)
 	tl.finish("app-1")
 	tl.waitStarted("app-2")
@@ -396,7 +390,7 @@ func TestSessionlessMessageOnSessionSubscription(t *testing.T) {
 // (its lock renewed) until then, and only then is the session released and
 // Run returns.
 func TestSessionsDrainHoldsTheSessionUntilTheJobEnds(t *testing.T) {
-	peer, r := poolPeer(t, sbpeertest.Options{LockDuration: 600 * time.Millisecond})
+	peer, r := poolPeer(t, sbpeertest.Options{LockDuration: 1500 * time.Millisecond})
 	tl := newTimeline(t)
 	pr := startPoolReceiver(t, peer, "fa", 1, tl, nil)
 	r.publishTo("app-1", "app", "p", true)
@@ -404,14 +398,7 @@ func TestSessionsDrainHoldsTheSessionUntilTheJobEnds(t *testing.T) {
 	acc := r.waitEvent(func(e sbpeertest.Event) bool { return e.Event == "session-accept" && e.Session == "app" })
 	pr.cancel()
 	// Two renewals after the drain began: the session is still held.
-	since := len(r.events())
-	for {
-		n := count(r.events()[since:], func(e sbpeertest.Event) bool { return e.Event == "session-renew" && e.Link == acc.Link })
-		if n >= 2 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRenewals(t, r, acc.Link, len(r.events()), 2)
 	if n := count(r.events(), func(e sbpeertest.Event) bool { return e.Event == "session-release" }); n != 0 {
 		t.Fatal("the session was released while its job runs")
 	}
@@ -426,4 +413,20 @@ func TestSessionsDrainHoldsTheSessionUntilTheJobEnds(t *testing.T) {
 	}
 	pr.done <- nil // for the cleanup
 	r.waitEvent(func(e sbpeertest.Event) bool { return e.Event == "session-release" && e.Link == acc.Link })
+}
+
+// waitRenewals waits for n renewals of link's session lock logged after the
+// first since events, failing as soon as a session lock expires instead.
+func waitRenewals(t *testing.T, r *rig, link string, since, n int) {
+	t.Helper()
+	for {
+		evs := r.events()[since:]
+		if e := sbpeertest.Filter(evs, func(e sbpeertest.Event) bool { return e.Event == "session-lock-expired" }); len(e) > 0 {
+			t.Fatalf("a session lock expired while it should have been renewed: %+v", e[0])
+		}
+		if count(evs, func(e sbpeertest.Event) bool { return e.Event == "session-renew" && e.Link == link }) >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
