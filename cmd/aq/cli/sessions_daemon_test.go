@@ -364,3 +364,23 @@ func TestDaemonSessionLockLostMidJob(t *testing.T) {
 	}
 	stopAll(t, p)
 }
+
+// Bad input: a factory without AQ_SB_SESSIONS on a subscription that
+// requires sessions stops at once with one line saying so (exit 2); the
+// broker refused its receiver, nothing was taken.
+func TestDaemonSessionsOffOnASessionSubscription(t *testing.T) {
+	f := newSessionFleet(t, 1, "fa")
+	h := f.homes["fa"]
+	h.Env = append(h.Env, "AQ_SB_SESSIONS=0")
+	e := &daemonEnv{t: t, h: h}
+	p := e.startDaemon()
+	if code := p.wait(t); code != 2 {
+		t.Fatalf("exit %d, want 2\n%s", code, p.err)
+	}
+	lines := strings.Split(strings.TrimSpace(p.err.String()), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, "aq: subscription fleet-dispatch/Subscriptions/p requires sessions but AQ_SB_SESSIONS is off") ||
+		!strings.Contains(last, "set AQ_SB_SESSIONS=1") || strings.Contains(p.err.String(), "SharedAccessKey=") {
+		t.Fatalf("last line %q", last)
+	}
+}
