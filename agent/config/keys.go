@@ -81,7 +81,7 @@ var Keys = []Key{
 		set: setID(func(c *Config) *string { return &c.SBTopic })},
 	{Name: "sb_subscription", Group: GroupBroker, Env: []string{"AQ_SB_SUBSCRIPTION"}, Flag: "sb-subscription", Usage: "this factory's subscription (default: the pool, else the factory id)",
 		set: setID(func(c *Config) *string { return &c.SBSubscription })},
-	{Name: "sb_sessions", Group: GroupBroker, Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Type: "bool", Usage: "receive with sessions keyed by repo (serializes same-repo work fleet-wide)",
+	{Name: "sb_sessions", Group: GroupBroker, Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Type: "bool", Usage: "Service Bus sessions keyed by repo: one job of a repo at a time across the factories sharing the subscription, which must require sessions (docs/servicebus.md)",
 		set: setBool(func(c *Config) *bool { return &c.SBSessions })},
 	{Name: "metrics_addr", Group: GroupDaemon, Env: []string{"AQ_METRICS_ADDR"}, Flag: "metrics-addr", Usage: "address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9464 (off when empty)",
 		set: setHostPort(func(c *Config) *string { return &c.MetricsAddr })},

@@ -46,6 +46,7 @@ type metrics struct {
 	tokens      *prometheus.CounterVec   // aq_engine_tokens_total{engine,kind}
 	renewErrors prometheus.Counter       // aq_lease_renew_errors_total
 	depthErrors prometheus.Counter       // aq_broker_depth_read_errors_total
+	sessions    *prometheus.CounterVec   // aq_dispatch_sessions_total{event} (metrics_sessions.go)
 }
 
 // jobResults are aq_jobs_ended_total's result values (telemetry.Outcome).
@@ -156,6 +157,7 @@ func newMetrics(g gauges) *metrics {
 	for _, s := range []string{"poll", "broker"} {
 		m.claims.WithLabelValues(s, "leased")
 	}
+	m.sessions = newSessionCounter(reg)
 	return m
 }
 

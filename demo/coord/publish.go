@@ -144,6 +144,9 @@ func (p *Publisher) Notify(Event) {
 // Topic is the topic the publisher sends to.
 func (p *Publisher) Topic() string { return p.o.Topic }
 
+// Sessions reports whether messages carry SessionId = repo.
+func (p *Publisher) Sessions() bool { return p.o.Sessions }
+
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()

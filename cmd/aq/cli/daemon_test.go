@@ -455,7 +455,6 @@ func TestDaemonConfigErrorsExit2(t *testing.T) {
 	}{
 		{map[string]string{}, "fleet mode is off"},
 		{map[string]string{"AQ_FLEET": "1"}, "needs AQ_FLEET_API"},
-		{map[string]string{"AQ_FLEET": "1", "AQ_FLEET_API": "http://127.0.0.1:9/api", "AQ_SB_SESSIONS": "1", "AQ_SB_CONNECTION_STRING": "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"}, "AQ_SB_SESSIONS"},
 		{map[string]string{"AQ_FLEET": "1", "AQ_FLEET_API": "http://127.0.0.1:9/api", "AQ_DRAIN_TIMEOUT": "soon"}, "AQ_DRAIN_TIMEOUT"},
 	} {
 		for k, v := range tc.env {

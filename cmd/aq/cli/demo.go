@@ -282,7 +282,9 @@ With a broker (--broker-connection-string-file F, or AQ_SB_CONNECTION_STRING)
 the stub also publishes a targeted Service Bus message per queued job
 (MessageID jobId:epoch, application property targetFactoryId) to the factory
 it picks, as the coordinator's dispatcher does; the factories' subscriptions
-must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).`,
+must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).
+With --sb-sessions (AQ_SB_SESSIONS=1) each message carries SessionId = the
+job's repo, for subscriptions that require sessions (docs/servicebus.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDemoCoordinator(cmd.Context(), f, o)
@@ -334,12 +336,13 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 // (the connection string never on the command line: a file, or the
 // environment).
 func demoPublisher(f *Factory, o *demoCoordinatorOptions) (*coord.Publisher, error) {
-	cs, topic := "", o.BrokerTopic
-	if cfg, err := f.Config(); err == nil {
-		cs = cfg.SBConnectionString
-		if topic == "" {
-			topic = cfg.SBTopic
-		}
+	cfg, err := f.Config()
+	if err != nil {
+		return nil, err // e.g. AQ_SB_SESSIONS=maybe: one line, not a publisher without sessions
+	}
+	cs, topic := cfg.SBConnectionString, o.BrokerTopic
+	if topic == "" {
+		topic = cfg.SBTopic
 	}
 	if o.BrokerFile != "" {
 		b, err := os.ReadFile(o.BrokerFile)
@@ -352,7 +355,7 @@ func demoPublisher(f *Factory, o *demoCoordinatorOptions) (*coord.Publisher, err
 		return nil, nil
 	}
 	f.Redactor().Add(dispatch.ConnectionStringSecrets(cs)...)
-	pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: cs, Topic: topic, Log: f.Logger()})
+	pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: cs, Topic: topic, Sessions: cfg.SBSessions, Log: f.Logger()})
 	if err != nil {
 		var ae *aqerr.Error
 		if errors.As(err, &ae) {
