@@ -144,7 +144,7 @@ type Event struct {
 	Seq     int64     `json:"seq"`
 	At      time.Time `json:"at"`
 	JobID   string    `json:"jobId"`
-	Kind    string    `json:"kind"` // submitted|claimed|accepted|stage|fail|released|reaped|requeued|shipped|rejected|unblocked|due|fenced
+	Kind    string    `json:"kind"` // submitted|claimed|accepted|stage|fail|released|reaped|expired|requeued|shipped|rejected|unblocked|due|fenced
 	Factory string    `json:"factory,omitempty"`
 	Epoch   int64     `json:"epoch"`
 	Stage   string    `json:"stage"`

@@ -256,6 +256,9 @@ type demoCoordinatorOptions struct {
 	// AQ_SB_CONNECTION_STRING, the one the factories receive with.
 	BrokerFile  string
 	BrokerTopic string
+	// Routes is the route set: full (DESIGN §9) or legacy (the coordinator
+	// in service today).
+	Routes string
 }
 
 func newDemoCoordinatorCmd(f *Factory) *cobra.Command {
@@ -282,7 +285,14 @@ With a broker (--broker-connection-string-file F, or AQ_SB_CONNECTION_STRING)
 the stub also publishes a targeted Service Bus message per queued job
 (MessageID jobId:epoch, application property targetFactoryId) to the factory
 it picks, as the coordinator's dispatcher does; the factories' subscriptions
-must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).`,
+must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).
+
+--routes legacy serves exactly the routes of the coordinator in service
+today (no POST /fleet/accept, POST /fleet/fail, deregister or GET
+/fleet/factories) and answers the others as it does (404 "Cannot POST
+/path"): factories then fail jobs with a fenced PATCH and lease/release,
+and take work over the poll path (docs/fleet.md). It publishes no dispatch
+messages.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDemoCoordinator(cmd.Context(), f, o)
@@ -301,6 +311,7 @@ must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).
 	fl.StringVar(&o.TokenFile, "enroll-token-file", "", "file holding the enrollment token to use (default: the state file's, else a new one)")
 	fl.StringVar(&o.BrokerFile, "broker-connection-string-file", "", "file holding a Service Bus connection string: publish a dispatch message per queued job (default: AQ_SB_CONNECTION_STRING, if set)")
 	fl.StringVar(&o.BrokerTopic, "broker-topic", "", "topic to publish to (default: AQ_SB_TOPIC, fleet-dispatch)")
+	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (DESIGN §9) or legacy (the coordinator in service today: no accept, fail, deregister, factories list)")
 	return configFlags(cmd, config.GroupBroker)
 }
 
@@ -308,9 +319,13 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 	if o.FailRate < 0 || o.FailRate > 1 {
 		return aqerr.Usagef("use a share from 0 to 1", "--fail-rate %v is out of range", o.FailRate)
 	}
+	if o.Routes != coord.RoutesFull && o.Routes != coord.RoutesLegacy {
+		return aqerr.Usagef("use --routes full (DESIGN §9) or --routes legacy (the coordinator in service today)", "--routes %q is not a route set", o.Routes)
+	}
 	opts := coord.Options{
 		LeaseTTL: o.LeaseTTL, StaleAfter: o.StaleAfter, ReapEvery: o.ReapEvery, MaxBackoff: o.MaxBackoff,
 		FailRate: o.FailRate, Latency: o.Latency, FaultRoutes: o.FaultRoutes, StateFile: o.State, Log: f.Logger(),
+		Routes: o.Routes,
 	}
 	if o.TokenFile != "" {
 		b, err := os.ReadFile(o.TokenFile)
@@ -319,11 +334,17 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 		}
 		opts.EnrollToken = strings.TrimSpace(string(b))
 	}
-	pub, err := demoPublisher(f, o)
-	if err != nil {
-		return err
+	if o.Routes == coord.RoutesLegacy {
+		if o.BrokerFile != "" {
+			return aqerr.Usagef("drop --broker-connection-string-file, or use --routes full", "--routes legacy models a coordinator without a broker: it publishes no dispatch messages")
+		}
+	} else {
+		pub, err := demoPublisher(f, o)
+		if err != nil {
+			return err
+		}
+		opts.Publisher = pub
 	}
-	opts.Publisher = pub
 	if err := coord.Serve(ctx, o.Listen, opts, f.IO.Out); err != nil {
 		return aqerr.Wrap(aqerr.Failed, err, err.Error(), "pick another --listen address")
 	}
