@@ -91,8 +91,8 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	if err := a.Heartbeat.Beat(ctx); err != nil {
-		if IsAuth(err) {
-			return nil, err
+		if IsAuth(err) || IsRouteAbsent(err) {
+			return nil, err // the fleet path cannot start: fix the token, or AQ_FLEET_API
 		}
 		a.log().Warn("first heartbeat failed; the heartbeat loop keeps trying", "err", err)
 	}

@@ -78,15 +78,26 @@ func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
 			repos = []string{}
 		}
 	}
-	if p.Gate {
-		qs, err := p.Client.QueueState(ctx)
-		if err != nil {
+	// Without GET /fleet/queue-state (a coordinator older than the gate)
+	// the gate is off: the plain poll with idle backoff. The client says so
+	// once, when it learns it.
+	gate := p.Gate && p.Client.Has(RouteQueueState)
+	var qs QueueState
+	if gate {
+		var err error
+		qs, err = p.Client.QueueState(ctx)
+		switch {
+		case IsRouteAbsent(err):
+			gate, p.haveVersion = false, false
+		case err != nil:
 			if IsAuth(err) {
 				return nil, err
 			}
 			p.idle++
 			return nil, err
 		}
+	}
+	if gate {
 		safety := p.SafetyInterval
 		if safety == 0 {
 			safety = DefaultSafetyInterval
@@ -105,7 +116,7 @@ func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
 	c, err := p.Client.ClaimRepos(ctx, false, repos)
 	if err != nil {
 		p.idle++
-		if p.Gate {
+		if gate {
 			p.haveVersion = false // claim again next tick
 		}
 		return nil, err
