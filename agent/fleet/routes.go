@@ -334,6 +334,8 @@ func (c *Client) Probe(ctx context.Context, route string) (bool, error) {
 	switch {
 	case st == http.StatusUnauthorized || st == http.StatusForbidden:
 		return true, &AuthError{Call: route, Status: st, Detail: c.detail(data)}
+	case st == http.StatusTooManyRequests || st >= 500:
+		return true, &TransientError{Call: route, Status: st, Tries: 1, Detail: c.detail(data)}
 	case st != http.StatusNotFound && st != http.StatusMethodNotAllowed:
 		return true, nil
 	}

@@ -168,6 +168,10 @@ type RouteStats struct {
 // Count is the number of requests on route (e.g. "POST /fleet/claim").
 func (s Stats) Count(route string) int64 { return s.Routes[route].Requests }
 
+// Took is the number of requests on route answered 200: for accept, the
+// leases it gave (a factory's start-up probe of the route is answered 404).
+func (s Stats) Took(route string) int64 { return s.Routes[route].Status["200"] }
+
 // Total is the number of requests on every route but _stats.
 func (s Stats) Total() int64 {
 	var n int64
