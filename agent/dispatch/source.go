@@ -72,15 +72,15 @@ type Source struct {
 	recv *Receiver
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	live    string
-	heard   bool          // the broker has reported its health at least once
+	mu    sync.Mutex
+	live  string
+	heard bool // the broker has reported its health at least once
 	// off is why the broker path was turned off for good (OffBroker);
 	// stopRecv ends the receiver.
 	off      error
 	stopRecv context.CancelFunc
-	changed chan struct{} // closed and replaced on every change of live or heard
-	ticks   int64
+	changed  chan struct{} // closed and replaced on every change of live or heard
+	ticks    int64
 
 	jobs sync.WaitGroup // poll-path Handlers
 }
