@@ -97,6 +97,8 @@ type demoOptions struct {
 	LocalOnly bool
 	ScaleOnly bool
 	JSON      bool
+	// Routes is the coordinator stub's route set in act 2 (full or legacy).
+	Routes string
 }
 
 func (o *demoOptions) flags(cmd *cobra.Command, full bool) {
@@ -106,6 +108,7 @@ func (o *demoOptions) flags(cmd *cobra.Command, full bool) {
 	fl.BoolVar(&o.JSON, "json", false, "print the summary as JSON on stdout (the narration goes to stderr)")
 	if full {
 		fl.BoolVar(&o.LocalOnly, "local-only", false, "run act 1 (local mode) only")
+		fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "act 2's coordinator: full (DESIGN §9) or legacy (the coordinator in service today: no /fleet/accept, /fleet/fail)")
 	}
 }
 
@@ -122,6 +125,9 @@ type DemoSummary struct {
 }
 
 func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
+	if o.Routes != "" && o.Routes != coord.RoutesFull && o.Routes != coord.RoutesLegacy {
+		return aqerr.Usagef("use --routes full (DESIGN §9) or --routes legacy (the coordinator in service today)", "--routes %q is not a route set", o.Routes)
+	}
 	start := time.Now()
 	out := f.IO.Out
 	if o.JSON {
@@ -170,7 +176,7 @@ func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
 	}
 	if !o.LocalOnly && !o.ScaleOnly {
 		fmt.Fprintf(out, "\n━━ Act 2 of 3: the fleet on one machine ━━\n\n")
-		fs, err := fleetdemo.Run(ctx, fleetdemo.Options{Dir: actDir("fleet"), Out: out})
+		fs, err := fleetdemo.Run(ctx, fleetdemo.Options{Dir: actDir("fleet"), Out: out, Routes: o.Routes})
 		sum.Fleet = fs
 		if err != nil {
 			return demoError(ctx, err)

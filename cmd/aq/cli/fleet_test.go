@@ -206,6 +206,9 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 	if _, _, code := runAQ(t, "demo", "coordinator", "--fail-rate", "2"); code != 2 {
 		t.Fatalf("bad --fail-rate: %d", code)
 	}
+	if _, errOut, code := runAQ(t, "demo", "--routes", "newest"); code != 2 || !strings.Contains(errOut, "--routes legacy") {
+		t.Fatalf("bad --routes: %d %q", code, errOut)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr testenv.SyncBuffer
 	done := make(chan int, 1)
