@@ -38,3 +38,7 @@ func StatBase(base string) (BaseStamp, error) {
 
 // statBase is StatBase for the benchmarks.
 func statBase(base string) (BaseStamp, error) { return StatBase(base) }
+
+// IsGitCheckout reports whether dir is a repository as detection counts
+// one (a .git directory, or a gitdir link to one that exists).
+func IsGitCheckout(dir string) bool { return isGitCheckout(dir) }

@@ -264,9 +264,26 @@ func (d *Daemon) sourceOptions(factoryID string) dispatch.SourceOptions {
 		so.Broker = &dispatch.Options{
 			Config: bc, Acceptor: acceptor{d}, Metrics: d.m, Logger: d.o.Log,
 			OnHealth: d.brokerHealth, Credential: t.Credential, TLSConfig: t.TLSConfig, Backoff: t.Backoff, SDKRetry: t.SDKRetry,
+			Unfit: d.unfit,
 		}
 	}
 	return so
+}
+
+// unfit says why a broker message's job can no longer run here (a
+// declared capability, or its repo, that this factory no longer offers):
+// the message is dead-lettered rather than accepted — accepting would take
+// a lease on a job that must fail here (repo_unavailable: an attempt
+// burned), abandoning would bring it back to this subscription until the
+// broker's max delivery count dead-letters it anyway. The job stays queued;
+// the heartbeat with the new offer goes out now, so the coordinator
+// re-dispatches it to a factory that fits (docs/fleet.md).
+func (d *Daemon) unfit(ctx context.Context, m dispatch.Message) string {
+	why := d.agent.Caps.Unfit(ctx, m.Caps, m.Repo)
+	if why != "" {
+		d.agent.Heartbeat.Kick()
+	}
+	return why
 }
 
 // acceptor is the broker path's POST /fleet/accept.

@@ -32,6 +32,9 @@ type Poller struct {
 	// With the gate, a repo that came back into the list since the last
 	// claim counts as a change (a job for it may have waited meanwhile).
 	Repos func() []string
+	// Refresher, when set, is checked before each look: a claim offers
+	// what the host has now (a repo removed a moment ago is not offered).
+	Refresher *Refresher
 
 	idle        int
 	haveVersion bool
@@ -70,6 +73,7 @@ func (p *Poller) Next(ctx context.Context) (*Claim, error) {
 // gate says nothing changed, one claim. A nil claim and nil error mean no
 // job now; the idle counter grows. A claim resets it.
 func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
+	p.Refresher.Check(ctx)
 	now := p.clock().Now()
 	var repos []string
 	if p.Repos != nil {

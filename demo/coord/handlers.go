@@ -314,6 +314,10 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // already released
 		}
+		if l := j.Last; l != nil && l.Kind == "patch" && (l.Stage == StageFailed || l.Stage == StageQueued) && l.Factory == c.factory &&
+			l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch && j.Holder == "" && !j.held() {
+			return http.StatusOK, "", nil // the release that follows a failure's PATCH, which ended the lease already
+		}
 		if !j.held() && j.Holder == c.factory && j.LeaseEpoch == req.LeaseEpoch {
 			// The lease a legacy PATCH to failed or queued left held: the
 			// release frees it, the reported stage stays.

@@ -168,4 +168,10 @@ func TestLegacyPatchLeavesTheLeaseToRelease(t *testing.T) {
 	if code, m := f.call("PATCH", "/fleet/jobs/j1", ftok, map[string]any{"stage": "queued", "leaseEpoch": 1}); code != 200 || m["holderFactoryId"] != nil {
 		t.Fatalf("full set PATCH queued: %d %v", code, m)
 	}
+	// A release after it (aq's fallback sends one) finds the lease ended:
+	// 200, nothing changes.
+	v = f.s.Version()
+	if code, m := f.call("POST", "/fleet/jobs/j1/lease/release", ftok, map[string]any{"factoryId": "f1", "leaseEpoch": 1}); code != 200 || f.s.Version() != v {
+		t.Fatalf("release after a lease-ending PATCH: %d %v", code, m)
+	}
 }
