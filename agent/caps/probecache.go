@@ -34,6 +34,9 @@ type probeEntry struct {
 	Out     string    `json:"out"`
 }
 
+// ProbeCacheFile is the probe cache's file name under $AQ_HOME/state.
+const ProbeCacheFile = "probes.json"
+
 // NewProbeCache is an empty cache in memory.
 func NewProbeCache() *ProbeCache { return &ProbeCache{m: map[string]probeEntry{}} }
 

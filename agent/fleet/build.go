@@ -38,16 +38,13 @@ type Parts struct {
 // $AQ_HOME/state/probes.json (an unchanged binary is not run again: a
 // refresh, or the next `aq run --once`).
 func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
-	cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), ProbeCacheFile))
+	cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
 	return func(ctx context.Context) (*caps.Host, error) {
 		h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache})
 		_ = cache.Save() // a cache, not state: a failed write only costs probes
 		return h, err
 	}
 }
-
-// ProbeCacheFile is the probe cache under $AQ_HOME/state.
-const ProbeCacheFile = "probes.json"
 
 // NewClientFromConfig builds the coordinator client of cfg (no network I/O).
 func NewClientFromConfig(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, budgets *Budgets, hc *http.Client) (*Client, error) {

@@ -57,7 +57,12 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Parse:        parse,
 		Catalog:      cat,
 		Host: func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
+			// Version probes of unchanged engine binaries come from the
+			// cache: `aq run --once` after `aq run --once` runs none.
+			cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
+			h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache})
+			_ = cache.Save() // a cache: a failed write only costs probes
+			return h, err
 		},
 		Log: log,
 	}, nil
