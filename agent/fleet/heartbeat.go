@@ -146,24 +146,32 @@ func (h *Heartbeater) Run(ctx context.Context) error {
 	}
 }
 
-// sleep waits d, or until Kick; an error only when ctx is done.
+// sleep waits d, or until Kick (nil); an error when ctx is done, or the
+// clock's own (a simulation's end).
 func (h *Heartbeater) sleep(ctx context.Context, d time.Duration) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	kick := h.kickChan()
+	kicked := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		select {
 		case <-kick:
+			close(kicked)
 			cancel()
 		case <-sctx.Done():
 		}
 	}()
-	_ = h.clock().Sleep(sctx, d)
+	err := h.clock().Sleep(sctx, d)
 	cancel()
 	<-done
-	return ctx.Err()
+	select {
+	case <-kicked:
+		return ctx.Err()
+	default:
+		return err
+	}
 }
 
 func (h *Heartbeater) clock() Clock {
