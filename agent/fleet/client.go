@@ -487,7 +487,7 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return info, &FencedError{Call: cl.name, JobID: cl.jobID, Epoch: cl.epoch, Detail: c.detail(data)}
 	case s == http.StatusNotFound || s == http.StatusMethodNotAllowed:
 		// The route, or what the call names? (routes.go)
-		v := judgeBody(s, data)
+		v := judgeBody(s, data, cl.method, c.base.Path+cl.path)
 		if v == missingUnsure {
 			v = c.probeMissing(ctx, cl, s, resp.Header.Get("Content-Type"), data)
 		}

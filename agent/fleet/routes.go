@@ -150,31 +150,57 @@ const (
 	missingResource                // the route answered: what it names is not there
 )
 
-// Bodies that name an unknown route: Express and NestJS ("Cannot POST
-// /api/fleet/fail"), Fastify ("Route POST:/api/fleet/fail not found"), Go's
-// ServeMux ("404 page not found").
-var (
-	cannotMethod = regexp.MustCompile(`(?i)\bcannot (GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) /`)
-	fastifyRoute = regexp.MustCompile(`(?i)\broute (GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS):/\S* not found`)
-)
+// cannotMethod finds Express's and NestJS's "Cannot POST /path" (for the
+// evidence in logs).
+var cannotMethod = regexp.MustCompile(`(?i)\bcannot (GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) /`)
+
+// namesUnknownRoute reports whether text is a framework's answer for an
+// unknown route naming this very request: Express and NestJS ("Cannot POST
+// /api/fleet/fail"), Fastify ("Route POST:/api/fleet/fail not found"), or
+// Go's ServeMux ("404 page not found"). Naming the request's own method and
+// path keeps a handler's message that merely contains such words (a job's
+// "cannot PATCH …: stale epoch") from passing for it.
+func namesUnknownRoute(text, method, path string) bool {
+	if text == "404 page not found" {
+		return true
+	}
+	lower := strings.ToLower(text)
+	m := strings.ToLower(method)
+	for _, sig := range []string{"cannot " + m + " " + strings.ToLower(path), "route " + m + ":" + strings.ToLower(path) + " not found"} {
+		i := strings.Index(lower, sig)
+		if i < 0 {
+			continue
+		}
+		// The path must end there (not be a prefix of a longer one).
+		if rest := lower[i+len(sig):]; rest == "" || !isPathChar(rest[0]) {
+			return true
+		}
+	}
+	return false
+}
+
+func isPathChar(b byte) bool {
+	return b == '/' || b == '.' || b == '_' || b == '-' || b == '%' || b == ':' ||
+		b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9'
+}
 
 // judgeBody is the first look at a 404/405: the status and the body alone.
 //
 //   - 405: the path exists, not with this method — the route is absent;
-//   - a body that names the request as an unknown route (Express's
+//   - a body that names this request as an unknown route (Express's
 //     "Cannot POST /path", Fastify's "Route POST:/path not found", Go's
 //     "404 page not found") — the route is absent;
 //   - a JSON body (an object or array): the route's handler answered — what
 //     the call names is not there (the job);
 //   - anything else (empty, an HTML page of a proxy, other text) is unsure:
 //     a probe decides (probeMissing).
-func judgeBody(status int, body []byte) missing {
+func judgeBody(status int, body []byte, method, path string) missing {
 	if status == http.StatusMethodNotAllowed {
 		return missingRoute
 	}
 	text := strings.TrimSpace(string(body))
 	switch {
-	case cannotMethod.MatchString(text), fastifyRoute.MatchString(text), text == "404 page not found":
+	case namesUnknownRoute(text, method, path):
 		return missingRoute
 	case len(text) > 0 && (text[0] == '{' || text[0] == '[') && json.Valid([]byte(text)):
 		return missingResource
@@ -339,7 +365,7 @@ func (c *Client) Probe(ctx context.Context, route string) (bool, error) {
 	case st != http.StatusNotFound && st != http.StatusMethodNotAllowed:
 		return true, nil
 	}
-	v := judgeBody(st, data)
+	v := judgeBody(st, data, method, c.base.Path+path)
 	if v == missingUnsure {
 		v = c.probeMissing(ctx, call{name: route, method: method, path: path}, st, ct, data)
 	}

@@ -20,25 +20,29 @@ import (
 func TestJudgeBody(t *testing.T) {
 	express := "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>Error</title>\n</head>\n<body>\n<pre>Cannot POST /api/fleet/fail</pre>\n</body>\n</html>\n"
 	for _, tc := range []struct {
-		name   string
-		status int
-		body   string
-		want   missing
+		name         string
+		status       int
+		body         string
+		method, path string
+		want         missing
 	}{
-		{"express unknown route", 404, express, missingRoute},
-		{"express json-ish unknown route", 404, `{"error":"Cannot POST /fleet/factories/f1/deregister"}`, missingRoute},
-		{"nestjs", 404, `{"statusCode":404,"message":"Cannot PATCH /api/fleet/jobs/j1","error":"Not Found"}`, missingRoute},
-		{"fastify", 404, `{"message":"Route POST:/api/fleet/accept not found","error":"Not Found","statusCode":404}`, missingRoute},
-		{"go mux", 404, "404 page not found\n", missingRoute},
-		{"go mux 405", 405, "Method Not Allowed\n", missingRoute},
-		{"any 405", 405, `{"error":"nope"}`, missingRoute},
-		{"stub: no such job", 404, `{"error":"no job j1"}`, missingResource},
-		{"json without error field", 404, `{"leaseExpiresAt":"2030-01-01T00:00:00Z"}`, missingResource},
-		{"empty", 404, "", missingUnsure},
-		{"proxy page", 404, "<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found</h1></center><hr><center>nginx</center></body></html>", missingUnsure},
-		{"plain text", 404, "job not found", missingUnsure},
+		{"express unknown route", 404, express, "POST", "/api/fleet/fail", missingRoute},
+		{"express json-ish unknown route", 404, `{"error":"Cannot POST /fleet/factories/f1/deregister"}`, "POST", "/fleet/factories/f1/deregister", missingRoute},
+		{"nestjs", 404, `{"statusCode":404,"message":"Cannot PATCH /api/fleet/jobs/j1","error":"Not Found"}`, "PATCH", "/api/fleet/jobs/j1", missingRoute},
+		{"fastify", 404, `{"message":"Route POST:/api/fleet/accept not found","error":"Not Found","statusCode":404}`, "POST", "/api/fleet/accept", missingRoute},
+		{"go mux", 404, "404 page not found\n", "POST", "/fleet/fail", missingRoute},
+		{"go mux 405", 405, "Method Not Allowed\n", "POST", "/fleet/fail", missingRoute},
+		{"any 405", 405, `{"error":"nope"}`, "POST", "/fleet/fail", missingRoute},
+		{"stub: no such job", 404, `{"error":"no job j1"}`, "PATCH", "/api/fleet/jobs/j1", missingResource},
+		{"a handler's words, not the route", 404, `{"error":"cannot PATCH /api/fleet/jobs/j1: no such job"}`, "PATCH", "/api/fleet/jobs/j1", missingResource},
+		{"another request's path", 404, `Cannot POST /api/fleet/failures`, "POST", "/api/fleet/fail", missingUnsure},
+		{"another method", 404, `Cannot GET /api/fleet/fail`, "POST", "/api/fleet/fail", missingUnsure},
+		{"json without error field", 404, `{"leaseExpiresAt":"2030-01-01T00:00:00Z"}`, "POST", "/api/fleet/jobs/j1/lease/renew", missingResource},
+		{"empty", 404, "", "POST", "/api/fleet/fail", missingUnsure},
+		{"proxy page", 404, "<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found</h1></center><hr><center>nginx</center></body></html>", "POST", "/api/fleet/fail", missingUnsure},
+		{"plain text", 404, "job not found", "POST", "/api/fleet/fail", missingUnsure},
 	} {
-		if got := judgeBody(tc.status, []byte(tc.body)); got != tc.want {
+		if got := judgeBody(tc.status, []byte(tc.body), tc.method, tc.path); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}
