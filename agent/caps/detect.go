@@ -81,6 +81,9 @@ type DetectOptions struct {
 	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
 	// seconds; the answer is cached per binary).
 	HelpTimeout time.Duration
+	// Cache, when set, answers version probes of binaries that did not
+	// change since they were last probed (ProbeCache).
+	Cache *ProbeCache
 }
 
 // EngineInfo is one engine this host can run.
@@ -194,9 +197,14 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		repoNotes []string
 		repoErr   error
 	)
+	version := func(bin string) (string, error) {
+		return opts.Cache.probe(bin, []string{"--version"}, func() (string, error) {
+			return probeVersion(ctx, bin, env, opts.ProbeTimeout)
+		})
+	}
 	for _, e := range found {
 		wg.Go(func() {
-			v, err := probeVersion(ctx, e.info.Path, env, opts.ProbeTimeout)
+			v, err := version(e.info.Path)
 			e.info.Version = v
 			if err != nil {
 				e.note = fmt.Sprintf("engine %s: %v; listed without a version", e.info.Name, err)
@@ -215,7 +223,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	}
 	if nodePath != "" {
 		wg.Go(func() {
-			v, err := probeVersion(ctx, nodePath, env, opts.ProbeTimeout)
+			v, err := version(nodePath)
 			if err != nil {
 				nodeNote = fmt.Sprintf("node: %v; no node:<major> capability", err)
 				return
@@ -449,8 +457,10 @@ func scanRepos(base string) ([]string, []string, error) {
 }
 
 // isGitCheckout reports whether dir has a .git directory, or a .git file
-// that is a gitdir link ("gitdir: <path>") as in linked worktrees and
-// submodules.
+// that is a gitdir link ("gitdir: <path>", as in linked worktrees and
+// submodules) to a directory that exists — a link left dangling by a removed
+// main repository is no repository. Plain file system checks: measured
+// against go-git and a git process in BenchmarkRepoDetect (docs/BENCHMARKS.md).
 func isGitCheckout(dir string) bool {
 	p := filepath.Join(dir, ".git")
 	fi, err := os.Stat(p)
@@ -460,17 +470,26 @@ func isGitCheckout(dir string) bool {
 	if fi.IsDir() {
 		return true
 	}
-	if !fi.Mode().IsRegular() {
+	if !fi.Mode().IsRegular() || fi.Size() > 4096 {
 		return false
 	}
-	f, err := os.Open(p)
+	b, err := os.ReadFile(p)
 	if err != nil {
 		return false
 	}
-	defer f.Close()
-	head := make([]byte, 64)
-	n, _ := f.Read(head)
-	return bytes.HasPrefix(head[:n], []byte("gitdir:"))
+	link, ok := bytes.CutPrefix(b, []byte("gitdir:"))
+	if !ok {
+		return false
+	}
+	target := strings.TrimSpace(string(link))
+	if target == "" {
+		return false
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(dir, target)
+	}
+	st, err := os.Stat(target)
+	return err == nil && st.IsDir()
 }
 
 func unwrapPath(err error) error {

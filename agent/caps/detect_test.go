@@ -434,6 +434,17 @@ func TestDetectRepos(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(in("sub"), ".git"), []byte("gitdir: ../notes/.git/modules/sub\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.MkdirAll(filepath.Join(in("notes"), ".git", "modules", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A gitdir link whose target is gone (its main repository was removed):
+	// not a repository.
+	if err := os.MkdirAll(in("orphaned"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(in("orphaned"), ".git"), []byte("gitdir: "+in("removed")+"/.git/worktrees/orphaned\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// A symbolic link to a repository is that repository under another name.
 	if err := os.Symlink(in("web"), in("alias")); err != nil {
 		t.Fatal(err)
@@ -655,5 +666,66 @@ func BenchmarkDetect(b *testing.B) {
 		if len(h.Repos) != 50 || h.Node != 20 || len(h.Engines) != 4 {
 			b.Fatalf("Repos %d, Node %d, Engines %d", len(h.Repos), h.Node, len(h.Engines))
 		}
+	}
+}
+
+// TestProbeCache: a binary that did not change is not probed again (the
+// cache answers, across processes through its file); one that changed (a
+// new mtime: an upgrade) is; a failed probe is not kept; a corrupt file is
+// an empty cache.
+func TestProbeCache(t *testing.T) {
+	dir := t.TempDir()
+	runs := filepath.Join(t.TempDir(), "runs")
+	claude := writeExe(t, dir, "claude", `echo run >> "`+runs+`"; echo "2.1.0 (Claude Code)"`)
+	writeExe(t, dir, "codex", `echo broken >&2; exit 1`)
+	count := func() int { b, _ := os.ReadFile(runs); return strings.Count(string(b), "run\n") }
+	file := filepath.Join(t.TempDir(), "state", "probes.json")
+	detect := func(c *ProbeCache) *Host {
+		t.Helper()
+		h, err := Detect(context.Background(), DetectOptions{Path: dir, Tools: []string{}, Cache: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	c := OpenProbeCache(file)
+	for range 3 {
+		h := detect(c)
+		if v := h.Engines[0].Version; h.Engines[0].Name != "claude" || v != "2.1.0 (Claude Code)" {
+			t.Fatalf("engines %+v", h.Engines)
+		}
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("claude --version ran %d times for three detections, want 1", n)
+	}
+	if c.Len() != 1 { // codex's failed probe is not kept
+		t.Fatalf("%d probes kept", c.Len())
+	}
+	if err := c.Save(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("cache file %v %v", st, err)
+	}
+	// Another process (a new cache on the file): still no run.
+	detect(OpenProbeCache(file))
+	if n := count(); n != 1 {
+		t.Fatalf("a reopened cache probed again (%d runs)", n)
+	}
+	// An upgrade: the binary's mtime moves.
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(claude, later, later); err != nil {
+		t.Fatal(err)
+	}
+	detect(c)
+	if n := count(); n != 2 {
+		t.Fatalf("a changed binary was not probed again (%d runs)", n)
+	}
+	// A corrupt file: an empty cache, no error.
+	if err := os.WriteFile(file, []byte("{nope"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if OpenProbeCache(file).Len() != 0 {
+		t.Fatal("a corrupt cache file was read")
 	}
 }

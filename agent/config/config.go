@@ -55,6 +55,9 @@ type Config struct {
 	Heartbeat   time.Duration
 	LeaseRenew  time.Duration
 	Poll        time.Duration
+	// CapsRefresh (AQ_CAPS_REFRESH) is the capability refresh cadence of a
+	// long-running factory; 0: off.
+	CapsRefresh time.Duration
 
 	SBNamespace        string
 	SBConnectionString string // secret

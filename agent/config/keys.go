@@ -71,6 +71,20 @@ var Keys = []Key{
 		set: setSeconds(func(c *Config) *time.Duration { return &c.Heartbeat }, 1, 89, "the coordinator marks a factory stale after 90 s without a heartbeat")},
 	{Name: "lease_renew_sec", Group: GroupFleet, Type: "int", Env: []string{"AQ_FLEET_LEASE_RENEW_SEC"}, Flag: "lease-renew-sec", Default: "30", Usage: "lease renewal cadence in seconds while a job runs",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.LeaseRenew }, 1, 300, "a lease must be renewed several times per lease TTL")},
+	{Name: "caps_refresh", Group: GroupFleet, Type: "duration", Env: []string{"AQ_CAPS_REFRESH"}, Flag: "caps-refresh", Default: "5m", Usage: "re-detect engines, versions, tools and the repos under the repo base this often (and at once when the repo base changes); the next heartbeat carries a change (0: off)",
+		set: func(c *Config, raw string) error {
+			d, err := time.ParseDuration(strings.TrimSpace(raw))
+			switch {
+			case err != nil:
+				return fmt.Errorf("is not a duration (use Go syntax such as 5m or 30s; 0 turns it off)")
+			case d != 0 && d < time.Second:
+				return fmt.Errorf("is too short (use 0 to turn it off, or at least 1s)")
+			case d < 0:
+				return fmt.Errorf("is negative (use 0 to turn it off)")
+			}
+			c.CapsRefresh = d
+			return nil
+		}},
 	{Name: "poll_seconds", Group: GroupFleet, Type: "int", Env: []string{"AQ_POLL_SECONDS", "POLL_SECONDS"}, Flag: "poll-seconds", Default: "15", Usage: "poll-path base interval in seconds; idle backoff with jitter up to 8x",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.Poll }, 1, 3600, "")},
 	{Name: "sb_namespace", Group: GroupBroker, Env: []string{"AQ_SB_NAMESPACE"}, Flag: "sb-namespace", Usage: "fully-qualified Service Bus namespace; set => broker delivery with managed identity",

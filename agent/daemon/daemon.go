@@ -280,15 +280,32 @@ func (d *Daemon) sourceOptions(factoryID string) dispatch.SourceOptions {
 		OnSwitch: d.switched,
 		Logger:   d.o.Log,
 	}
-	if bc := d.brokerConfig(); bc.Enabled() {
+	if bc := d.brokerConfig(); bc.Enabled() && !d.brokerRefused() {
 		bc.FactoryID = factoryID
 		t := d.o.Broker
 		so.Broker = &dispatch.Options{
 			Config: bc, Acceptor: acceptor{d}, Metrics: d.m, Logger: d.o.Log,
 			OnHealth: d.brokerHealth, Credential: t.Credential, TLSConfig: t.TLSConfig, Backoff: t.Backoff, SDKRetry: t.SDKRetry,
+			Unfit: d.unfit,
 		}
 	}
 	return so
+}
+
+// unfit says why a broker message's job can no longer run here (a
+// declared capability, or its repo, that this factory no longer offers):
+// the message is dead-lettered rather than accepted — accepting would take
+// a lease on a job that must fail here (repo_unavailable: an attempt
+// burned), abandoning would bring it back to this subscription until the
+// broker's max delivery count dead-letters it anyway. The job stays queued;
+// the heartbeat with the new offer goes out now, so the coordinator
+// re-dispatches it to a factory that fits (docs/fleet.md).
+func (d *Daemon) unfit(ctx context.Context, m dispatch.Message) string {
+	why := d.agent.Caps.Unfit(ctx, m.Caps, m.Repo)
+	if why != "" {
+		d.agent.Heartbeat.Kick()
+	}
+	return why
 }
 
 // acceptor is the broker path's POST /fleet/accept.
@@ -296,6 +313,14 @@ type acceptor struct{ d *Daemon }
 
 func (a acceptor) Accept(ctx context.Context, jobID string) (dispatch.Accepted, error) {
 	cl, err := a.d.agent.Client.Accept(ctx, jobID)
+	if fleet.IsRouteAbsent(err) {
+		// The coordinator has no accept (the start-up probe could not tell):
+		// no message can ever be accepted, so the broker path goes off and
+		// the poll path claims; this message is abandoned (redelivered,
+		// then dead-lettered), its job stays queued for the claim.
+		a.d.offBroker(err)
+		return dispatch.Accepted{}, err
+	}
 	if err != nil {
 		return dispatch.Accepted{}, err
 	}
@@ -554,6 +579,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return e
 	}
 
+	d.checkAccept(dctx)
 	d.agent.Poller.Repos = d.idleRepos
 	src, err := dispatch.NewSource(d.sourceOptions(d.factoryID))
 	if err != nil {
@@ -573,6 +599,54 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		d.leave(life)
 	}
 	return serr
+}
+
+// checkAccept refuses the broker path, before it opens, when the
+// coordinator has no POST /fleet/accept (today's coordinator): a delivered
+// message could not be accepted, so the poll path takes work instead. The
+// client says so in one line when it learns it; the status file keeps it.
+// A probe that cannot tell (the coordinator unreachable) leaves the broker
+// path on: an accept that then fails abandons its message for redelivery.
+func (d *Daemon) checkAccept(ctx context.Context) {
+	if d.broker == nil {
+		return
+	}
+	ok, err := d.agent.Client.Probe(ctx, fleet.RouteAccept)
+	if err != nil {
+		d.log.Debug("cannot tell whether the coordinator has POST /fleet/accept; the broker path stays on", "err", err)
+		return
+	}
+	if !ok {
+		d.mu.Lock()
+		d.broker.Refused = "the coordinator has no POST /fleet/accept: broker deliveries cannot be accepted; jobs are claimed over the poll path"
+		d.mu.Unlock()
+		d.kickStatus()
+	}
+}
+
+// offBroker turns the broker path off while the daemon runs (see acceptor).
+func (d *Daemon) offBroker(why error) {
+	d.mu.Lock()
+	if d.broker != nil && d.broker.Refused == "" {
+		d.broker.Refused = "the coordinator has no POST /fleet/accept: broker deliveries cannot be accepted; jobs are claimed over the poll path"
+	}
+	src := d.source
+	d.mu.Unlock()
+	if src != nil {
+		src.OffBroker(why)
+	}
+	d.kickStatus()
+}
+
+// BrokerRefused reports whether a broker is configured but its path was
+// turned off: the coordinator has no POST /fleet/accept.
+func (d *Daemon) BrokerRefused() bool { return d.brokerRefused() }
+
+// brokerRefused reports whether checkAccept turned the broker path off.
+func (d *Daemon) brokerRefused() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.broker != nil && d.broker.Refused != ""
 }
 
 // leave tells the coordinator this factory is going: a last heartbeat with
@@ -851,7 +925,7 @@ func (d *Daemon) snapshot(runErr error) *Status {
 	st := &Status{
 		V: 1, PID: os.Getpid(), FactoryID: d.factoryID, Version: version.Get().Version, Stage: d.stage,
 		StartedAt: d.startedAt, UpdatedAt: now, Slots: d.cfg.Slots, Busy: len(d.running),
-		Source: dispatch.LiveNone, SourceSince: d.sourceSince, Gate: d.cfg.FleetGate,
+		Source: dispatch.LiveNone, SourceSince: d.sourceSince, Gate: d.cfg.FleetGate && d.agent.Client.Has(fleet.RouteQueueState),
 		LastHeartbeat: hb.LastOK().UTC(), HeartbeatEvery: d.cfg.Heartbeat.Seconds(), HeartbeatHealthy: hb.Healthy(time.Now()),
 		MetricsAddr: d.metricsAddr, Running: []RunningJob{}, Recovered: d.recovered,
 	}
@@ -861,6 +935,9 @@ func (d *Daemon) snapshot(runErr error) *Status {
 	if d.broker != nil {
 		b := *d.broker
 		st.Broker = &b
+	}
+	for _, r := range d.agent.Client.AbsentRoutes() {
+		st.AbsentRoutes = append(st.AbsentRoutes, AbsentRoute{Route: r, Fallback: fleet.Fallbacks[r]})
 	}
 	for _, r := range d.running {
 		rj := *r

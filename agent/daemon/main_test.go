@@ -98,6 +98,26 @@ type rigOptions struct {
 	heartbeat time.Duration
 	// peerAdmin: the peer serves the management API's depth read.
 	peerAdmin bool
+	// routes is the stub's route set (coord.RoutesFull when empty).
+	routes string
+}
+
+// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// and legacy (the coordinator in service today) — so the daemon's fleet
+// path is held to both (a table over route sets, not copies of tests).
+func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
+	for _, rs := range coord.RouteSets {
+		t.Run(rs, func(t *testing.T) { fn(t, rs) })
+	}
+}
+
+// failKinds are the audit entries a failure reported with stage leaves:
+// /fleet/fail's, or (legacy) the fallback PATCH's and the release's.
+func failKinds(routes, stage string) []string {
+	if routes == coord.RoutesLegacy {
+		return []string{"stage:" + stage, "released"}
+	}
+	return []string{"fail:" + stage}
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -123,7 +143,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.broker {
 		r.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{topic + "/" + o.factory, topic + "/other"}, Admin: o.peerAdmin})
 	}
-	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, LeaseTTL: o.leaseTTL}
+	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, LeaseTTL: o.leaseTTL, Routes: o.routes}
 	if o.broker && !o.noPublisher {
 		pub, err := coord.NewPublisher(coord.PublisherOptions{
 			ConnectionString: r.peer.ConnectionString(), Topic: topic, Rescan: 100 * time.Millisecond,

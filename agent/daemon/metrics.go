@@ -151,7 +151,7 @@ func newMetrics(g gauges) *metrics {
 	}
 	// Series that should show from the first scrape, at zero.
 	for _, o := range []dispatch.Outcome{dispatch.OutcomeAccepted, dispatch.OutcomeConflict, dispatch.OutcomeGone,
-		dispatch.OutcomeAbandoned, dispatch.OutcomeMalformed, dispatch.OutcomeMistargeted} {
+		dispatch.OutcomeAbandoned, dispatch.OutcomeMalformed, dispatch.OutcomeMistargeted, dispatch.OutcomeUnfit} {
 		m.messages.WithLabelValues(string(o))
 	}
 	for _, s := range []string{"poll", "broker"} {

@@ -77,6 +77,12 @@ type Options struct {
 	// SessionIdle (sessions) is how long a held session waits for its next
 	// message before the receiver closes it, freeing it (default 1s).
 	SessionIdle time.Duration
+	// Unfit, when set, is asked before each accept whether this factory
+	// can still run the message's job: a non-empty answer (why not: a
+	// capability or repo it no longer offers) dead-letters the message
+	// (ReasonUnfit) without accepting the job, which stays queued for a
+	// factory that has what it needs.
+	Unfit func(ctx context.Context, m Message) string
 }
 
 // Health is the state of the broker link.
@@ -433,6 +439,14 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 		return
 	}
 	log = log.With("job", m.JobID, "repo", m.Repo)
+	if r.opts.Unfit != nil {
+		if why := r.opts.Unfit(ctx, m); why != "" {
+			r.settle(ctx, s, msg, OutcomeUnfit.Settle(), &invalid{Reason: ReasonUnfit, Description: why}, log)
+			r.metrics.Message(OutcomeUnfit)
+			log.Warn("dispatch message dead-lettered: its job needs what this factory no longer offers; it stays queued for another", "why", why)
+			return
+		}
+	}
 	acc, err := r.opts.Acceptor.Accept(ctx, m.JobID)
 	o := Classify(err)
 	if o == OutcomeAccepted && msg.EnqueuedTime != nil {

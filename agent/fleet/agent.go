@@ -29,7 +29,10 @@ type Agent struct {
 	Jobs      *JobRunner
 	Running   *Running
 	// Host detects this host's capabilities and repos.
-	Host   func(ctx context.Context) (*caps.Host, error)
+	Host func(ctx context.Context) (*caps.Host, error)
+	// Caps keeps the offer current while the agent runs (nil: fixed at
+	// start).
+	Caps   *Refresher
 	Enroll EnrollOptions
 	// LocksDir holds the per-job flocks (config.LocksDir): `aq run` takes
 	// its job's, as `aq daemon` does, so a daemon starting on the same
@@ -85,6 +88,9 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 		}
 	}
 	a.Client.SetOffer(host.Tokens(), host.Repos)
+	if a.Caps != nil {
+		a.Caps.Start(host)
+	}
 	eo := a.Enroll
 	hn, _ := os.Hostname()
 	eo.Request = EnrollRequest{FactoryID: a.Client.FactoryID(), Hostname: hn, Capabilities: host.Tokens(), Repos: nonNil(host.Repos),
@@ -97,8 +103,8 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	if err := a.Heartbeat.Beat(ctx); err != nil {
-		if IsAuth(err) {
-			return nil, err
+		if IsAuth(err) || IsRouteAbsent(err) {
+			return nil, err // the fleet path cannot start: fix the token, or AQ_FLEET_API
 		}
 		a.log().Warn("first heartbeat failed; the heartbeat loop keeps trying", "err", err)
 	}

@@ -42,6 +42,20 @@ type Parts struct {
 	Notifier *notify.Notifier
 }
 
+// DetectHost is the production detection of cfg's host: caps.Detect over
+// the repo base and the clonable repos, with version probes cached in
+// $AQ_HOME/state/probes.json (an unchanged binary is not run again: a
+// refresh, or the next `aq run --once`).
+func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
+	cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
+	return func(ctx context.Context) (*caps.Host, error) {
+		h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache,
+			Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
+		_ = cache.Save() // a cache, not state: a failed write only costs probes
+		return h, err
+	}
+}
+
 // NewClientFromConfig builds the coordinator client of cfg (no network I/O).
 func NewClientFromConfig(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, budgets *Budgets, hc *http.Client) (*Client, error) {
 	b := DefaultBudgets(cfg.Heartbeat)
@@ -96,9 +110,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	}
 	host := parts.Host
 	if host == nil {
-		host = func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
-		}
+		host = DetectHost(cfg)
 	}
 	clock := parts.Clock
 	if clock == nil {
@@ -106,12 +118,17 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	}
 	running := &Running{}
 	rep := &Reporter{Client: c, Spool: spool, Records: records, Log: log, Clock: clock}
+	hb := &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
+		Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log}
+	refresh := &Refresher{Client: c, Detect: host, RepoBase: cfg.RepoBase, Every: cfg.CapsRefresh, Clock: clock, Log: log, Changed: hb.Kick}
+	hb.Refresher = refresh
 	arts := &Artifacts{Reporter: &Reporter{Client: c, Spool: artSpool, Log: log, Clock: clock}, LogsDir: cfg.LogsDir(), Redactor: red, Log: log}
 	return &Agent{
-		Client: c,
-		Heartbeat: &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
-			Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log},
-		Poller:    &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log},
+		Client:    c,
+		Heartbeat: hb,
+		Caps:      refresh,
+		Poller: &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log,
+			Refresher: refresh},
 		Reporter:  rep,
 		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,

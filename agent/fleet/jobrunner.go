@@ -128,8 +128,9 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 	// report still holds the lease), and ends the moment the report settles
 	// (JobLease.End: a renewal refused after the terminal report is no loss).
 	lease.Start(context.WithoutCancel(jobCtx))
+	var policy *job.Retry // the manifest's, once parsed
 	end := func() {
-		r.finish(ctx, log, c, lease, res)
+		r.finish(ctx, log, c, lease, res, policy)
 		lease.End()
 		if res.Err == nil {
 			res.Err = lease.AuthErr()
@@ -144,6 +145,7 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 		end()
 		return res
 	}
+	policy = &j.Retry
 	r.record(log, id, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
 	res.parsed = j
 
@@ -200,7 +202,8 @@ func (r *JobRunner) release(ctx context.Context, log *slog.Logger, c *Claim, res
 }
 
 // finish sends the final report (unless fenced) and records the end.
-func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, lease *JobLease, res *Result) {
+// policy is the job's retry policy (nil: the manifest did not parse).
+func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, lease *JobLease, res *Result, policy *job.Retry) {
 	out := &res.Outcome
 	if lease.Fenced() && out.Reason != job.ReasonFenced {
 		// Fenced after the pipeline's last check: whatever it did, it must
@@ -241,10 +244,14 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 		// (409) if the coordinator reaped the lease, and frees the lease at
 		// once if it did not.
 		in := out.Insights
-		d = r.Reporter.Send(rctx, FailReport(FailRequest{
+		rep := FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
 			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail, Insights: &in,
-		}))
+		})
+		// For a coordinator without /fleet/fail, which leaves the retry
+		// decision to the factory (failpatch.go).
+		rep.Exhausted = policy == nil || !job.Retryable(out.Reason, c.Attempt(), *policy)
+		d = r.Reporter.Send(rctx, rep)
 		res.Stage = job.Failed
 		if d.Delivered && d.Stage != "" {
 			res.Stage = job.StageFromFleet(d.Stage)

@@ -143,7 +143,7 @@ func (r *Reporter) deliver(ctx context.Context, rep Report, budget time.Duration
 		if b == 0 {
 			b = r.Client.Budgets().FinalReport
 		}
-		return r.Client.fail(ctx, *rep.Fail, b)
+		return r.Client.fail(ctx, *rep.Fail, rep.Exhausted, b)
 	case KindArtifact:
 		b := budget
 		if b == 0 {

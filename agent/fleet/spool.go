@@ -42,6 +42,10 @@ type Report struct {
 	// gzipped.
 	Artifact  *ArtifactUpload `json:"artifact,omitempty"`
 	CreatedAt time.Time       `json:"createdAt"`
+	// Exhausted: a failure of a job with no retries left (its manifest's
+	// policy at this attempt). /fleet/fail leaves that to the coordinator;
+	// without the route, the fallback PATCH says failed rather than queued.
+	Exhausted bool `json:"exhausted,omitempty"`
 	// Why is the error that sent it to the spool (or, under dead/, why the
 	// coordinator refused it).
 	Why string `json:"why,omitempty"`

@@ -132,6 +132,9 @@ type PatchRequest struct {
 	Insights   *job.Insights `json:"insights,omitempty"`
 	Branch     string        `json:"branch,omitempty"`
 	PRURL      string        `json:"prUrl,omitempty"`
+	// Detail says what went wrong, in words (a failure reported without
+	// /fleet/fail: failPatch).
+	Detail string `json:"detail,omitempty"`
 }
 
 // Terminal reports whether the patch ends this factory's run of the job.

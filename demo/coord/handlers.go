@@ -315,6 +315,17 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // already released
 		}
+		if l := j.Last; l != nil && l.Kind == "patch" && (l.Stage == StageFailed || l.Stage == StageQueued) && l.Factory == c.factory &&
+			l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch && j.Holder == "" && !j.held() {
+			return http.StatusOK, "", nil // the release that follows a failure's PATCH, which ended the lease already
+		}
+		if !j.held() && j.Holder == c.factory && j.LeaseEpoch == req.LeaseEpoch {
+			// The lease a legacy PATCH to failed or queued left held: the
+			// release frees it, the reported stage stays.
+			j.Holder, j.LeaseExpiresAt = "", time.Time{}
+			j.Last = &LastReport{Kind: "release", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: j.Stage}
+			return 0, "", []Event{{JobID: j.ID, Kind: "released", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
+		}
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
 			return http.StatusConflict, why, nil
 		}
@@ -337,16 +348,21 @@ type patchReq struct {
 	LeaseEpoch int64           `json:"leaseEpoch"`
 	Checkpoint string          `json:"checkpoint"`
 	Reason     string          `json:"reason"`
+	Detail     string          `json:"detail"`
 	Insights   json.RawMessage `json:"insights"`
 	Branch     string          `json:"branch"`
 	PRURL      string          `json:"prUrl"`
 }
 
-var patchStages = []string{StageBuilding, StageReview, StageTesting, StageShipped, StageFailed}
+var patchStages = []string{StageBuilding, StageReview, StageTesting, StageShipped, StageFailed, StageQueued}
 
 // handlePatch is the fenced stage report: only the holder at the current
 // epoch may move the job (assigned|building → building|review|testing|
-// shipped|failed); a repeat of the last accepted report is answered 200.
+// shipped|failed|queued); a repeat of the last accepted report is answered
+// 200. A report other than building ends the lease — except, in the legacy
+// route set, a failed or queued one: today's coordinator records the stage
+// and leaves the lease to lease/release (or the reaper), which is why aq
+// follows such a PATCH with a release.
 func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 	var req patchReq
 	if !decode(w, r, &req) {
@@ -385,7 +401,11 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 			j.PRURL = req.PRURL
 		}
 		j.Reason = req.Reason
-		if req.Stage != StageBuilding {
+		if req.Detail != "" {
+			j.Detail = req.Detail
+		}
+		keep := s.legacy() && (req.Stage == StageFailed || req.Stage == StageQueued)
+		if req.Stage != StageBuilding && !keep {
 			j.Holder, j.LeaseExpiresAt = "", time.Time{} // the run is over: the lease ends
 		}
 		shipped = req.Stage == StageShipped

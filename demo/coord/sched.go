@@ -56,9 +56,10 @@ func Eligible(j *Job, o Offer) (bool, string) {
 }
 
 // Runnable reports whether j may be handed out now: queued, past its retry
-// backoff.
+// backoff, its lease free (a legacy PATCH to queued leaves the lease held
+// until lease/release or the reaper).
 func Runnable(j *Job, now time.Time) bool {
-	return j.Stage == StageQueued && !now.Before(j.NotBefore)
+	return j.Stage == StageQueued && !now.Before(j.NotBefore) && j.Holder == ""
 }
 
 // Pick chooses the job a factory offering o gets: among runnable, eligible

@@ -176,7 +176,7 @@ type Event struct {
 	Seq     int64     `json:"seq"`
 	At      time.Time `json:"at"`
 	JobID   string    `json:"jobId"`
-	Kind    string    `json:"kind"` // submitted|claimed|accepted|stage|fail|released|reaped|requeued|shipped|rejected|unblocked|due|fenced
+	Kind    string    `json:"kind"` // submitted|claimed|accepted|stage|fail|released|reaped|expired|requeued|shipped|rejected|unblocked|due|fenced
 	Factory string    `json:"factory,omitempty"`
 	Epoch   int64     `json:"epoch"`
 	Stage   string    `json:"stage"`
@@ -199,6 +199,10 @@ type RouteStats struct {
 
 // Count is the number of requests on route (e.g. "POST /fleet/claim").
 func (s Stats) Count(route string) int64 { return s.Routes[route].Requests }
+
+// Took is the number of requests on route answered 200: for accept, the
+// leases it gave (a factory's start-up probe of the route is answered 404).
+func (s Stats) Took(route string) int64 { return s.Routes[route].Status["200"] }
 
 // Total is the number of requests on every route but _stats.
 func (s Stats) Total() int64 {

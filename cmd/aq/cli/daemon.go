@@ -183,7 +183,10 @@ func printDaemonStatus(f *Factory, st *DaemonStatus, now time.Time) {
 	fmt.Fprintf(w, "\ndaemon: %s, pid %d, factory %s; slots %d/%d busy; source %s", st.Stage, st.PID, st.FactoryID, st.Busy, st.Slots, st.Source)
 	if b := st.Broker; b != nil {
 		state := "healthy"
-		if !b.Healthy {
+		switch {
+		case b.Refused != "":
+			state = "refused: " + b.Refused
+		case !b.Healthy:
 			state = "unhealthy"
 			if b.Error != "" {
 				state += " (" + b.Error + ")"
@@ -205,6 +208,9 @@ func printDaemonStatus(f *Factory, st *DaemonStatus, now time.Time) {
 		fmt.Fprintf(w, "; metrics http://%s/metrics", st.MetricsAddr)
 	}
 	fmt.Fprintln(w)
+	for _, r := range st.AbsentRoutes {
+		fmt.Fprintf(w, "  the coordinator has no %s: %s\n", r.Route, r.Fallback)
+	}
 	if len(st.Running) > 0 {
 		tw := table(w)
 		fmt.Fprintln(tw, "  JOB\tREPO\tEPOCH\tSOURCE\tPHASE\tAGE")

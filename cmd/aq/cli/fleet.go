@@ -73,7 +73,9 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 // first job starts, --once and --drain drain once no message arrived within
 // --wait — with the daemon's stopping stages on signals. Nothing received
 // within --wait is exit 3: a replica started for a message another replica
-// took exits promptly and cleanly.
+// took exits promptly and cleanly. A coordinator without POST /fleet/accept
+// (today's) makes the daemon refuse the broker path at start (one warning):
+// the same replica then claims over the poll path, within the same --wait.
 func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *runOptions) error {
 	one := *cfg
 	one.Slots = 1
@@ -109,6 +111,10 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 	mu.Lock()
 	defer mu.Unlock()
 	if t.ran == 0 && (opts.Once || opts.Drain) && ctx.Err() == nil {
+		if d.BrokerRefused() {
+			return aqerr.New(aqerr.NoJob, fmt.Sprintf("no job was claimed within --wait %s (the coordinator has no POST /fleet/accept: the poll path ran instead of the broker)", opts.Wait),
+				"`aq status` shows this factory's fleet state; the coordinator decides what it may run")
+		}
 		return aqerr.New(aqerr.NoJob, fmt.Sprintf("no job arrived from the broker within --wait %s", opts.Wait),
 			"nothing is lost: a message another replica took is that replica's; `aq status` shows this factory's fleet state")
 	}
@@ -145,8 +151,17 @@ func acceptError(id string, err error) error {
 	case errors.Is(err, fleet.ErrGone):
 		return aqerr.Wrap(aqerr.NoJob, err, fmt.Sprintf("the coordinator has no job %s to accept (404)", id),
 			"check the id with the coordinator; a job that already finished cannot be accepted again")
+	case routeAbsent(err, fleet.RouteAccept):
+		return aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("aq run --job %s needs POST /fleet/accept, which this coordinator does not have (today's coordinator)", id),
+			"nothing was run; use aq run --once to claim the next job this factory can run")
 	}
 	return fleetError(err)
+}
+
+// routeAbsent reports whether err says the coordinator lacks route.
+func routeAbsent(err error, route string) bool {
+	var ra *fleet.RouteAbsentError
+	return errors.As(err, &ra) && ra.Call == route
 }
 
 func (t *fleetTally) exit() error {
@@ -169,6 +184,7 @@ func fleetError(err error) error {
 		ae *fleet.AuthError
 		ce *fleet.CredentialsError
 		te *fleet.TransientError
+		ra *fleet.RouteAbsentError
 	)
 	switch {
 	case errors.Is(err, fleet.ErrNoJob):
@@ -179,6 +195,9 @@ func fleetError(err error) error {
 		return aqerr.Wrap(aqerr.Usage, err, ce.Error(), ce.Fix)
 	case errors.As(err, &te):
 		return aqerr.Wrap(aqerr.Failed, err, te.Error(), "check AQ_FLEET_API and that the coordinator is up; reports are kept in $AQ_HOME/spool and re-sent")
+	case errors.As(err, &ra) && !ra.Optional():
+		return aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("the coordinator at AQ_FLEET_API has no %s route", ra.Call),
+			"check AQ_FLEET_API: it is the coordinator's base URL, e.g. https://host/api (aq demo coordinator prints one)")
 	}
 	return err
 }
