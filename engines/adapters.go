@@ -60,7 +60,7 @@ func preflight(ctx context.Context, name, bin string, spec Spec, timeout, helpTi
 	if err != nil {
 		return Info{}, err
 	}
-	v, err := probeVersion(ctx, name, path, spec, timeout)
+	v, err := cache.Version(path, func() (string, error) { return probeVersion(ctx, name, path, spec, timeout) })
 	if err != nil {
 		return Info{}, err
 	}

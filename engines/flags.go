@@ -2,17 +2,14 @@ package engines
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/process"
@@ -137,11 +134,10 @@ func ProbeFlags(ctx context.Context, name, path string, env []string, timeout ti
 	if timeout <= 0 {
 		timeout = DefaultHelpTimeout
 	}
-	key, keyErr := cacheKey(path, spec)
-	if keyErr == nil {
-		if fs := cache.get(key); fs != nil {
-			return fs, nil
-		}
+	what := helpProbeKey(spec)
+	var cached FlagSet
+	if cache.get(path, what, &cached) {
+		return &cached, nil
 	}
 	cmd := strings.Join(append(append([]string{filepath.Base(path)}, spec.Sub...), "--help"), " ")
 	out, err := runProbe(ctx, name, path, append(append([]string(nil), spec.Sub...), "--help"), env, timeout, cmd)
@@ -172,9 +168,7 @@ func ProbeFlags(ctx context.Context, name, path string, env []string, timeout ti
 			fs.Notes = append(fs.Notes, fmt.Sprintf("%s has no %s: %s", name, n.Flag, n.Use))
 		}
 	}
-	if keyErr == nil {
-		cache.put(key, fs)
-	}
+	cache.put(path, what, fs)
 	return fs, nil
 }
 
@@ -259,108 +253,6 @@ func HelpFlags(help string) map[string]bool {
 		out[f] = true
 	}
 	return out
-}
-
-// ProbeCache remembers FlagSets by binary, in a JSON file, so that a binary
-// that did not change (same path, size and mtime) is not probed again.
-// Several aq processes may share the file: writes are atomic renames and
-// every entry is a pure function of its binary, so the worst a race costs
-// is one probe more. A nil *ProbeCache caches nothing.
-type ProbeCache struct {
-	path string
-	mu   sync.Mutex
-}
-
-// NewProbeCache returns a cache kept in file path ("" keeps nothing).
-func NewProbeCache(path string) *ProbeCache {
-	if path == "" {
-		return nil
-	}
-	return &ProbeCache{path: path}
-}
-
-type probeEntry struct {
-	Key   string   `json:"key"`
-	Flags *FlagSet `json:"flags"`
-}
-
-// probeCacheVersion changes when the probe's meaning changes (not when
-// HelpSpecs do: their flags are part of each key).
-const probeCacheVersion = "1"
-
-// cacheKey identifies a binary as probed for spec: the resolved path (a
-// symlink's target: an npm upgrade replaces it), its size and mtime, and
-// the flags looked for.
-func cacheKey(path string, spec HelpSpec) (string, error) {
-	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return "", err
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return "", err
-	}
-	var flags []string
-	for _, n := range spec.Needs {
-		flags = append(flags, n.spellings()...)
-	}
-	return fmt.Sprintf("v%s|%s|%d|%d|%s|%s", probeCacheVersion, real, fi.Size(), fi.ModTime().UnixNano(),
-		strings.Join(spec.Sub, " "), strings.Join(flags, ",")), nil
-}
-
-func (c *ProbeCache) load() map[string]probeEntry {
-	out := map[string]probeEntry{}
-	b, err := os.ReadFile(c.path)
-	if err != nil {
-		return out
-	}
-	var entries map[string]probeEntry
-	if json.Unmarshal(b, &entries) != nil {
-		return out // unreadable: probe again and rewrite it
-	}
-	return entries
-}
-
-func (c *ProbeCache) get(key string) *FlagSet {
-	if c == nil {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, e := range c.load() {
-		if e.Key == key && e.Flags != nil {
-			return e.Flags
-		}
-	}
-	return nil
-}
-
-// put records fs under its binary's path, replacing an older entry for
-// the same path (an upgraded binary). A write failure only costs a probe.
-func (c *ProbeCache) put(key string, fs *FlagSet) {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	entries := c.load()
-	entries[fs.Engine+"|"+fs.Path] = probeEntry{Key: key, Flags: fs}
-	b, err := json.MarshalIndent(entries, "", "  ")
-	if err != nil {
-		return
-	}
-	if err := os.MkdirAll(filepath.Dir(c.path), 0o700); err != nil {
-		return
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(c.path), ".engines-*.tmp")
-	if err != nil {
-		return
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	cerr := tmp.Close()
-	if werr != nil || cerr != nil || os.Rename(tmp.Name(), c.path) != nil {
-		_ = os.Remove(tmp.Name())
-	}
 }
 
 // usableFlags is the engine's probe for a run or a pre-flight: spec.Flags

@@ -7,9 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	git "github.com/go-git/go-git/v5"
+
+	"github.com/aqfleet/aq/engines"
 )
 
 // The repo detection benchmarks (#17 item 5, #19 item 3): what `aq caps` and
@@ -133,17 +136,24 @@ func BenchmarkRepoDetect(b *testing.B) {
 	// unchanged: no process at all).
 	bin := b.TempDir()
 	for _, e := range []string{"claude", "codex", "devin", "node"} {
-		writeExe(b, bin, e, `echo "`+e+` 1.2.3"`)
+		// --version, and a --help listing every flag aq looks for.
+		var help strings.Builder
+		for _, n := range engines.HelpSpecs[e].Needs {
+			fmt.Fprintf(&help, "  %s %s\\n", n.Flag, strings.Join(n.Aliases, " "))
+		}
+		writeExe(b, bin, e, `case "$*" in *--help) printf '`+help.String()+`';; *) echo "`+e+` 1.2.3";; esac`)
 	}
-	detect := func(b *testing.B, c *ProbeCache) {
+	detect := func(b *testing.B, c *engines.ProbeCache) {
 		ctx := context.Background()
 		for b.Loop() {
-			h, err := Detect(ctx, DetectOptions{RepoBase: base, Path: bin, Cache: c})
+			h, err := Detect(ctx, DetectOptions{RepoBase: base, Path: bin, Probes: c})
 			if err != nil || len(h.Repos) != n || len(h.Engines) != 4 {
 				b.Fatal(err)
 			}
 		}
 	}
 	b.Run(fmt.Sprintf("%drepos/detect-probing", n), func(b *testing.B) { detect(b, nil) })
-	b.Run(fmt.Sprintf("%drepos/detect-cached", n), func(b *testing.B) { detect(b, NewProbeCache()) })
+	b.Run(fmt.Sprintf("%drepos/detect-cached", n), func(b *testing.B) {
+		detect(b, engines.NewProbeCache(filepath.Join(b.TempDir(), "probes.json")))
+	})
 }

@@ -74,16 +74,13 @@ type DetectOptions struct {
 	// Clonable are repos this host clones on demand (AQ_REPO_URLS): they
 	// are offered as repo:<name> beside the ones already under RepoBase.
 	Clonable []string
-	// Probes caches the engines' --help probes (engines.NewProbeCache);
-	// nil probes every time.
+	// Probes caches the engines' --version and --help probes by binary
+	// (engines.NewProbeCache); nil probes every time.
 	Probes *engines.ProbeCache
 	// HelpTimeout bounds each engine's --help probe; 0 means
 	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
 	// seconds; the answer is cached per binary).
 	HelpTimeout time.Duration
-	// Cache, when set, answers version probes of binaries that did not
-	// change since they were last probed (ProbeCache).
-	Cache *ProbeCache
 }
 
 // EngineInfo is one engine this host can run.
@@ -198,7 +195,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		repoErr   error
 	)
 	version := func(bin string) (string, error) {
-		return opts.Cache.probe(bin, []string{"--version"}, func() (string, error) {
+		return opts.Probes.Version(bin, func() (string, error) {
 			return probeVersion(ctx, bin, env, opts.ProbeTimeout)
 		})
 	}

@@ -669,48 +669,54 @@ func BenchmarkDetect(b *testing.B) {
 	}
 }
 
-// TestProbeCache: a binary that did not change is not probed again (the
-// cache answers, across processes through its file); one that changed (a
-// new mtime: an upgrade) is; a failed probe is not kept; a corrupt file is
-// an empty cache.
+// TestProbeCache: detection runs an unchanged engine binary's probes
+// (--version, --help) once — the cache answers after, in this process and
+// in another through its file; a changed binary (an upgrade) is probed
+// again; a failed probe is not kept.
 func TestProbeCache(t *testing.T) {
+	help, err := filepath.Abs("../../engines/testdata/claude/help.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := exec.LookPath("cat") // the fakes run with PATH=dir
+	if err != nil {
+		t.Skip("cat not found")
+	}
 	dir := t.TempDir()
-	runs := filepath.Join(t.TempDir(), "runs")
-	claude := writeExe(t, dir, "claude", `echo run >> "`+runs+`"; echo "2.1.0 (Claude Code)"`)
-	writeExe(t, dir, "codex", `echo broken >&2; exit 1`)
-	count := func() int { b, _ := os.ReadFile(runs); return strings.Count(string(b), "run\n") }
-	file := filepath.Join(t.TempDir(), "state", "probes.json")
-	detect := func(c *ProbeCache) *Host {
+	runs, codexRuns := filepath.Join(t.TempDir(), "runs"), filepath.Join(t.TempDir(), "codex-runs")
+	claude := writeExe(t, dir, "claude", `echo "$*" >> "`+runs+`"
+case "$*" in
+--version) echo "2.1.0 (Claude Code)";;
+*--help) "`+cat+`" "`+help+`";;
+*) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
+esac`)
+	writeExe(t, dir, "codex", `echo "$*" >> "`+codexRuns+`"; echo broken >&2; exit 1`)
+	count := func(f string) int { b, _ := os.ReadFile(f); return strings.Count(string(b), "\n") }
+	file := filepath.Join(t.TempDir(), "engines", "probes.json")
+	detect := func(c *engines.ProbeCache) *Host {
 		t.Helper()
-		h, err := Detect(context.Background(), DetectOptions{Path: dir, Tools: []string{}, Cache: c})
+		h, err := Detect(context.Background(), DetectOptions{Path: dir, Tools: []string{}, Probes: c})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return h
-	}
-	c := OpenProbeCache(file)
-	for range 3 {
-		h := detect(c)
-		if v := h.Engines[0].Version; h.Engines[0].Name != "claude" || v != "2.1.0 (Claude Code)" {
+		if e := h.Engines[0]; e.Name != "claude" || e.Version != "2.1.0 (Claude Code)" || len(e.Flags) == 0 || e.Refused != "" {
 			t.Fatalf("engines %+v", h.Engines)
 		}
+		return h
 	}
-	if n := count(); n != 1 {
-		t.Fatalf("claude --version ran %d times for three detections, want 1", n)
+	c := engines.NewProbeCache(file)
+	detect(c)
+	first := count(runs)
+	if first < 2 {
+		t.Fatalf("the first detection ran claude %d times, want --version and --help at least", first)
 	}
-	if c.Len() != 1 { // codex's failed probe is not kept
-		t.Fatalf("%d probes kept", c.Len())
+	detect(c)
+	detect(engines.NewProbeCache(file)) // another process, the same file
+	if n := count(runs); n != first {
+		t.Fatalf("claude ran %d times in three detections, %d in the first: an unchanged binary was probed again", n, first)
 	}
-	if err := c.Save(); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("cache file %v %v", st, err)
-	}
-	// Another process (a new cache on the file): still no run.
-	detect(OpenProbeCache(file))
-	if n := count(); n != 1 {
-		t.Fatalf("a reopened cache probed again (%d runs)", n)
+	if n := count(codexRuns); n < 3 {
+		t.Fatalf("codex's failed probes ran %d times in three detections: a failure was kept", n)
 	}
 	// An upgrade: the binary's mtime moves.
 	later := time.Now().Add(time.Hour)
@@ -718,14 +724,7 @@ func TestProbeCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	detect(c)
-	if n := count(); n != 2 {
-		t.Fatalf("a changed binary was not probed again (%d runs)", n)
-	}
-	// A corrupt file: an empty cache, no error.
-	if err := os.WriteFile(file, []byte("{nope"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if OpenProbeCache(file).Len() != 0 {
-		t.Fatal("a corrupt cache file was read")
+	if n := count(runs); n != 2*first {
+		t.Fatalf("a changed binary: %d runs, want %d", n, 2*first)
 	}
 }

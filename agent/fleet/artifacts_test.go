@@ -109,7 +109,7 @@ func TestArtifactsWithoutRouteSkippedOnce(t *testing.T) {
 	if n := s.Stats().Count(coord.RouteArtifactUpload); n != 1 {
 		t.Fatalf("%d upload attempts, want 1 for the process's life", n)
 	}
-	if n := strings.Count(f.Logs.String(), "the coordinator has no artifacts route"); n != 1 {
+	if n := strings.Count(f.Logs.String(), "the coordinator has no "+RouteArtifacts+" route"); n != 1 {
 		t.Fatalf("%d warnings:\n%s", n, f.Logs.String())
 	}
 	if d := f.Agent.Artifacts.Reporter.Spool; d.Depth() != 0 || len(d.Dead()) != 0 {

@@ -43,16 +43,13 @@ type Parts struct {
 }
 
 // DetectHost is the production detection of cfg's host: caps.Detect over
-// the repo base and the clonable repos, with version probes cached in
-// $AQ_HOME/state/probes.json (an unchanged binary is not run again: a
-// refresh, or the next `aq run --once`).
+// the repo base and the clonable repos, with the engines' probes cached in
+// runner.ProbeCachePath (an unchanged binary is not run again: a refresh,
+// or the next `aq run --once`).
 func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
-	cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
+	probes := engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))
 	return func(ctx context.Context) (*caps.Host, error) {
-		h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache,
-			Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
-		_ = cache.Save() // a cache, not state: a failed write only costs probes
-		return h, err
+		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes})
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-cleanhttp"
@@ -72,9 +71,6 @@ type Client struct {
 
 	// routes is what the coordinator answered about its routes (routes.go).
 	routes routeBook
-	// noArtifacts: the coordinator answered 404/405 to an artifact upload;
-	// uploads are skipped from then on (ops.go).
-	noArtifacts atomic.Bool
 }
 
 // CallResult is one finished call to the coordinator (after its retries),
@@ -375,9 +371,11 @@ type call struct {
 	budget time.Duration
 	jobID  string // for fenced/gone errors
 	epoch  int64
-	// optional: a route an older coordinator may lack; a 404 or 405 is a
-	// *MissingRouteError (not ErrGone).
-	optional bool
+	// operator: a read or action of the operator's (aq status, the board,
+	// aq job) on a route a coordinator may lack; a 404 or 405 is a
+	// *RouteAbsentError (not ErrGone), remembered without a log line (the
+	// caller names what is missing).
+	operator bool
 	// raw, when set, receives a 2xx answer's body as it is (gunzipped when
 	// the server sent it gzip-encoded) instead of decoding JSON; limit
 	// bounds it (0: maxAnswer).
@@ -522,8 +520,10 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return info, nil
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
 		return info, &AuthError{Call: cl.name, Status: s, Detail: c.detail(data)}
-	case cl.optional && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
-		return info, &MissingRouteError{Call: cl.name, Status: s}
+	case cl.operator && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
+		ev := c.evidence(data)
+		c.markAbsent(cl.name, ev, true)
+		return info, &RouteAbsentError{Call: cl.name, Status: s, Evidence: ev}
 	case s == http.StatusConflict:
 		return info, &FencedError{Call: cl.name, JobID: cl.jobID, Epoch: cl.epoch, Detail: c.detail(data)}
 	case s == http.StatusNotFound || s == http.StatusMethodNotAllowed:
@@ -535,7 +535,7 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		switch {
 		case v == missingRoute:
 			ev := c.evidence(data)
-			c.markAbsent(cl.name, ev)
+			c.markAbsent(cl.name, ev, false)
 			return info, &RouteAbsentError{Call: cl.name, Status: s, Evidence: ev}
 		case s == http.StatusNotFound && cl.jobID != "":
 			return info, fmt.Errorf("%s for job %s: %w", cl.name, cl.jobID, ErrGone)

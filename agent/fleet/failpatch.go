@@ -22,6 +22,8 @@ func failPatch(f FailRequest, stage string) PatchRequest {
 	p.Reason = f.Reason
 	p.Checkpoint = f.Checkpoint
 	p.Detail = f.Detail
+	p.Insights = f.Insights
+	p.NotBefore = f.NotBefore
 	return p
 }
 

@@ -422,8 +422,8 @@ func TestGateOffWithoutQueueState(t *testing.T) {
 		}
 	}
 	st := s.Stats()
-	if st.Routes["unmatched"].Requests != 1 || st.Count(coord.RouteClaim) != 5 {
-		t.Fatalf("queue-state tried %d times (want 1), claims %d (want 5)", st.Routes["unmatched"].Requests, st.Count(coord.RouteClaim))
+	if st.Count(coord.RouteQueueState) != 1 || st.Count(coord.RouteClaim) != 5 {
+		t.Fatalf("queue-state tried %d times (want 1), claims %d (want 5)", st.Count(coord.RouteQueueState), st.Count(coord.RouteClaim))
 	}
 	if n := strings.Count(f.Logs.String(), "the coordinator has no GET /fleet/queue-state route"); n != 1 {
 		t.Fatalf("said %d times:\n%s", n, f.Logs)

@@ -17,7 +17,7 @@ import (
 // Operator calls: what `aq job show|requeue|reject|ship|logs` and the board
 // read from and do through the coordinator (GIGAFACTORY_SYSTEM_OVERVIEW §9).
 // Reads that an older coordinator may lack (factories, events, artifacts)
-// answer *MissingRouteError on 404/405, so the caller can show what it has
+// answer *RouteAbsentError on 404/405, so the caller can show what it has
 // and name what is missing.
 
 // JobDoc is the coordinator's job document as an operator reads it: the
@@ -113,7 +113,7 @@ func (c *Client) Jobs(ctx context.Context) ([]JobDoc, error) {
 	var a struct {
 		Jobs []JobDoc `json:"jobs"`
 	}
-	_, err := c.do(ctx, call{name: "GET /fleet/jobs", method: http.MethodGet, path: "/fleet/jobs", budget: c.o.Budgets.QueueState, optional: true, limit: 64 << 20}, &a)
+	_, err := c.do(ctx, call{name: RouteJobs, method: http.MethodGet, path: "/fleet/jobs", budget: c.o.Budgets.QueueState, operator: true, limit: 64 << 20}, &a)
 	return a.Jobs, err
 }
 
@@ -123,17 +123,17 @@ func (c *Client) Factories(ctx context.Context) ([]FactoryDoc, error) {
 	var a struct {
 		Factories []FactoryDoc `json:"factories"`
 	}
-	_, err := c.do(ctx, call{name: "GET /fleet/factories", method: http.MethodGet, path: "/fleet/factories", budget: c.o.Budgets.QueueState, optional: true}, &a)
+	_, err := c.do(ctx, call{name: RouteFactories, method: http.MethodGet, path: "/fleet/factories", budget: c.o.Budgets.QueueState, operator: true}, &a)
 	return a.Factories, err
 }
 
 // JobEvents reads a job's audit trail (GET /fleet/jobs/:id/events). A 404
-// is a *MissingRouteError: call it for a job known to exist.
+// is a *RouteAbsentError: call it for a job known to exist.
 func (c *Client) JobEvents(ctx context.Context, id string) ([]JobEvent, error) {
 	var a struct {
 		Events []JobEvent `json:"events"`
 	}
-	_, err := c.do(ctx, call{name: "GET /fleet/jobs/:id/events", method: http.MethodGet, path: "/fleet/jobs/" + url.PathEscape(id) + "/events", budget: c.o.Budgets.QueueState, optional: true}, &a)
+	_, err := c.do(ctx, call{name: RouteEvents, method: http.MethodGet, path: "/fleet/jobs/" + url.PathEscape(id) + "/events", budget: c.o.Budgets.QueueState, operator: true}, &a)
 	return a.Events, err
 }
 
@@ -141,7 +141,7 @@ func (c *Client) JobEvents(ctx context.Context, id string) ([]JobEvent, error) {
 // /fleet/jobs/:id/actions/:action, with detail as the reason recorded
 // (reject). A refusal is a *FencedError whose Detail is the coordinator's
 // reason (409); no such job is ErrGone; a coordinator without the route is
-// a *MissingRouteError (told apart from a missing job by reading the job).
+// a *RouteAbsentError (told apart from a missing job by reading the job).
 func (c *Client) JobAction(ctx context.Context, id, action, detail string) (*JobDoc, error) {
 	var body any
 	if detail != "" {
@@ -153,7 +153,8 @@ func (c *Client) JobAction(ctx context.Context, id, action, detail string) (*Job
 		body: body, budget: c.o.Budgets.Submit, jobID: id}, &j)
 	if errors.Is(err, ErrGone) {
 		if _, gerr := c.Job(ctx, id); gerr == nil {
-			return nil, &MissingRouteError{Call: "POST /fleet/jobs/:id/actions/:action", Status: http.StatusNotFound}
+			c.markAbsent(RouteAction, "the job exists; the action did not", true)
+			return nil, &RouteAbsentError{Call: RouteAction, Status: http.StatusNotFound}
 		}
 	}
 	if err != nil {
@@ -163,12 +164,12 @@ func (c *Client) JobAction(ctx context.Context, id, action, detail string) (*Job
 }
 
 // JobArtifacts lists a job's artifacts (GET /fleet/jobs/:id/artifacts). A
-// 404 is a *MissingRouteError: call it for a job known to exist.
+// 404 is a *RouteAbsentError: call it for a job known to exist.
 func (c *Client) JobArtifacts(ctx context.Context, id string) ([]ArtifactDoc, error) {
 	var a struct {
 		Artifacts []ArtifactDoc `json:"artifacts"`
 	}
-	_, err := c.do(ctx, call{name: "GET /fleet/jobs/:id/artifacts", method: http.MethodGet, path: "/fleet/jobs/" + url.PathEscape(id) + "/artifacts", budget: c.o.Budgets.QueueState, optional: true}, &a)
+	_, err := c.do(ctx, call{name: RouteArtifactList, method: http.MethodGet, path: "/fleet/jobs/" + url.PathEscape(id) + "/artifacts", budget: c.o.Budgets.QueueState, operator: true}, &a)
 	return a.Artifacts, err
 }
 
@@ -183,7 +184,7 @@ func (c *Client) ArtifactContent(ctx context.Context, a ArtifactDoc) ([]byte, er
 		path = a.URL
 	}
 	var b []byte
-	_, err := c.do(ctx, call{name: "GET /fleet/artifacts/:id", method: http.MethodGet, path: path, budget: c.o.Budgets.QueueState, optional: true, raw: &b, limit: maxArtifactDownload}, nil)
+	_, err := c.do(ctx, call{name: RouteArtifactGet, method: http.MethodGet, path: path, budget: c.o.Budgets.QueueState, operator: true, raw: &b, limit: maxArtifactDownload}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -233,31 +234,19 @@ type ArtifactUpload struct {
 	Data         string `json:"data"` // base64 (standard) of the gzip bytes
 }
 
-// UploadArtifact posts one artifact. A coordinator without the route (404
-// or 405) answers ErrNoArtifacts, then and for the rest of the client's
-// life, with one warning: uploads are skipped, not retried forever.
+// UploadArtifact posts one artifact. A coordinator without the route
+// answers a *RouteAbsentError, then and for the rest of the client's life
+// (nothing is sent again), with one warning: uploads are skipped, not
+// retried forever (routes.go).
 func (c *Client) UploadArtifact(ctx context.Context, jobID string, up ArtifactUpload, budget time.Duration) (*ArtifactDoc, error) {
-	if c.noArtifacts.Load() {
-		return nil, ErrNoArtifacts
-	}
 	if up.FactoryID == "" {
 		up.FactoryID = c.FactoryID()
 	}
 	var a ArtifactDoc
-	_, err := c.do(ctx, call{name: "POST /fleet/jobs/:id/artifacts", method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(jobID) + "/artifacts",
-		body: up, budget: budget, optional: true}, &a)
-	if IsMissingRoute(err) {
-		if c.noArtifacts.CompareAndSwap(false, true) {
-			c.o.Log.Warn("the coordinator has no artifacts route (POST /fleet/jobs/:id/artifacts); job logs are not uploaded while this aq runs", "err", err)
-		}
-		return nil, ErrNoArtifacts
-	}
+	_, err := c.do(ctx, call{name: RouteArtifacts, method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(jobID) + "/artifacts",
+		body: up, budget: budget, jobID: jobID}, &a)
 	if err != nil {
 		return nil, err
 	}
 	return &a, nil
 }
-
-// ErrNoArtifacts: the coordinator has no artifacts route; uploads are
-// skipped.
-var ErrNoArtifacts = errors.New("the coordinator takes no artifacts (POST /fleet/jobs/:id/artifacts answered 404/405)")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
@@ -37,9 +38,9 @@ func BenchmarkCapsRefresh(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	cache := caps.NewProbeCache()
+	probes := engines.NewProbeCache(filepath.Join(b.TempDir(), "probes.json"))
 	detect := func(ctx context.Context) (*caps.Host, error) {
-		return caps.Detect(ctx, caps.DetectOptions{RepoBase: base, Cache: cache})
+		return caps.Detect(ctx, caps.DetectOptions{RepoBase: base, Probes: probes})
 	}
 	c, err := NewClient(ClientOptions{API: "http://127.0.0.1:9/api"})
 	if err != nil {

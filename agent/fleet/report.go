@@ -165,7 +165,7 @@ func (r *Reporter) settle(log *slog.Logger, rep Report, stage string, err error,
 		}
 		log.Info("report delivered", "stage", stage)
 		return Delivery{Delivered: true, Stage: stage}
-	case errors.Is(err, ErrNoArtifacts):
+	case rep.Kind == KindArtifact && IsRouteAbsent(err):
 		// Warned once by the client; not kept: the coordinator cannot take it.
 		if spooled {
 			_ = r.Spool.Remove(rep)

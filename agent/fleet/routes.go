@@ -33,6 +33,14 @@ const (
 	RouteFail       = "POST /fleet/fail"
 	RouteSubmit     = "POST /fleet/jobs"
 	RouteJob        = "GET /fleet/jobs/:id"
+	// Logs leaving the host, and the operator's calls.
+	RouteArtifacts    = "POST /fleet/jobs/:id/artifacts"
+	RouteJobs         = "GET /fleet/jobs"
+	RouteFactories    = "GET /fleet/factories"
+	RouteEvents       = "GET /fleet/jobs/:id/events"
+	RouteArtifactList = "GET /fleet/jobs/:id/artifacts"
+	RouteArtifactGet  = "GET /fleet/artifacts/:id"
+	RouteAction       = "POST /fleet/jobs/:id/actions/:action"
 )
 
 // Fallbacks says, for each route aq can do without, what it does instead
@@ -43,6 +51,15 @@ var Fallbacks = map[string]string{
 	RouteAccept:     "the Service Bus path is off: broker deliveries cannot be accepted, jobs are claimed over the poll path",
 	RouteQueueState: "the poll path claims without the gate (plain poll with idle backoff)",
 	RouteDeregister: "a leaving factory sends its offline heartbeat only; the coordinator counts it stale",
+	RouteArtifacts:  "job logs are not uploaded as artifacts; they stay under $AQ_HOME/logs on the factory that ran the job",
+	// Operator reads and actions (aq status, the board, aq job): the caller
+	// shows what it can and names what is missing.
+	RouteJobs:         "the board and aq status show no fleet-wide job list",
+	RouteFactories:    "the board and aq status show no factories",
+	RouteEvents:       "aq job logs shows no stage changes of a job that runs elsewhere",
+	RouteArtifactList: "aq job logs cannot read the output of a job that ran on another factory",
+	RouteArtifactGet:  "aq job logs cannot read the output of a job that ran on another factory",
+	RouteAction:       "requeue, reject and ship a fleet job on the coordinator itself",
 }
 
 // ErrRouteAbsent matches (errors.Is) a *RouteAbsentError.
@@ -109,9 +126,10 @@ func (c *Client) AbsentRoutes() []string {
 	return out
 }
 
-// markAbsent records route as absent and says so once, with what aq does
-// instead.
-func (c *Client) markAbsent(route, evidence string) {
+// markAbsent records route as absent and, unless quiet (an operator's
+// call, whose caller names what is missing), says so once, with what aq
+// does instead.
+func (c *Client) markAbsent(route, evidence string, quiet bool) {
 	c.routes.mu.Lock()
 	if c.routes.absent == nil {
 		c.routes.absent = map[string]string{}
@@ -119,11 +137,11 @@ func (c *Client) markAbsent(route, evidence string) {
 	_, known := c.routes.absent[route]
 	c.routes.absent[route] = evidence
 	c.routes.mu.Unlock()
-	if known {
+	if known || quiet {
 		return
 	}
 	if fb, ok := Fallbacks[route]; ok {
-		c.o.Log.Warn("the coordinator has no "+route+" route (today's coordinator): "+fb, "evidence", evidence)
+		c.o.Log.Warn("the coordinator has no "+route+" route: "+fb, "evidence", evidence)
 		return
 	}
 	c.o.Log.Error("the coordinator has no "+route+" route: check AQ_FLEET_API", "evidence", evidence)
@@ -370,7 +388,7 @@ func (c *Client) Probe(ctx context.Context, route string) (bool, error) {
 		v = c.probeMissing(ctx, call{name: route, method: method, path: path}, st, ct, data)
 	}
 	if v == missingRoute {
-		c.markAbsent(route, c.evidence(data))
+		c.markAbsent(route, c.evidence(data), false)
 		return false, nil
 	}
 	return true, nil

@@ -135,6 +135,11 @@ type PatchRequest struct {
 	// Detail says what went wrong, in words (a failure reported without
 	// /fleet/fail: failPatch).
 	Detail string `json:"detail,omitempty"`
+	// NotBefore (a parked run reported without /fleet/fail: failPatch) is
+	// when the job may be handed out again; a coordinator that does not
+	// know it ignores it and hands the job out at once (the next factory
+	// parks it again).
+	NotBefore time.Time `json:"notBefore,omitzero"`
 }
 
 // Terminal reports whether the patch ends this factory's run of the job.

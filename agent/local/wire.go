@@ -65,13 +65,10 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Parse:        parse,
 		Catalog:      cat,
 		Host: func(ctx context.Context) (*caps.Host, error) {
-			// Version probes of unchanged engine binaries come from the
-			// cache: `aq run --once` after `aq run --once` runs none.
-			cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
-			h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache,
+			// Probes of unchanged engine binaries come from the cache:
+			// `aq run --once` after `aq run --once` runs none.
+			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs),
 				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
-			_ = cache.Save() // a cache: a failed write only costs probes
-			return h, err
 		},
 		Log:      log,
 		Tracer:   parts.Tracer,

@@ -67,5 +67,6 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 // (agent/holds), shared by every aq process of the home.
 func HoldsPath(home string) string { return filepath.Join(home, "engines", "holds.json") }
 
-// ProbeCachePath is the cache of the engines' --help probes.
+// ProbeCachePath is the cache of the engines' --version and --help probes
+// (engines.ProbeCache), shared by every aq process of the home.
 func ProbeCachePath(home string) string { return filepath.Join(home, "engines", "probes.json") }

@@ -14,13 +14,15 @@ import (
 // coordinator in service today has. Factories: heartbeat, enroll, token
 // rotate/revoke — no deregister, no list. Claim: POST /fleet/claim — no
 // accept. Lease: renew, release. Jobs: submit, list, get, PATCH (fenced),
-// actions — no /fleet/fail. Runs/Events: events. Metrics: queue-state.
+// actions — no /fleet/fail. Runs/Events: events. Artifacts: upload, list,
+// get, delete. Metrics: queue-state.
 var section9 = []string{
 	RouteHeartbeat, RouteEnroll, RouteRevoke,
 	RouteClaim,
 	RouteRenew, RouteRelease,
 	RouteSubmit, RouteJobs, RouteJob, RoutePatch, RouteAction,
 	RouteEvents,
+	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete,
 	RouteQueueState,
 }
 

@@ -343,15 +343,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &StatusRecorder{ResponseWriter: w}
 	defer func() { s.count(route, rec.Status()) }()
+	if s.injectFault(r.Context(), rec, route) {
+		return
+	}
 	if s.lacks(route) || (route == "unmatched" && s.legacy()) { // what a server without the route answers
 		if s.legacy() {
 			expressNotFound(rec, r, asSent)
 		} else {
 			http.NotFound(rec, r)
 		}
-		return
-	}
-	if s.injectFault(r.Context(), rec, route) {
 		return
 	}
 	s.mux.ServeHTTP(rec, r)

@@ -154,7 +154,7 @@ func (v *fleetViewer) refresh(ctx context.Context, now time.Time) *FleetView {
 		case err == nil:
 			v.jobs, v.jobsAt = jobs, now
 			delete(v.missing, "GET /fleet/jobs")
-		case fleet.IsMissingRoute(err):
+		case fleet.IsRouteAbsent(err):
 			v.missing["GET /fleet/jobs"] = true
 			v.jobs = nil
 		default:
@@ -167,7 +167,7 @@ func (v *fleetViewer) refresh(ctx context.Context, now time.Time) *FleetView {
 		switch {
 		case err == nil:
 			v.factories = fs
-		case fleet.IsMissingRoute(err):
+		case fleet.IsRouteAbsent(err):
 			v.missing["GET /fleet/factories"] = true // not asked again
 		default:
 			return down(err)

@@ -254,7 +254,7 @@ func (w *fleetWatch) Poll(ctx context.Context) ([]string, bool, error) {
 	if !w.noEvents {
 		evs, err := w.c.JobEvents(ctx, w.id)
 		switch {
-		case fleet.IsMissingRoute(err):
+		case fleet.IsRouteAbsent(err):
 			w.noEvents = true
 			out = append(out, "· the coordinator has no GET /fleet/jobs/:id/events: only stage changes are shown")
 		case err != nil:

@@ -53,7 +53,7 @@ func operatorClient(ctx context.Context, f *Factory) (*fleet.Client, error) {
 func jobOpError(id, op string, err error) error {
 	var (
 		fe *fleet.FencedError
-		me *fleet.MissingRouteError
+		me *fleet.RouteAbsentError
 	)
 	switch {
 	case errors.Is(err, fleet.ErrGone):
@@ -99,14 +99,14 @@ func fleetJobShow(ctx context.Context, f *Factory, id string, asJSON bool) error
 	v := FleetJobView{Job: *j, Events: []fleet.JobEvent{}, Artifacts: []fleet.ArtifactDoc{}}
 	if evs, err := c.JobEvents(ctx, id); err == nil {
 		v.Events = append(v.Events, evs...)
-	} else if fleet.IsMissingRoute(err) {
+	} else if fleet.IsRouteAbsent(err) {
 		v.Missing = append(v.Missing, "GET /fleet/jobs/:id/events")
 	} else {
 		return jobOpError(id, "read the events of", err)
 	}
 	if arts, err := c.JobArtifacts(ctx, id); err == nil {
 		v.Artifacts = append(v.Artifacts, arts...)
-	} else if fleet.IsMissingRoute(err) {
+	} else if fleet.IsRouteAbsent(err) {
 		v.Missing = append(v.Missing, "GET /fleet/jobs/:id/artifacts")
 	} else {
 		return jobOpError(id, "read the artifacts of", err)
