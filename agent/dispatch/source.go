@@ -106,10 +106,13 @@ func NewSource(o SourceOptions) (*Source, error) {
 		ro := *o.Broker
 		user := ro.OnHealth
 		ro.OnHealth = func(h Health) {
-			s.brokerHealth(h)
+			// The owner hears first: a report that stops it (a replica
+			// whose subscription does not exist) must do so before the
+			// poll path takes over and claims.
 			if user != nil {
 				user(h)
 			}
+			s.brokerHealth(h)
 		}
 		ro.Handler, ro.Slots = o.Handler, o.Slots
 		if ro.Logger == nil {

@@ -521,6 +521,10 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
 		return info, &AuthError{Call: cl.name, Status: s, Detail: c.detail(data)}
 	case cl.operator && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
+		// No probe and no log line: the caller names what is missing.
+		if s == http.StatusNotFound && cl.jobID != "" && judgeBody(s, data, cl.method, c.base.Path+cl.path) == missingResource {
+			return info, fmt.Errorf("%s for job %s: %w", cl.name, cl.jobID, ErrGone)
+		}
 		ev := c.evidence(data)
 		c.markAbsent(cl.name, ev, true)
 		return info, &RouteAbsentError{Call: cl.name, Status: s, Evidence: ev}

@@ -148,9 +148,8 @@ func (c *Client) JobAction(ctx context.Context, id, action, detail string) (*Job
 		body = map[string]string{"detail": detail}
 	}
 	var j JobDoc
-	name := "POST /fleet/jobs/:id/actions/" + action
-	_, err := c.do(ctx, call{name: name, method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(id) + "/actions/" + url.PathEscape(action),
-		body: body, budget: c.o.Budgets.Submit, jobID: id}, &j)
+	_, err := c.do(ctx, call{name: RouteAction, method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(id) + "/actions/" + url.PathEscape(action),
+		body: body, budget: c.o.Budgets.Submit, jobID: id, operator: true}, &j)
 	if errors.Is(err, ErrGone) {
 		if _, gerr := c.Job(ctx, id); gerr == nil {
 			c.markAbsent(RouteAction, "the job exists; the action did not", true)

@@ -219,8 +219,8 @@ func TestRunOnceMissingPoolSubscription(t *testing.T) {
 		}
 	}
 	st := e.stub.Stats()
-	if st.Count(coord.RouteAccept) != 0 || st.Count(coord.RouteClaim) != 0 {
-		t.Fatalf("accept %d, claim %d: want none", st.Count(coord.RouteAccept), st.Count(coord.RouteClaim))
+	if st.Took(coord.RouteAccept) != 0 || st.Count(coord.RouteClaim) != 0 {
+		t.Fatalf("accepted %d, claims %d: want none", st.Took(coord.RouteAccept), st.Count(coord.RouteClaim))
 	}
 }
 
