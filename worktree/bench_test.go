@@ -134,12 +134,25 @@ func sizedRepo(b *testing.B, n int) string {
 
 // BenchmarkCheckpointPeriodic: the periodic checkpoint of a worktree of
 // BENCH_FILES files (`BENCH_FILES=30000 TMPDIR=/dev/shm`), when 100 files
-// changed since the last one and when nothing did (the common case between
-// two intervals of an engine that is thinking).
+// changed since the last one (changed: 90 modified, 10 new), when 10 tracked
+// files did (changed10), and when nothing did (unchanged: the common case
+// between two intervals of an engine that is thinking).
 func BenchmarkCheckpointPeriodic(b *testing.B) {
 	ctx := context.Background()
 	repo := sizedRepo(b, benchFiles())
 	wt := addWorktree(b, repo, "bench", "main")
+	b.Run("changed10", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			for f := 0; f < 10; f++ {
+				testenv.WriteFile(b, filepath.Join(wt, fmt.Sprintf("pkg%d", f), fmt.Sprintf("file%03d.go", f)), "package x // ten "+strconv.Itoa(i)+"\n")
+			}
+			b.StartTimer()
+			if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/bench", "wip"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("changed", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
