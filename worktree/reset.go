@@ -187,4 +187,3 @@ func clearIndexFlags(ctx context.Context, wg Git, path string) error {
 	}
 	return nil
 }
-
