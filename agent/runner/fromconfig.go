@@ -46,7 +46,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
-			Repos: rr, Mirror: cfg.RepoMirror,
+			Repos: rr, Mirror: cfg.RepoMirror, PoolSize: max(cfg.WorktreePool, 0),
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,
