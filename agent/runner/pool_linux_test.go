@@ -32,4 +32,3 @@ echo x > x.txt
 		t.Error("the worktree was not left where it ran")
 	}
 }
-
