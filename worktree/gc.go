@@ -176,9 +176,9 @@ type Kind string
 const (
 	KindWorktree  Kind = "worktree"
 	KindPooled    Kind = "pooled-worktree" // a worktree in a repository's pool
-	KindJobBranch Kind = "job-branch" // refs/heads/aq/job/<id>
-	KindWIPRef    Kind = "wip-ref"    // refs/heads/aq/wip/<id>
-	KindOtherRef  Kind = "other-ref"  // any other ref met; always kept
+	KindJobBranch Kind = "job-branch"      // refs/heads/aq/job/<id>
+	KindWIPRef    Kind = "wip-ref"         // refs/heads/aq/wip/<id>
+	KindOtherRef  Kind = "other-ref"       // any other ref met; always kept
 )
 
 // Where a ref lives.
