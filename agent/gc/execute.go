@@ -90,7 +90,9 @@ func (ex *repoExec) run(ctx context.Context) {
 		}
 		return
 	}
-	wts := ex.deletes(func(d worktree.Decision) bool { return d.Kind == worktree.KindWorktree || d.Kind == worktree.KindPooled })
+	wts := ex.deletes(func(d worktree.Decision) bool {
+		return d.Kind == worktree.KindWorktree || d.Kind == worktree.KindPooled
+	})
 	if len(wts) > 0 {
 		// Holding the repo lock, no job can start in this repository while
 		// its worktrees go (a runner waits for it, as for any job).

@@ -129,7 +129,7 @@ func newGC(f *Factory, cfg *config.Config, opts *gcOptions) (*gc.GC, error) {
 				PoolOff:      cfg.WorktreePool == 0,
 				DiskMax:      cfg.WorktreeDiskMax,
 			},
-			Offline:      opts.Offline,
+			Offline: opts.Offline,
 		},
 		Now: time.Now,
 		Log: gcLogger(f, cfg, opts.Verbose),
