@@ -3,6 +3,9 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -10,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/worktree"
 )
 
 func init() { register(newStatusCmd) }
@@ -26,6 +30,7 @@ type Board struct {
 	Waiting   []WaitingJob      `json:"waiting"` // queued or blocked jobs that cannot run now, and why
 	Failed    []FailedJob       `json:"failed"`
 	Recovered []string          `json:"recovered,omitempty"` // orphans this call returned to the queue
+	Pools     []PoolStatus      `json:"pools,omitempty"`     // warm worktrees kept per repository for its next job
 	Fleet     *FleetStatus      `json:"fleet,omitempty"`     // fleet mode's jobs, spool and shadow counts (fleet.go)
 	Daemon    *DaemonStatus     `json:"daemon,omitempty"`    // aq daemon's slots, running jobs, heartbeat, source (daemon.go)
 }
@@ -40,6 +45,12 @@ type RunningJob struct {
 	PID       int       `json:"pid"`
 	StartedAt time.Time `json:"startedAt"`
 	AgeSec    int64     `json:"ageSec"`
+}
+
+// PoolStatus is one repository's pool of warm worktrees.
+type PoolStatus struct {
+	Repo      string `json:"repo"`
+	Worktrees int    `json:"worktrees"`
 }
 
 // WaitingJob is a queued job that is not runnable now.
@@ -72,7 +83,7 @@ and failed jobs with their reasons. Orphans of a dead aq are recovered first
 			return runStatus(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered, pools}")
 	return configFlags(cmd, config.GroupFleet)
 }
 
@@ -89,6 +100,7 @@ func runStatus(ctx context.Context, f *Factory, opts *statusOptions) error {
 	if err != nil {
 		return err
 	}
+	b.Pools = poolStatus(cfg.WorktreesDir())
 	b.Fleet = fleetStatus(cfg, time.Now())
 	b.Daemon = daemonStatus(cfg)
 	if opts.JSON {
@@ -147,6 +159,25 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 	return b, nil
 }
 
+// poolStatus counts the warm worktrees in each repository's pool.
+func poolStatus(worktreesDir string) []PoolStatus {
+	repos, err := os.ReadDir(filepath.Join(worktreesDir, worktree.PoolDirName))
+	if err != nil {
+		return nil
+	}
+	var out []PoolStatus
+	for _, r := range repos {
+		if !r.IsDir() {
+			continue
+		}
+		pooled, err := worktree.Pool{Dir: worktree.PoolDir(worktreesDir, r.Name())}.List()
+		if err == nil && len(pooled) > 0 {
+			out = append(out, PoolStatus{Repo: r.Name(), Worktrees: len(pooled)})
+		}
+	}
+	return out
+}
+
 func printBoard(f *Factory, b *Board) error {
 	w := f.IO.Out
 	fmt.Fprintf(w, "aq home %s\n\n", b.Home)
@@ -178,6 +209,13 @@ func printBoard(f *Factory, b *Board) error {
 		for _, x := range b.Failed {
 			fmt.Fprintf(w, "  %s (%s, %s after %d attempts): %s\n", x.ID, x.Stage, x.Reason, x.Attempts, x.Detail)
 		}
+	}
+	if len(b.Pools) > 0 {
+		var parts []string
+		for _, p := range b.Pools {
+			parts = append(parts, fmt.Sprintf("%s %d", p.Repo, p.Worktrees))
+		}
+		fmt.Fprintf(w, "\nwarm worktrees (the next job on the repository resets one): %s\n", strings.Join(parts, ", "))
 	}
 	return nil
 }
