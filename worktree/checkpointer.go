@@ -53,19 +53,19 @@ type Checkpointer struct {
 	// not used).
 	Watch bool
 
-	mu       sync.Mutex
-	admin    string // the worktree's git directory
-	seed     fileStamp
-	seeded   bool
-	cpTree   string // tree of the checkpoint index ("" = unknown)
-	ident    []string
-	identOK  bool
+	mu        sync.Mutex
+	admin     string // the worktree's git directory
+	seed      fileStamp
+	seeded    bool
+	cpTree    string // tree of the checkpoint index ("" = unknown)
+	ident     []string
+	identOK   bool
 	mon       *monitor
 	monErr    error
 	tokenSeq  uint64 // the monitor's seq the checkpoint index's fsmonitor token stands for
 	tokenOK   bool
 	freshSeed bool // the checkpoint index is the worktree's, nothing added yet
-	last     struct{ head, prev, tree, sha string }
+	last      struct{ head, prev, tree, sha string }
 	// Stats counts how the calls went, for tests and benchmarks.
 	Stats CheckpointStats
 }

@@ -18,5 +18,5 @@ func startMonitor(root, cookieDir string) (*monitor, error) {
 }
 
 func (m *monitor) sync(context.Context) (uint64, error) { return 0, errors.ErrUnsupported }
-func (m *monitor) since(uint64) ([]string, bool)       { return nil, false }
+func (m *monitor) since(uint64) ([]string, bool)        { return nil, false }
 func (m *monitor) close()                               {}
