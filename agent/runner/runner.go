@@ -218,7 +218,8 @@ type run struct {
 	// cpMu serialises checkpoints (periodic ones while the engine runs, the
 	// final one after) and guards wipOnOrigin and lastPeriodic.
 	cpMu         sync.Mutex
-	lastPeriodic string // the latest periodic checkpoint ("" = none yet)
+	lastPeriodic string                 // the latest periodic checkpoint ("" = none yet)
+	cpr          *worktree.Checkpointer // takes the periodic checkpoints
 	evMu         sync.Mutex
 
 	cpOnce    sync.Once
