@@ -52,6 +52,11 @@ type Checkpointer struct {
 	// Watch turns on the inotify watcher (Linux; elsewhere it is quietly
 	// not used).
 	Watch bool
+	// SmallIndex: below this size of the worktree's index (0: 1 MiB, about
+	// 8,000 files; negative: never) a checkpoint that is not "nothing
+	// changed" is one scan, Checkpoint's, which then costs less than the
+	// checkpoint index's three git runs.
+	SmallIndex int64
 
 	mu        sync.Mutex
 	admin     string // the worktree's git directory
@@ -65,7 +70,13 @@ type Checkpointer struct {
 	tokenSeq  uint64 // the monitor's seq the checkpoint index's fsmonitor token stands for
 	tokenOK   bool
 	freshSeed bool // the checkpoint index is the worktree's, nothing added yet
-	last      struct{ head, prev, tree, sha string }
+	// last is the last checkpoint: HEAD and the worktree's index then, the
+	// result, and the watcher's seq at its start.
+	last struct {
+		head, sha string
+		stamp     fileStamp
+	}
+	lastSeq uint64
 	// Stats counts how the calls went, for tests and benchmarks.
 	Stats CheckpointStats
 }
@@ -73,7 +84,8 @@ type Checkpointer struct {
 // CheckpointStats counts a Checkpointer's calls by how they went.
 type CheckpointStats struct {
 	Calls     int // checkpoints taken
-	Unchanged int // answered from the watcher without git status
+	Unchanged int // answered from the watcher: nothing changed
+	Small     int // a small worktree: one scan (Checkpoint)
 	Seeded    int // the checkpoint index was copied from the worktree's
 	Fallback  int // done the way Checkpoint does it
 	Watched   int // git was told what changed (fsmonitor answer)
@@ -107,32 +119,62 @@ func (c *Checkpointer) Checkpoint(ctx context.Context, ref, message string) (str
 	fallback := func() (string, error) {
 		c.Stats.Fallback++
 		c.seeded = false // start from the worktree's index next time
-		return Checkpoint(ctx, c.Git, c.Path, ref, message)
+		sha, err := Checkpoint(ctx, c.Git, c.Path, ref, message)
+		c.last.sha = "" // no shortcut next time
+		return sha, err
 	}
 
 	stamp, _ := stampFile(filepath.Join(c.admin, "index"))
+
+	// Nothing changed since the last checkpoint — no event in the
+	// worktree, its index, HEAD and the ref as they were — and the ref
+	// still holds it: no git beyond reading HEAD and the ref.
+	var seq uint64
+	watched := false
+	if c.mon != nil {
+		if s, err := c.mon.sync(ctx); err == nil {
+			seq, watched = s, true
+			if paths, ok := c.mon.since(c.lastSeq); ok && len(paths) == 0 && c.last.sha != "" && c.last.sha == r.prev &&
+				r.head == c.last.head && stamp == c.last.stamp {
+				c.lastSeq = seq
+				c.Stats.Unchanged++
+				return r.prev, nil
+			}
+		}
+	}
+	record := func(sha string, err error) (string, error) {
+		if err == nil || errors.As(err, new(*PartialError)) {
+			c.last.head, c.last.sha, c.last.stamp, c.lastSeq = r.head, sha, stamp, seq
+			if sha == "" {
+				c.last.sha = r.prev
+			}
+			if !watched {
+				c.last.sha = "" // no watcher: no shortcut next time
+			}
+		}
+		return sha, err
+	}
+	// A small worktree is quickest done in one scan: the checkpoint index's
+	// extra git runs cost more than they save.
+	small := c.SmallIndex
+	if small == 0 {
+		small = defaultSmallIndex
+	}
+	if fi, err := os.Stat(filepath.Join(c.admin, "index")); err != nil || fi.Size() < small {
+		c.Stats.Small++
+		return record(Checkpoint(ctx, c.Git, c.Path, ref, message))
+	}
+
 	if !c.seeded || stamp != c.seed || !fileExists(cpIndex) {
 		if err := c.reseed(cpIndex, stamp); err != nil {
 			return fallback()
 		}
 	}
-
 	// What the watcher saw change since the checkpoint index's token.
-	q := query{cpDir: cpDir}
-	if c.mon != nil {
-		if seq, err := c.mon.sync(ctx); err == nil {
-			q.watched, q.seq = true, seq
-			q.paths, q.known = c.mon.since(c.tokenSeq)
-			q.known = q.known && c.tokenOK
-			if q.known && len(q.paths) == 0 && c.last.sha != "" && c.last.sha == r.prev &&
-				r.head == c.last.head && c.cpTree != "" && c.cpTree == c.last.tree {
-				// Nothing changed since the last checkpoint, which is
-				// still the ref's value: no git at all.
-				c.tokenSeq = seq
-				c.Stats.Unchanged++
-				return r.prev, nil
-			}
-		}
+	q := query{cpDir: cpDir, watched: watched, seq: seq}
+	if watched {
+		q.paths, q.known = c.mon.since(c.tokenSeq)
+		q.known = q.known && c.tokenOK
 	}
 
 	changed, err := c.status(ctx, wg, cpIndex, q)
@@ -170,16 +212,11 @@ func (c *Checkpointer) Checkpoint(ctx context.Context, ref, message string) (str
 		}
 		c.cpTree = tree
 	}
-	sha, err := recordCheckpoint(ctx, c.Git, c.Path, ref, message, tree, r, c.identity(ctx))
-	if err != nil {
-		return "", err
-	}
-	c.last.head, c.last.tree, c.last.sha = r.head, tree, sha
-	if sha == "" {
-		c.last.sha = r.prev
-	}
-	return sha, nil
+	return record(recordCheckpoint(ctx, c.Git, c.Path, ref, message, tree, r, c.identity(ctx)))
 }
+
+// defaultSmallIndex is Checkpointer.SmallIndex's default.
+const defaultSmallIndex = 1 << 20
 
 // query is what git is told about changes for one checkpoint: with
 // watched, the fsmonitor hook answers with paths (known) or "everything".

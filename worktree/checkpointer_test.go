@@ -103,13 +103,17 @@ var engineSteps = []step{
 // checkpoints, the Checkpointer's tree is Checkpoint's, with the watcher and
 // without it.
 func TestCheckpointerMatchesCheckpoint(t *testing.T) {
-	for _, watch := range []bool{false, true} {
-		t.Run(fmt.Sprintf("watch=%v", watch), func(t *testing.T) {
+	for _, c := range []struct {
+		watch bool
+		small int64
+	}{{false, -1}, {true, -1}, {true, 0}} {
+		watch := c.watch
+		t.Run(fmt.Sprintf("watch=%v,small=%d", c.watch, c.small), func(t *testing.T) {
 			t.Parallel()
 			ctx := ctxT(t)
 			repo := newRepo(t)
 			wt := addWorktree(t, repo, "eq", "main")
-			cp := &Checkpointer{Git: Git{}, Path: wt, Watch: watch}
+			cp := &Checkpointer{Git: Git{}, Path: wt, Watch: watch, SmallIndex: c.small}
 			defer cp.Close()
 			r := rand.New(rand.NewPCG(19, 1))
 			for i := range 60 {
@@ -136,8 +140,11 @@ func TestCheckpointerMatchesCheckpoint(t *testing.T) {
 			if cp.Stats.Fallback > 0 {
 				t.Errorf("%d checkpoints fell back to Checkpoint's way", cp.Stats.Fallback)
 			}
-			if watch && runtime.GOOS == "linux" && (cp.Stats.Watched == 0 || cp.Stats.Unchanged == 0) {
+			if watch && runtime.GOOS == "linux" && (cp.Stats.Watched == 0 && c.small < 0 || cp.Stats.Unchanged == 0) {
 				t.Errorf("the watcher was not used: %+v", cp.Stats)
+			}
+			if (cp.Stats.Small > 0) != (c.small == 0) {
+				t.Errorf("a small worktree is one scan unless SmallIndex < 0: %+v", cp.Stats)
 			}
 		})
 	}
@@ -153,7 +160,7 @@ func TestCheckpointerUnchangedRunsNoStatus(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "u", "main")
-	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true}
+	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true, SmallIndex: -1}
 	defer cp.Close()
 	testenv.WriteFile(t, filepath.Join(wt, "a.txt"), "a\n")
 	first, err := cp.Checkpoint(ctx, "aq/wip/u", "1")
@@ -190,7 +197,7 @@ func TestCheckpointerPartial(t *testing.T) {
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "p", "main")
-	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true}
+	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true, SmallIndex: -1}
 	defer cp.Close()
 	if _, err := cp.Checkpoint(ctx, "aq/wip/p", "1"); err != nil {
 		t.Fatal(err)
@@ -218,7 +225,7 @@ func TestCheckpointerLeavesTheWorktreeAlone(t *testing.T) {
 	lock := gitPath(t, wt, "index.lock")
 	testenv.WriteFile(t, lock, "held by the engine")
 	before := snapshot(t, wt)
-	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true}
+	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true, SmallIndex: -1}
 	defer cp.Close()
 	for range 3 {
 		if _, err := cp.Checkpoint(ctx, "aq/wip/alone", "p"); err != nil {
@@ -240,7 +247,7 @@ func TestCheckpointerFollowsIgnoreRulesAndIndex(t *testing.T) {
 			ctx := ctxT(t)
 			repo := newRepo(t)
 			wt := addWorktree(t, repo, "ig", "main")
-			cp := &Checkpointer{Git: Git{}, Path: wt, Watch: watch}
+			cp := &Checkpointer{Git: Git{}, Path: wt, Watch: watch, SmallIndex: -1}
 			defer cp.Close()
 			check := func(what string) {
 				t.Helper()
