@@ -55,6 +55,12 @@ func Checkpoint(ctx context.Context, g Git, wtPath, ref, message string) (string
 	if err != nil {
 		return "", err
 	}
+	return checkpointScan(ctx, g, wtPath, indexPath, ref, message, r)
+}
+
+// checkpointScan is Checkpoint once the index and refs are known.
+func checkpointScan(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (string, error) {
+	wg := g.at(wtPath)
 	tree, partial, err := snapshotTree(ctx, wg, wtPath, indexPath, r.head != "")
 	if err != nil {
 		return "", err

@@ -162,7 +162,7 @@ func (c *Checkpointer) Checkpoint(ctx context.Context, ref, message string) (str
 	}
 	if fi, err := os.Stat(filepath.Join(c.admin, "index")); err != nil || fi.Size() < small {
 		c.Stats.Small++
-		return record(Checkpoint(ctx, c.Git, c.Path, ref, message))
+		return record(checkpointScan(ctx, c.Git, c.Path, filepath.Join(c.admin, "index"), ref, message, r))
 	}
 
 	if !c.seeded || stamp != c.seed || !fileExists(cpIndex) {
@@ -238,7 +238,7 @@ func (q query) args() []string {
 	// git runs the hook through the shell with the protocol version and
 	// its token appended; the answer, written for the token this index
 	// holds, ignores them.
-	return append(args, "-c", "core.fsmonitor=f() { cat "+shellQuote(q.hook())+"; }; f", "-c", "core.fsmonitorHookVersion=2")
+	return append(args, "-c", "core.fsmonitor=f() { exec cat "+shellQuote(q.hook())+"; }; f", "-c", "core.fsmonitorHookVersion=2")
 }
 
 func (q query) hook() string { return filepath.Join(q.cpDir, "fsmonitor-answer") }
