@@ -499,3 +499,69 @@ func TestPoolSize(t *testing.T) {
 		t.Fatalf("pool: %v", l)
 	}
 }
+
+// TestPoolOnABloblessClone: on a blobless partial clone (aq's on-demand
+// clones), a pooled worktree's reset fetches only the blobs of the files
+// that differ between the two starting points, in one fetch, and a
+// checkpoint fetches nothing.
+func TestPoolOnABloblessClone(t *testing.T) {
+	ctx := ctxT(t)
+	origin, _ := poolRepo(t)
+	testenv.Git(t, origin, "config", "uploadpack.allowFilter", "true")
+	testenv.Git(t, origin, "config", "uploadpack.allowAnySHA1InWant", "true")
+	clone := filepath.Join(t.TempDir(), "repo")
+	testenv.Git(t, "", "clone", "-q", "--filter=blob:none", "--no-checkout", "file://"+origin, clone)
+	for _, b := range []string{"next", "other"} {
+		testenv.Git(t, clone, "branch", b, "origin/"+b)
+	}
+	blobs := func() int {
+		out := testenv.Git(t, clone, "cat-file", "--batch-all-objects", "--batch-check=%(objecttype)")
+		return strings.Count(out, "blob")
+	}
+	fetches := func() int {
+		m, _ := filepath.Glob(filepath.Join(clone, ".git", "objects", "pack", "*.promisor"))
+		return len(m)
+	}
+	if blobs() != 0 {
+		t.Fatalf("the clone has %d blobs; want a blobless clone", blobs())
+	}
+	pool, wts := testPool(t, clone)
+	first := filepath.Join(wts, "repo", "one")
+	if _, err := pool.Checkout(ctx, Git{}, clone, first, "aq/job/one", "main"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Put(ctx, Git{}, clone, first); err != nil {
+		t.Fatal(err)
+	}
+	b0, f0 := blobs(), fetches()
+	second := filepath.Join(wts, "repo", "two")
+	res, err := pool.Checkout(ctx, Git{}, clone, second, "aq/job/two", "next")
+	if err != nil || !res.Reused {
+		t.Fatalf("%+v %v", res, err)
+	}
+	// next changed src/main.go and added added.txt: two new blobs.
+	if got := blobs() - b0; got != 2 {
+		t.Errorf("the reset brought %d blobs, want the 2 that differ", got)
+	}
+	if got := fetches() - f0; got != 1 {
+		t.Errorf("the reset fetched %d times, want once", got)
+	}
+	if testenv.ReadFile(t, filepath.Join(second, "added.txt")) != "added by next\n" {
+		t.Error("added.txt was not checked out")
+	}
+	testenv.WriteFile(t, filepath.Join(second, "work.txt"), "w\n")
+	b1, f1 := blobs(), fetches()
+	if _, err := Checkpoint(ctx, Git{}, second, "aq/wip/two", "final"); err != nil {
+		t.Fatal(err)
+	}
+	cp := &Checkpointer{Git: Git{}, Path: second, Watch: true, SmallIndex: -1}
+	defer cp.Close()
+	for range 2 {
+		if _, err := cp.Checkpoint(ctx, "aq/wip/two", "periodic"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fetches() != f1 || blobs() != b1+1 { // work.txt's blob, written locally
+		t.Errorf("checkpoints fetched: %d fetches, %d blobs", fetches()-f1, blobs()-b1)
+	}
+}
