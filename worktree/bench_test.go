@@ -192,3 +192,35 @@ func BenchmarkCheckpointPeriodic(b *testing.B) {
 	}
 	b.Logf("Checkpointer: %+v", cp.Stats)
 }
+
+// BenchmarkWorktreeDisk: the disk one worktree of BENCH_FILES files (folders
+// of 100) takes — what each slot's running job holds, and what each pooled
+// worktree keeps — as worktree.DiskUsage measures it for aq gc's
+// AQ_WORKTREE_DISK_MAX: worktree-MiB (its files and git directory, with the
+// checkpoint index periodic checkpoints keep), of which gitdir-MiB is the git
+// directory. One op is one measurement (aq gc pays it per worktree, only
+// when a ceiling is set).
+func BenchmarkWorktreeDisk(b *testing.B) {
+	ctx := context.Background()
+	repo := sizedRepo(b, benchFiles())
+	wt := addWorktree(b, repo, "disk", "main")
+	cp := &Checkpointer{Git: Git{}, Path: wt, SmallIndex: -1}
+	if _, err := cp.Checkpoint(ctx, "aq/wip/disk", "wip"); err != nil {
+		b.Fatal(err)
+	}
+	admin, err := linkedGitDir(wt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if total, err = DiskUsage(wt); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	gitdir, _ := DiskUsage(admin)
+	b.ReportMetric(float64(total)/(1<<20), "worktree-MiB")
+	b.ReportMetric(float64(gitdir)/(1<<20), "gitdir-MiB")
+}
