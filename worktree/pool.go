@@ -251,15 +251,21 @@ type CheckoutResult struct {
 // path must not exist (Add's errors apply).
 func (p Pool) Checkout(ctx context.Context, g Git, repoDir, path, branch, start string) (CheckoutResult, error) {
 	var res CheckoutResult
-	if err := CheckRepo(ctx, g, repoDir); err != nil {
-		return res, err
-	}
-	sha, ok, err := ResolveRef(ctx, g, repoDir, start)
-	if err != nil {
-		return res, err
-	}
-	if !ok {
-		return res, &RepoError{Dir: repoDir, Ref: start, Err: ErrNoRef}
+	sha := start
+	if !isFullSHA(start) {
+		// A name: resolve it once (a sha the caller resolved is taken as
+		// it is; git checkout and Add refuse one that is not a commit).
+		if err := CheckRepo(ctx, g, repoDir); err != nil {
+			return res, err
+		}
+		s, ok, err := ResolveRef(ctx, g, repoDir, start)
+		if err != nil {
+			return res, err
+		}
+		if !ok {
+			return res, &RepoError{Dir: repoDir, Ref: start, Err: ErrNoRef}
+		}
+		sha = s
 	}
 	if _, err := os.Lstat(path); err == nil {
 		abs, _ := filepath.Abs(path)
@@ -285,4 +291,17 @@ func (p Pool) Checkout(ctx context.Context, g Git, repoDir, path, branch, start 
 		}
 	}
 	return res, Add(ctx, g, repoDir, path, branch, sha)
+}
+
+// isFullSHA reports whether s is a full object name (SHA-1 or SHA-256).
+func isFullSHA(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
