@@ -282,6 +282,6 @@ const cannotShow = `- **Real clocks and real networks.** Every process shares on
 - **Timing-dependent windows.** Faults land where the seed puts them; a window of a few milliseconds (a cut between a
   lease confirmation and a push, a kill between a push and its report) is hit only by chance. More seeds cover more;
   none proves the absence of such a bug.
-- **Service Bus.** The local AMQP peer is a model (no sessions, no lock renewal, its own redelivery timing), not Azure.
+- **Service Bus.** The local AMQP peer is a model (no message-lock renewal, its own redelivery and session-lock timing; this run does not use sessions), not Azure.
 - **Power loss.** kill -9 keeps the page cache; a power cut does not. The fsyncs are in the code, but no run proves them.
 - **Scale.** Four factories and hundreds of jobs on a 2-vCPU machine, not a hundred hosts and a day of traffic.`

@@ -51,9 +51,10 @@ func findEngine(name, bin string, env []string) (string, error) {
 }
 
 // preflight is the pre-flight the coding engines share: the binary on the
-// engine's PATH, its --version, and, when authMissing is set, whether any
-// credential can exist (authMissing says why none can, or "").
-func preflight(ctx context.Context, name, bin string, spec Spec, timeout time.Duration, authMissing func(env []string) string) (Info, error) {
+// engine's PATH, its --version, its --help (the flags aq passes: a missing
+// required one refuses the engine), and, when authMissing is set, whether
+// any credential can exist (authMissing says why none can, or "").
+func preflight(ctx context.Context, name, bin string, spec Spec, timeout, helpTimeout time.Duration, cache *ProbeCache, authMissing func(env []string) string) (Info, error) {
 	spec = engineSpec(spec)
 	path, err := findEngine(name, bin, spec.Env)
 	if err != nil {
@@ -63,12 +64,17 @@ func preflight(ctx context.Context, name, bin string, spec Spec, timeout time.Du
 	if err != nil {
 		return Info{}, err
 	}
+	spec.Flags = nil // the binary on PATH now, not what a caller probed before
+	flags, err := usableFlags(ctx, name, path, spec, helpTimeout, cache)
+	if err != nil {
+		return Info{}, err
+	}
 	if authMissing != nil {
 		if why := authMissing(spec.Env); why != "" {
 			return Info{}, &UnavailableError{Engine: name, Why: why}
 		}
 	}
-	return Info{Name: name, Path: path, Version: v}, nil
+	return Info{Name: name, Path: path, Version: v, Flags: flags}, nil
 }
 
 // streamParser reads an engine that prints JSON events (claude, codex).
@@ -294,9 +300,15 @@ var unavailablePatterns = []struct {
 }{
 	{regexp.MustCompile(`(?i)oauth token (has )?expired|token (has )?expired|token_expired|could not be refreshed|refresh_token|re-?authenticate|log ?in again|sign in again`), "auth expired"},
 	{regexp.MustCompile(`(?i)authentication_error|authentication_failed|failed to authenticate|invalid api key|invalid x-api-key|invalid bearer|please run /login|not logged in|not authenticated|login required|missing bearer|\bunauthori[sz]ed\b|\b401\b`), "auth failed"},
-	{regexp.MustCompile(`(?i)usage limit|usage_limit|hit your (usage )?limit|limit reached|out of credits|credit balance is too low|insufficient_quota|quota exceeded|exceeded your current quota|billing_error|payment required|\b402\b`), "usage limit"},
-	{regexp.MustCompile(`(?i)rate limit|rate_limit|too many requests|\b429\b`), "rate limit"},
+	{regexp.MustCompile(`(?i)out of credits|out of (usage|extra) (credits|usage)|credit balance is too low|insufficient_quota|billing_error|payment required|\b402\b|spend (cap|limit)|credits_required`), LimitCredits},
+	{regexp.MustCompile(`(?i)usage limit|usage_limit|hit your ([\w']+ ){0,3}limit|limit reached|quota exceeded|exceeded your current quota`), LimitUsage},
+	{regexp.MustCompile(`(?i)rate limit|rate_limit|too many requests|\b429\b`), LimitRate},
 	{regexp.MustCompile(`(?i)overloaded|\b529\b`), "overloaded"},
+	// The API out of reach (offline, DNS, a proxy): claude retries ten
+	// times then says "API Error: Unable to connect to API
+	// (ConnectionRefused)"; codex says "Reconnecting... waiting for
+	// network (Connection failed: error sending request)" (both recorded).
+	{regexp.MustCompile(`(?i)unable to connect to api|connection ?refused|econnrefused|enotfound|getaddrinfo|failed to lookup address|waiting for network|error sending request`), "API unreachable"},
 }
 
 // unavailableReason reports whether any of texts says the engine cannot work

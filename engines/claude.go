@@ -28,9 +28,13 @@ import (
 //   - subtype success and is_error false: Succeeded;
 //   - error_max_budget_usd (whatever is_error says): Stopped with
 //     BudgetExceeded, which the runner reports as budget_exceeded;
-//   - an auth, usage-limit, rate-limit or overload failure (in the result
-//     text, errors[], api_error_status, an assistant event's error field, or
-//     stderr): Unavailable;
+//   - a rate limit, usage limit or exhausted credit (a rate_limit_event
+//     with status rejected, or the result text, errors[], api_error_status
+//     429, an assistant event's error field, or stderr): Limited, with the
+//     reset time from the rejected rate_limit_event's resetsAt (Unix
+//     seconds), else from the text ("resets 2pm (Europe/Berlin)", the
+//     legacy "limit reached|<epoch>");
+//   - an auth or overload failure (in the same places): Unavailable;
 //   - any other result (success with is_error true, error_max_turns,
 //     error_during_execution, …): TaskFailed;
 //   - no result event, whatever the exit code (claude -p has been seen to
@@ -50,8 +54,26 @@ type Claude struct {
 	// VersionTimeout bounds the pre-flight's claude --version; 0 means
 	// DefaultVersionTimeout.
 	VersionTimeout time.Duration
+	// HelpTimeout bounds each --help probe; 0 means DefaultHelpTimeout.
+	HelpTimeout time.Duration
+	// Probes caches the --help probe per binary; nil probes every time.
+	Probes *ProbeCache
 
 	euid func() int // os.Geteuid; tests replace it
+	now  func() time.Time
+}
+
+// claudeNeeds are the flags Args can pass (HelpSpecs).
+var claudeNeeds = []FlagNeed{
+	{Flag: "-p", Aliases: []string{"--print"}, Required: true, Use: "the headless run"},
+	{Flag: "--output-format", Required: true, Use: "stream-json, the events aq reads the outcome and usage from"},
+	{Flag: "--verbose", Required: true, Use: "stream-json requires it with -p"},
+	{Flag: "--permission-mode", Required: true, Use: "editing the worktree without prompts (AQ_CLAUDE_PERMISSION_MODE)"},
+	{Flag: "--model", Required: true, Use: "the job's model"},
+	{Flag: "--session-id", Use: "the session id aq chooses and records; without it aq records the one claude reports"},
+	{Flag: "--max-turns", Hidden: true, Value: "1", Use: "the job's budget.turns; without it only aq's wall, USD and token budgets stop claude"},
+	{Flag: "--max-budget-usd", Use: "claude stopping itself at budget.usd; without it aq's meter stops it"},
+	{Flag: "--append-system-prompt", Use: "the profile's persona; without it the persona goes before the task in the prompt"},
 }
 
 var _ Engine = (*Claude)(nil)
@@ -78,7 +100,7 @@ func (c *Claude) bin() string {
 // apiKeyHelper) nor ~/.claude.json. On macOS credentials live in the
 // keychain, so only the binary and version are checked.
 func (c *Claude) Preflight(ctx context.Context, spec Spec) (Info, error) {
-	return preflight(ctx, c.Name(), c.bin(), spec, c.VersionTimeout, claudeAuthMissing)
+	return preflight(ctx, c.Name(), c.bin(), spec, c.VersionTimeout, c.HelpTimeout, c.Probes, claudeAuthMissing)
 }
 
 func claudeAuthMissing(env []string) string {
@@ -112,7 +134,8 @@ func claudeAuthMissing(env []string) string {
 }
 
 // Args is claude's command line for spec (without the program), and the
-// session id it carries.
+// session id it carries ("" when the CLI has no --session-id). Optional
+// flags spec.Flags lacks are left out.
 func (c *Claude) Args(spec Spec) ([]string, string, error) {
 	sid := spec.SessionID
 	if sid == "" {
@@ -120,21 +143,36 @@ func (c *Claude) Args(spec Spec) ([]string, string, error) {
 	} else if !uuidPattern.MatchString(sid) {
 		return nil, "", fmt.Errorf("claude: session id %q is not a UUID", sid)
 	}
+	has := spec.Flags.Has
 	args := []string{"-p", "--output-format", "stream-json", "--verbose"}
-	if spec.Budget.Turns > 0 {
+	if spec.Budget.Turns > 0 && has("--max-turns") {
 		args = append(args, "--max-turns", strconv.Itoa(spec.Budget.Turns))
 	}
-	if spec.Budget.USD > 0 {
+	if spec.Budget.USD > 0 && has("--max-budget-usd") {
 		args = append(args, "--max-budget-usd", strconv.FormatFloat(spec.Budget.USD, 'f', -1, 64))
 	}
 	if spec.Model != "" {
 		args = append(args, "--model", spec.Model)
 	}
-	args = append(args, "--permission-mode", permissionMode(spec), "--session-id", sid)
-	if p := strings.TrimSpace(spec.Persona); p != "" {
+	args = append(args, "--permission-mode", permissionMode(spec))
+	if has("--session-id") {
+		args = append(args, "--session-id", sid)
+	} else {
+		sid = ""
+	}
+	if p := strings.TrimSpace(spec.Persona); p != "" && has("--append-system-prompt") {
 		args = append(args, "--append-system-prompt", p)
 	}
 	return args, sid, nil
+}
+
+// prompt is what claude reads on stdin: the task, with the persona before
+// it when the CLI cannot take it through --append-system-prompt.
+func (c *Claude) prompt(spec Spec) string {
+	if p := strings.TrimSpace(spec.Persona); p != "" && !spec.Flags.Has("--append-system-prompt") {
+		return p + "\n\n" + spec.Prompt
+	}
+	return spec.Prompt
 }
 
 func permissionMode(spec Spec) string {
@@ -164,13 +202,23 @@ func (c *Claude) Run(ctx context.Context, spec Spec) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if spec.Flags, err = usableFlags(ctx, c.Name(), path, spec, c.HelpTimeout, c.Probes); err != nil {
+		return Result{}, err
+	}
 	args, sid, err := c.Args(spec)
 	if err != nil {
 		return Result{}, err
 	}
 	spec.Env = c.env(spec)
+	spec.Prompt = c.prompt(spec)
 	res, err := runStreaming(ctx, spec, c.Name(), c.bin(), Invocation{Path: path, Args: args}, c.ResultGrace,
-		func(final func()) streamParser { return newClaudeParser(spec.Model, spec.Prices, spec.Meter, final) })
+		func(final func()) streamParser {
+			p := newClaudeParser(spec.Model, spec.Prices, spec.Meter, final)
+			if c.now != nil {
+				p.now = c.now
+			}
+			return p
+		})
 	if err == nil && res.SessionID == "" {
 		res.SessionID = sid
 	}
@@ -202,6 +250,21 @@ type claudeEvent struct {
 	Usage          *claudeUsage    `json:"usage"`
 	Errors         json.RawMessage `json:"errors"` // []string in the Agent SDK types
 	APIErrorStatus int             `json:"api_error_status"`
+	// rate_limit_event
+	RateLimitInfo json.RawMessage `json:"rate_limit_info"`
+}
+
+// claudeRateLimit is a rate_limit_event's rate_limit_info (the Agent SDK's
+// SDKRateLimitInfo): status allowed | allowed_warning | rejected, resetsAt
+// in Unix seconds, rateLimitType five_hour | seven_day | seven_day_opus |
+// seven_day_sonnet | seven_day_overage_included | overage.
+type claudeRateLimit struct {
+	Status                string          `json:"status"`
+	ResetsAt              json.RawMessage `json:"resetsAt"`
+	RateLimitType         string          `json:"rateLimitType"`
+	OverageStatus         string          `json:"overageStatus"`
+	OverageDisabledReason string          `json:"overageDisabledReason"`
+	ErrorCode             string          `json:"errorCode"`
 }
 
 type claudeUsage struct {
@@ -245,6 +308,12 @@ type claudeParser struct {
 	result    *claudeEvent
 	apiError  string // the last assistant event's error field
 	errText   tail   // the text of assistant events that carried an error
+	// rejected is the last rate_limit_event that said rejected, unless a
+	// later one said allowed again; limitNote says why an event was unread.
+	rejected  *claudeRateLimit
+	limitNote string
+
+	now func() time.Time // when "resets 3pm" is read; time.Now
 }
 
 func newClaudeParser(model string, prices *PriceTable, meter Meter, final func()) *claudeParser {
@@ -254,6 +323,7 @@ func newClaudeParser(model string, prices *PriceTable, meter Meter, final func()
 	return &claudeParser{
 		prices: prices, meter: meter, final: final, model: model,
 		calls: map[string]*claudeCall{}, errText: tail{n: 5}, streamLog: streamLog{errLines: tail{n: 20}},
+		now: time.Now,
 	}
 }
 
@@ -302,6 +372,16 @@ func (p *claudeParser) onStdout(line []byte) {
 			call.usage = *m.Usage // each block repeats the message's usage so far
 			call.main = ev.ParentToolUseID == nil || *ev.ParentToolUseID == ""
 			u, observe = p.liveUsage(), true
+		}
+	case "rate_limit_event":
+		var info claudeRateLimit
+		switch err := json.Unmarshal(ev.RateLimitInfo, &info); {
+		case err != nil:
+			p.limitNote = "a rate_limit_event's rate_limit_info is unreadable: " + oneLine(err.Error(), 120)
+		case info.Status == "rejected":
+			p.rejected = &info
+		case info.Status == "allowed" || info.Status == "allowed_warning":
+			p.rejected = nil // the limit lifted, or overage took over
 		}
 	case "result":
 		r := ev
@@ -419,8 +499,9 @@ func assistantText(ev claudeEvent) string {
 // the task's fault (Agent SDK SDKAssistantMessageError).
 var claudeUnavailableErrors = map[string]string{
 	"authentication_failed": "auth failed",
-	"billing_error":         "usage limit",
-	"rate_limit":            "rate limit",
+	"billing_error":         LimitCredits,
+	"rate_limit":            LimitRate,
+	"server_error":          "API error", // 5xx, timeouts, the API out of reach
 }
 
 // finish decides the outcome once the process is gone. graceStop says aq
@@ -445,8 +526,8 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 			return res
 		}
 		if kind, ex, ok := p.unavailable(nil); ok {
-			res.Outcome, res.Subtype = Unavailable, "no_result"
-			res.Detail = "claude is unavailable (" + kind + "): " + ex
+			res.Subtype = "no_result"
+			p.classify(&res, kind, ex)
 			return res
 		}
 		res.Outcome, res.Subtype = TaskFailed, "no_result"
@@ -469,8 +550,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 		res.Detail = fmt.Sprintf("claude reached --max-turns after %d turns without finishing", res.Usage.Turns)
 	default:
 		if kind, ex, ok := p.unavailable(r); ok {
-			res.Outcome = Unavailable
-			res.Detail = "claude is unavailable (" + kind + "): " + ex
+			p.classify(&res, kind, ex)
 			break
 		}
 		res.Outcome = TaskFailed
@@ -481,6 +561,51 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 		res.Detail = fmt.Sprintf("claude result %s (is_error %t): %s", r.Subtype, r.IsError, orNone(oneLine(why, 300)))
 	}
 	return res
+}
+
+// classify sets an Unavailable outcome, or Limited for a rate limit, usage
+// limit or exhausted credit, with its reset time: from the last rejected
+// rate_limit_event, else from the text ("resets 2pm (Europe/Berlin)",
+// "…limit reached|<epoch>"). The caller holds mu.
+func (p *claudeParser) classify(res *Result, kind, excerpt string) {
+	lk := limitKind(kind)
+	if lk == "" {
+		res.Outcome, res.Detail = Unavailable, "claude is unavailable ("+kind+"): "+excerpt
+		return
+	}
+	lim := &Limit{Kind: lk, Note: p.limitNote}
+	if rj := p.rejected; rj != nil {
+		if lk == LimitRate && rj.RateLimitType != "" {
+			lim.Kind = LimitUsage // a subscription window, not a per-minute limit
+		}
+		if rj.OverageDisabledReason == "out_of_credits" || rj.ErrorCode == "credits_required" {
+			lim.Kind = LimitCredits
+		}
+		t, note, ok := epochReset(rj.ResetsAt)
+		if ok {
+			lim.ResetAt, lim.Source = t, "rate_limit_event"
+		} else if note != "" {
+			lim.Note = note
+		}
+	}
+	if lim.ResetAt.IsZero() {
+		texts := []string{excerpt, p.errText.String()}
+		if p.result != nil {
+			texts = append([]string{p.result.Result, strings.Join(rawTexts(p.result.Errors), "; ")}, texts...)
+		}
+		for _, t := range texts {
+			at, note, ok := textReset(t, p.now(), time.UTC)
+			if ok {
+				lim.ResetAt, lim.Source, lim.Note = at, "text", ""
+				break
+			}
+			if note != "" && lim.Note == "" {
+				lim.Note = note
+			}
+		}
+	}
+	res.Outcome, res.Limit = Limited, lim
+	res.Detail = "claude " + lim.Kind + ": " + excerpt
 }
 
 // unavailable looks for a not-the-task's-fault failure in what claude said
@@ -511,6 +636,14 @@ func (p *claudeParser) unavailable(r *claudeEvent) (kind, excerpt string, ok boo
 	}
 	if k, found := claudeUnavailableErrors[p.apiError]; found {
 		return k, orNone(oneLine(p.errText.last(), 240)), true
+	}
+	if rj := p.rejected; rj != nil && (r == nil || r.IsError) {
+		// The run failed after claude said the account's limit rejected it.
+		why := "rate_limit_event rejected (" + orNone(rj.RateLimitType) + ")"
+		if r != nil && r.Result != "" {
+			why += ": " + oneLine(r.Result, 200)
+		}
+		return LimitUsage, why, true
 	}
 	return "", "", false
 }

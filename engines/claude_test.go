@@ -85,12 +85,23 @@ var claudeCases = []struct {
 	stderr     bool
 	want       Outcome
 	wantBudget bool
+	wantLimit  *Limit
 }{
 	{name: "success", want: Succeeded},
 	{name: "success_is_error", exit: 1, want: TaskFailed}, // subtype success, is_error true
 	{name: "auth_expired", exit: 1, want: Unavailable},    // OAuth token has expired, 401
-	{name: "usage_limit", exit: 1, want: Unavailable},     // usage limit reached
-	{name: "rate_limited", exit: 1, want: Unavailable},    // error_during_execution, 429
+	// The legacy "usage limit reached|<epoch>" text.
+	{name: "usage_limit", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitUsage, ResetAt: time.Unix(1767225600, 0).UTC(), Source: "text"}},
+	// error_during_execution, 429 per-minute limit: no reset time.
+	{name: "rate_limited", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitRate}},
+	// A rejected rate_limit_event (resetsAt) before "You've hit your limit".
+	{name: "rate_limit_event", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitUsage, ResetAt: time.Unix(1778565600, 0).UTC(), Source: "rate_limit_event"}},
+	// Recorded from claude 2.1.197, unauthenticated and offline: a result
+	// with subtype success and is_error true, "Not logged in", exit 1.
+	{name: "real_unauthenticated", exit: 1, want: Unavailable},
+	// Recorded from claude 2.1.197 with an API key and no network: ten
+	// api_retry events, then "Unable to connect to API", exit 1.
+	{name: "real_offline_api_key", exit: 1, want: Unavailable},
 	{name: "max_turns", exit: 1, want: TaskFailed},        // error_max_turns (is_error false)
 	{name: "max_budget", want: Stopped, wantBudget: true}, // error_max_budget_usd, is_error false, exit 0
 	{name: "during_execution", exit: 1, want: TaskFailed}, // error_during_execution
@@ -99,12 +110,21 @@ var claudeCases = []struct {
 	{name: "malformed", want: Succeeded}, // bad lines mid-stream are skipped
 }
 
+// goldenNow is "now" for the recorded outputs whose reset time is a wall
+// clock ("resets 2pm"): 2026-05-12 03:00 UTC.
+var goldenNow = time.Date(2026, 5, 12, 3, 0, 0, 0, time.UTC)
+
 func TestClaudeGolden(t *testing.T) {
 	for _, tc := range claudeCases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := finishRecorded(t, newClaudeParser("", nil, nil, nil), "claude", tc.name, tc.exit, tc.stderr)
+			p := newClaudeParser("", nil, nil, nil)
+			p.now = func() time.Time { return goldenNow }
+			res := finishRecorded(t, p, "claude", tc.name, tc.exit, tc.stderr)
 			if res.Outcome != tc.want || res.BudgetExceeded != tc.wantBudget {
 				t.Fatalf("Outcome = %s, BudgetExceeded = %t (%s), want %s, %t", res.Outcome, res.BudgetExceeded, res.Detail, tc.want, tc.wantBudget)
+			}
+			if tc.wantLimit != nil && (res.Limit == nil || *res.Limit != *tc.wantLimit) {
+				t.Fatalf("Limit = %+v, want %+v", res.Limit, tc.wantLimit)
 			}
 			checkGolden(t, "claude/"+tc.name+".golden", res)
 		})
@@ -244,7 +264,35 @@ func TestClaudeRecoveredErrorIsNotTheEnd(t *testing.T) {
 	p.onStdout([]byte(`{"type":"assistant","message":{"id":"m1","model":"<synthetic>","content":[{"type":"text","text":"Request failed"}]},"error":{"type":"billing_error"}}`))
 	p.onStdout([]byte(`{"type":"result","subtype":"success","is_error":true,"num_turns":1,"result":"Request failed","errors":[{"message":"Request failed"}]}`))
 	res := p.finish(process.Result{ExitCode: 1}, false)
-	if res.Outcome != Unavailable || res.SkippedLines != 0 {
-		t.Errorf("Outcome = %s, skipped %d (%s); want unavailable from an error object, nothing skipped", res.Outcome, res.SkippedLines, res.Detail)
+	if res.Outcome != Limited || res.Limit.Kind != LimitCredits || res.SkippedLines != 0 {
+		t.Errorf("Outcome = %s (%+v), skipped %d (%s); want limited (out of credits) from an error object, nothing skipped", res.Outcome, res.Limit, res.SkippedLines, res.Detail)
+	}
+}
+
+// TestClaudeArgsWithoutOptionalFlags: a claude whose --help lacks the
+// optional flags runs without them: no turn or USD limit passed (aq's own
+// budgets still apply), no session id chosen (claude's is recorded), and
+// the persona goes before the task on stdin.
+func TestClaudeArgsWithoutOptionalFlags(t *testing.T) {
+	c := &Claude{}
+	spec := Spec{
+		Model: "claude-sonnet-4-5", Persona: "You are terse.", Prompt: "Fix it.", SessionID: "5f3c1d2e-8b7a-4c6d-9e0f-1a2b3c4d5e6f",
+		Budget: Budget{USD: 2, Turns: 9},
+		Flags:  &FlagSet{Found: []string{"-p", "--output-format", "--verbose", "--permission-mode", "--model"}},
+	}
+	args, sid, err := c.Args(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"-p", "--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5", "--permission-mode", "acceptEdits"}
+	if !slices.Equal(args, want) || sid != "" {
+		t.Errorf("Args = %q (session %q), want %q and no session id", args, sid, want)
+	}
+	if got := c.prompt(spec); got != "You are terse.\n\nFix it." {
+		t.Errorf("prompt = %q, want the persona before the task", got)
+	}
+	spec.Flags = nil // unprobed: the full command line, the persona by flag
+	if got := c.prompt(spec); got != "Fix it." {
+		t.Errorf("prompt with --append-system-prompt = %q", got)
 	}
 }

@@ -31,9 +31,12 @@ import (
 //
 //   - the last turn ended in turn.completed, with no turn.failed or error
 //     after it and no turn started since: Succeeded;
-//   - turn.failed or error last: Unavailable when its message is an auth,
-//     usage-limit, rate-limit or overload failure, else TaskFailed ("error"
-//     events before a turn.completed are retries codex recovered from);
+//   - turn.failed or error last: Limited when its message is a usage limit,
+//     rate limit or exhausted credit ("You've hit your usage limit. … Try
+//     again at 3:04 PM.": the reset time is read in codex's local time
+//     zone, TZ in its environment), Unavailable when it is an auth or
+//     overload failure, else TaskFailed ("error" events before a
+//     turn.completed are retries codex recovered from);
 //   - no turn.completed at all: TaskFailed (Unavailable when stderr says
 //     why in those terms), or Stopped when aq stopped it.
 //
@@ -54,6 +57,20 @@ type Codex struct {
 	// VersionTimeout bounds the pre-flight's codex --version; 0 means
 	// DefaultVersionTimeout.
 	VersionTimeout time.Duration
+	// HelpTimeout bounds each --help probe; 0 means DefaultHelpTimeout.
+	HelpTimeout time.Duration
+	// Probes caches the --help probe per binary; nil probes every time.
+	Probes *ProbeCache
+
+	now func() time.Time
+}
+
+// codexNeeds are the `codex exec` flags Args can pass (HelpSpecs).
+var codexNeeds = []FlagNeed{
+	{Flag: "--json", Required: true, Use: "JSONL events, what aq reads the outcome and usage from"},
+	{Flag: "-m", Aliases: []string{"--model"}, Required: true, Use: "the job's model"},
+	{Flag: "--sandbox", Aliases: []string{"-s"}, Instead: "-c", Use: "workspace-write; without it aq passes -c sandbox_mode=\"workspace-write\""},
+	{Flag: "-c", Aliases: []string{"--config"}, Use: "the stand-in for a missing --sandbox"},
 }
 
 var _ Engine = (*Codex)(nil)
@@ -74,7 +91,7 @@ func (c *Codex) bin() string {
 // there that could supply one another way (a keyring credential store or a
 // model provider of its own).
 func (c *Codex) Preflight(ctx context.Context, spec Spec) (Info, error) {
-	return preflight(ctx, c.Name(), c.bin(), spec, c.VersionTimeout, codexAuthMissing)
+	return preflight(ctx, c.Name(), c.bin(), spec, c.VersionTimeout, c.HelpTimeout, c.Probes, codexAuthMissing)
 }
 
 func codexAuthMissing(env []string) string {
@@ -101,9 +118,16 @@ func codexAuthMissing(env []string) string {
 	return fmt.Sprintf("no credentials: set CODEX_API_KEY (or OPENAI_API_KEY) or run `codex login` (no %s)", filepath.Join(home, "auth.json"))
 }
 
-// Args is codex's command line for spec, without the program.
+// Args is codex's command line for spec, without the program. A codex
+// without --sandbox (as `codex exec resume` is) gets the same policy as a
+// config override.
 func (c *Codex) Args(spec Spec) []string {
-	args := []string{"exec", "--json", "--sandbox", "workspace-write"}
+	args := []string{"exec", "--json"}
+	if spec.Flags.Has("--sandbox") {
+		args = append(args, "--sandbox", "workspace-write")
+	} else {
+		args = append(args, "-c", `sandbox_mode="workspace-write"`)
+	}
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
 	}
@@ -117,8 +141,19 @@ func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if spec.Flags, err = usableFlags(ctx, c.Name(), path, spec, c.HelpTimeout, c.Probes); err != nil {
+		return Result{}, err
+	}
+	loc := locationOf(spec.Env)
 	return runStreaming(ctx, spec, c.Name(), c.bin(), Invocation{Path: path, Args: c.Args(spec)}, c.ResultGrace,
-		func(final func()) streamParser { return newCodexParser(spec.Model, spec.Prices, spec.Meter, final) })
+		func(final func()) streamParser {
+			p := newCodexParser(spec.Model, spec.Prices, spec.Meter, final)
+			p.loc = loc
+			if c.now != nil {
+				p.now = c.now
+			}
+			return p
+		})
 }
 
 type codexEvent struct {
@@ -152,13 +187,16 @@ type codexParser struct {
 	failure   string // the message of the last turn.failed or error
 	completed bool
 	finalText string
+
+	now func() time.Time // when "try again at 3:04 PM" is read; time.Now
+	loc *time.Location   // the zone codex prints local times in
 }
 
 func newCodexParser(model string, prices *PriceTable, meter Meter, final func()) *codexParser {
 	if prices == nil {
 		prices = DefaultPrices()
 	}
-	return &codexParser{model: model, prices: prices, meter: meter, final: final, streamLog: streamLog{errLines: tail{n: 20}}}
+	return &codexParser{model: model, prices: prices, meter: meter, final: final, streamLog: streamLog{errLines: tail{n: 20}}, now: time.Now, loc: time.Local}
 }
 
 func (p *codexParser) onStdout(line []byte) {
@@ -235,7 +273,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 	case p.last == "turn.failed" || p.last == "error":
 		res.Subtype = p.last
 		if kind, ex, ok := unavailableReason(p.failure); ok {
-			res.Outcome, res.Detail = Unavailable, "codex is unavailable ("+kind+"): "+ex
+			p.classify(&res, kind, ex, p.failure)
 		} else {
 			res.Outcome = TaskFailed
 			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(oneLine(p.failure, 300)))
@@ -250,7 +288,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 	default:
 		res.Subtype = "no_turn_completed"
 		if kind, ex, ok := unavailableReason(p.errLines.String()); ok {
-			res.Outcome, res.Detail = Unavailable, "codex is unavailable ("+kind+"): "+ex
+			p.classify(&res, kind, ex, p.errLines.String())
 			break
 		}
 		res.Outcome = TaskFailed
@@ -260,6 +298,27 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 		}
 	}
 	return res
+}
+
+// classify sets an Unavailable outcome, or Limited for a usage limit, rate
+// limit or exhausted credit, with the reset time codex printed ("Try again
+// at 3:04 PM.", in codex's local time zone). codex exec's JSONL carries only
+// the message: CodexErrorInfo::UsageLimitExceeded does not reach it. The
+// caller holds mu.
+func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
+	lk := limitKind(kind)
+	if lk == "" {
+		res.Outcome, res.Detail = Unavailable, "codex is unavailable ("+kind+"): "+excerpt
+		return
+	}
+	lim := &Limit{Kind: lk}
+	if at, note, ok := textReset(text, p.now(), p.loc); ok {
+		lim.ResetAt, lim.Source = at, "text"
+	} else {
+		lim.Note = note
+	}
+	res.Outcome, res.Limit = Limited, lim
+	res.Detail = "codex " + lk + ": " + excerpt
 }
 
 func stderrSuffix(t tail) string {

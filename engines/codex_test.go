@@ -22,15 +22,24 @@ func TestCodexArgs(t *testing.T) {
 
 // codexCases are the recorded outputs and how each must be classified.
 var codexCases = []struct {
-	name   string
-	exit   int
-	stderr bool
-	want   Outcome
+	name      string
+	exit      int
+	stderr    bool
+	want      Outcome
+	wantLimit *Limit
 }{
 	{name: "success", want: Succeeded},
 	{name: "turn_failed_exit0", exit: 0, want: TaskFailed}, // turn.failed, yet exit 0
 	{name: "auth_401", exit: 1, want: Unavailable},
-	{name: "usage_limit", exit: 1, want: Unavailable},
+	// "… or try again at 3:04 PM." (codex's local time; UTC here): the next
+	// 3:04 PM after goldenNow.
+	{name: "usage_limit", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitUsage, ResetAt: time.Date(2026, 5, 12, 15, 4, 0, 0, time.UTC), Source: "text"}},
+	{name: "usage_limit_date", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitUsage, ResetAt: time.Date(2026, 11, 26, 15, 4, 0, 0, time.UTC), Source: "text"}},
+	{name: "out_of_credits", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitCredits}},
+	// Recorded from codex 0.169.0 unauthenticated and offline, cut by
+	// timeout(1) after two minutes of "Reconnecting... waiting for
+	// network": had it exited there, the API was out of reach.
+	{name: "real_offline_unauthenticated", exit: 1, stderr: true, want: Unavailable},
 	{name: "retry_then_success", want: Succeeded}, // an error event codex recovered from
 	{name: "stream_error", exit: 1, want: TaskFailed},
 	{name: "no_events", exit: 1, stderr: true, want: TaskFailed},
@@ -40,9 +49,14 @@ var codexCases = []struct {
 func TestCodexGolden(t *testing.T) {
 	for _, tc := range codexCases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := finishRecorded(t, newCodexParser("gpt-5.3-codex", nil, nil, nil), "codex", tc.name, tc.exit, tc.stderr)
+			p := newCodexParser("gpt-5.3-codex", nil, nil, nil)
+			p.now, p.loc = func() time.Time { return goldenNow }, time.UTC
+			res := finishRecorded(t, p, "codex", tc.name, tc.exit, tc.stderr)
 			if res.Outcome != tc.want {
 				t.Fatalf("Outcome = %s (%s), want %s", res.Outcome, res.Detail, tc.want)
+			}
+			if tc.wantLimit != nil && (res.Limit == nil || *res.Limit != *tc.wantLimit) {
+				t.Fatalf("Limit = %+v, want %+v", res.Limit, tc.wantLimit)
 			}
 			checkGolden(t, "codex/"+tc.name+".golden", res)
 		})

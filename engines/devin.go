@@ -30,8 +30,9 @@ import (
 // exit-code contract. So the outcome is the exit status: 0 with an answer
 // is Succeeded, with Result.NoStructuredOutcome set (the runner should take
 // an empty diff as a failure); 0 with no answer, or non-zero, is
-// TaskFailed, or Unavailable when the output says auth, usage limit, rate
-// limit or overload; Stopped when aq stopped it.
+// TaskFailed, or Limited when the output says usage limit, rate limit or
+// out of credits (with no reset time: devin prints none aq can read), or
+// Unavailable when it says auth or overload; Stopped when aq stopped it.
 //
 // The --export file is the conversation as an ATIF trajectory
 // (schema_version "ATIF-v1.x"), written after each turn. aq reads from it:
@@ -52,6 +53,21 @@ type Devin struct {
 	// VersionTimeout bounds the pre-flight's devin --version; 0 means
 	// DefaultVersionTimeout.
 	VersionTimeout time.Duration
+	// HelpTimeout bounds each --help probe; 0 means DefaultHelpTimeout.
+	HelpTimeout time.Duration
+	// Probes caches the --help probe per binary; nil probes every time.
+	Probes *ProbeCache
+}
+
+// devinNeeds are the flags Args can pass (HelpSpecs), as documented in
+// docs.devin.ai/cli/reference/commands (devin's --help could not be
+// recorded: the CLI is not on a public registry).
+var devinNeeds = []FlagNeed{
+	{Flag: "-p", Aliases: []string{"--print"}, Required: true, Use: "the one-turn headless run"},
+	{Flag: "--prompt-file", Required: true, Use: "the prompt, from a file (never argv)"},
+	{Flag: "--permission-mode", Required: true, Use: "normal or bypass"},
+	{Flag: "--model", Required: true, Use: "the job's model"},
+	{Flag: "--export", Use: "the ATIF trajectory aq reads session, turns and usage from; without it devin's usage is unknown"},
 }
 
 var _ Engine = (*Devin)(nil)
@@ -71,7 +87,7 @@ func (d *Devin) bin() string {
 // the service), so auth is not checked: a run without it fails as
 // Unavailable.
 func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
-	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, nil)
+	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, d.HelpTimeout, d.Probes, nil)
 }
 
 // devinFiles are the prompt and trajectory files of one attempt.
@@ -87,7 +103,11 @@ func (d *Devin) Args(spec Spec) []string {
 	if permissionMode(spec) == "bypassPermissions" {
 		mode = "bypass"
 	}
-	args := []string{"-p", "--prompt-file", prompt, "--export", export, "--permission-mode", mode}
+	args := []string{"-p", "--prompt-file", prompt}
+	if spec.Flags.Has("--export") {
+		args = append(args, "--export", export)
+	}
+	args = append(args, "--permission-mode", mode)
 	if spec.Model != "" {
 		args = append(args, "--model", spec.Model)
 	}
@@ -99,6 +119,9 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 	spec = engineSpec(spec)
 	path, err := findEngine(d.Name(), d.bin(), spec.Env)
 	if err != nil {
+		return Result{}, err
+	}
+	if spec.Flags, err = usableFlags(ctx, d.Name(), path, spec, d.HelpTimeout, d.Probes); err != nil {
 		return Result{}, err
 	}
 	promptFile, exportFile := devinFiles(spec)
@@ -179,6 +202,11 @@ func devinResult(out *devinOutput, traj *atifTrajectory, trajErr error, exit int
 	default:
 		res.Subtype = fmt.Sprintf("exit_%d", exit)
 		if kind, ex, ok := unavailableReason(out.errLines.String(), answer); ok {
+			if lk := limitKind(kind); lk != "" {
+				// devin prints no reset time aq knows how to read.
+				res.Outcome, res.Limit, res.Detail = Limited, &Limit{Kind: lk}, "devin "+lk+": "+ex+note
+				break
+			}
 			res.Outcome, res.Detail = Unavailable, "devin is unavailable ("+kind+"): "+ex+note
 			break
 		}

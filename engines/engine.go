@@ -39,6 +39,9 @@ type Info struct {
 	Name    string `json:"name"`
 	Path    string `json:"path"`
 	Version string `json:"version"`
+	// Flags is what the --help probe found (nil for an engine aq does not
+	// probe: script).
+	Flags *FlagSet `json:"flags,omitempty"`
 }
 
 // Spec is everything an engine needs for one run.
@@ -72,6 +75,10 @@ type Spec struct {
 	Redactor *secrets.Redactor
 	// Prices meters engines that report tokens but no cost (codex).
 	Prices *PriceTable
+	// Flags is the engine's --help probe (Info.Flags from Preflight): the
+	// invocation leaves out optional flags the CLI lacks. nil: Run probes
+	// (through the engine's cache) itself.
+	Flags *FlagSet
 }
 
 // Budget is what one run may spend. Zero means unlimited. Engines that take
@@ -124,9 +131,14 @@ const (
 	Succeeded Outcome = "success"
 	// TaskFailed: the engine ran and could not finish the task (→ engine_failed).
 	TaskFailed Outcome = "failed"
-	// Unavailable: auth expired, 401, usage or rate limit, out of credits —
-	// not the task's fault, retryable (→ engine_unavailable).
+	// Unavailable: auth expired or missing, 401, an overloaded API — not
+	// the task's fault, retryable (→ engine_unavailable).
 	Unavailable Outcome = "unavailable"
+	// Limited: the engine's account hit a rate or usage limit or ran out of
+	// credit — not the task's fault, and pointless to run again before the
+	// limit resets: Result.Limit says which and until when (→ the job is
+	// parked, not failed).
+	Limited Outcome = "limited"
 	// Stopped: aq stopped the engine (timeout, budget, lease, signal); the
 	// runner knows why from Result.Process.StopCause.
 	Stopped Outcome = "stopped"
@@ -157,6 +169,8 @@ type Result struct {
 	// SkippedLines counts output lines the adapter could not parse (a
 	// malformed JSON line mid-stream); they are skipped, not fatal.
 	SkippedLines int `json:"skippedLines,omitempty"`
+	// Limit is set with Outcome Limited.
+	Limit *Limit `json:"limit,omitempty"`
 	// Process is what the process layer saw (exit, signals, the ladder).
 	Process process.Result `json:"-"`
 }
@@ -165,10 +179,13 @@ type Result struct {
 var ErrNotInstalled = errors.New("engine not installed")
 
 // UnavailableError means the engine is installed but cannot work now: no or
-// expired credentials, usage limit (→ engine_unavailable).
+// expired credentials, a --help that hangs or fails, a CLI that lacks a
+// flag aq needs (→ engine_unavailable).
 type UnavailableError struct {
 	Engine string
 	Why    string
+	// MissingFlags are the required flags the CLI lacks, when that is why.
+	MissingFlags []string
 }
 
 func (e *UnavailableError) Error() string { return e.Engine + " is unavailable: " + e.Why }

@@ -144,13 +144,19 @@ func TestFormatProgress(t *testing.T) {
 func TestUnavailableReason(t *testing.T) {
 	for text, want := range map[string]string{
 		`API Error: 401 {"type":"error","error":{"type":"authentication_error","message":"OAuth token has expired."}}`: "auth expired",
-		"Invalid API key · Please run /login":                                 "auth failed",
-		"unexpected status 401 Unauthorized: Missing bearer":                  "auth failed",
-		"Claude AI usage limit reached|1767225600":                            "usage limit",
-		"You've hit your usage limit. Upgrade to Pro":                         "usage limit",
-		"Credit balance is too low":                                           "usage limit",
-		"exceeded retry limit, last status: 429 Too Many Requests":            "rate limit",
-		`API Error: 529 {"type":"error","error":{"type":"overloaded_error"}}`: "overloaded",
+		"Invalid API key · Please run /login":                                            "auth failed",
+		"unexpected status 401 Unauthorized: Missing bearer":                             "auth failed",
+		"Claude AI usage limit reached|1767225600":                                       "usage limit",
+		"You've hit your usage limit. Upgrade to Pro":                                    "usage limit",
+		"Credit balance is too low":                                                      "out of credits",
+		"You've hit your limit · resets 2pm (Asia/Shanghai)":                             "usage limit",
+		"You've hit your weekly limit · resets Apr 23 at 4pm (America/Recife)":           "usage limit",
+		"You've hit your monthly spend limit. /model to switch models.":                  "out of credits",
+		"Your workspace is out of credits. Add credits to continue.":                     "out of credits",
+		"API Error: Unable to connect to API (ConnectionRefused)":                        "API unreachable",
+		"Reconnecting... waiting for network (Connection failed: error sending request)": "API unreachable",
+		"exceeded retry limit, last status: 429 Too Many Requests":                       "rate limit",
+		`API Error: 529 {"type":"error","error":{"type":"overloaded_error"}}`:            "overloaded",
 	} {
 		if kind, _, ok := unavailableReason(text); !ok || kind != want {
 			t.Errorf("%q → %q, %t; want %q", text, kind, ok, want)

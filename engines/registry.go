@@ -26,9 +26,14 @@ func NewRegistry(es ...Engine) *Registry {
 }
 
 // Default is every engine aq ships: claude, codex and devin (the order
-// `engine: any` tries them in), and script.
-func Default() *Registry {
-	return NewRegistry(&Claude{}, &Codex{}, &Devin{}, &Script{})
+// `engine: any` tries them in), and script; their --help probes are not
+// cached (DefaultWith).
+func Default() *Registry { return DefaultWith(nil) }
+
+// DefaultWith is Default with the coding engines' --help probes cached in
+// probes.
+func DefaultWith(probes *ProbeCache) *Registry {
+	return NewRegistry(&Claude{Probes: probes}, &Codex{Probes: probes}, &Devin{Probes: probes}, &Script{})
 }
 
 // Get returns the engine called name.

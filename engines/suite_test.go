@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,12 @@ const (
 	fakeVersionExit = "FAKE_ENGINE_VERSION_EXIT" // --version exit status
 	fakeRole        = "FAKE_ENGINE_ROLE"         // "grandchild": sleep ignoring SIGINT
 	fakeIgnoreTerm  = "FAKE_ENGINE_IGNORE_TERM"  // grandchild also ignores SIGTERM
+	fakeHelpDir     = "FAKE_ENGINE_HELP_DIR"     // --help prints <dir>/<engine>/help.txt (codex exec: exec-help.txt)
+	fakeHelp        = "FAKE_ENGINE_HELP"         // --help prints this file instead
+	fakeHelpExit    = "FAKE_ENGINE_HELP_EXIT"    // --help exit status
+	fakeHelpHang    = "FAKE_ENGINE_HELP_HANG"    // --help never answers
+	fakeHelpCount   = "FAKE_ENGINE_HELP_COUNT"   // each --help appends a line here
+	fakeUnknownOpt  = "FAKE_ENGINE_UNKNOWN_OPT"  // the hidden-flag probe: "1" rejects the probed flag itself
 )
 
 var fakeVersions = map[string]string{
@@ -72,6 +79,23 @@ type fakeRecording struct {
 }
 
 func fakeEngine(name string, args []string) int {
+	if len(args) > 0 && args[len(args)-1] == "--help" {
+		return fakeHelpText(name, args)
+	}
+	if len(args) > 0 && args[len(args)-1] == unknownProbe {
+		// As commander and clap do: the first option not known is named.
+		bad := unknownProbe
+		if os.Getenv(fakeUnknownOpt) == "1" {
+			for _, a := range args {
+				if strings.HasPrefix(a, "-") {
+					bad = a
+					break
+				}
+			}
+		}
+		fmt.Fprintf(os.Stderr, "error: unknown option '%s'\n", bad)
+		return 1
+	}
 	if len(args) == 1 && args[0] == "--version" {
 		v := os.Getenv(fakeVersion)
 		if v == "" {
@@ -152,6 +176,37 @@ func fakeEngine(name string, args []string) int {
 		}
 	}
 	code, _ := strconv.Atoi(os.Getenv(fakeExit))
+	return code
+}
+
+// fakeHelpText prints the recorded --help of the real CLI (or the one the
+// test chose), fails or hangs as told.
+func fakeHelpText(name string, args []string) int {
+	if p := os.Getenv(fakeHelpCount); p != "" {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err == nil {
+			fmt.Fprintln(f, strings.Join(args, " "))
+			f.Close()
+		}
+	}
+	if os.Getenv(fakeHelpHang) == "1" {
+		time.Sleep(time.Hour)
+	}
+	file := os.Getenv(fakeHelp)
+	if file == "" {
+		base := "help.txt"
+		if len(args) > 1 && args[0] == "exec" {
+			base = "exec-help.txt"
+		}
+		file = filepath.Join(os.Getenv(fakeHelpDir), name, base)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake:", err)
+		return 95
+	}
+	os.Stdout.Write(b)
+	code, _ := strconv.Atoi(os.Getenv(fakeHelpExit))
 	return code
 }
 
@@ -246,6 +301,7 @@ func (h *fakeHost) run(t *testing.T, fx fixture, extraEnv ...string) *fakeRun {
 		fakeRecord + "=" + r.record,
 		fakeReady + "=" + r.ready,
 		fakeExit + "=" + strconv.Itoa(fx.exit),
+		fakeHelpDir + "=" + testdataPath(t, ""),
 		// The race runtime sleeps a second before a process exits unless
 		// told not to; the fake engines are this (race) test binary.
 		"GORACE=" + strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"),
@@ -309,7 +365,7 @@ type suiteAdapter struct {
 	name   string
 	engine Engine
 	// Recorded outputs for the scenarios every engine has.
-	success, taskFailed, unavailable fixture
+	success, taskFailed, unavailable, limited fixture
 	// budget is a scenario that reports usage mid-stream and then hangs;
 	// "" for an engine that reports no usage while it runs.
 	budget string
@@ -328,6 +384,7 @@ func suiteAdapters() []suiteAdapter {
 			success:     fixture{stdout: "claude/success.jsonl"},
 			taskFailed:  fixture{stdout: "claude/success_is_error.jsonl", exit: 1},
 			unavailable: fixture{stdout: "claude/auth_expired.jsonl", exit: 1},
+			limited:     fixture{stdout: "claude/rate_limit_event.jsonl", exit: 1},
 			budget:      "claude/scenario_budget.jsonl",
 			prompt:      func(r fakeRecording) string { return r.Stdin },
 		},
@@ -336,7 +393,8 @@ func suiteAdapters() []suiteAdapter {
 			engine:      &Codex{ResultGrace: grace},
 			success:     fixture{stdout: "codex/success.jsonl"},
 			taskFailed:  fixture{stdout: "codex/turn_failed_exit0.jsonl"},
-			unavailable: fixture{stdout: "codex/usage_limit.jsonl", exit: 1},
+			unavailable: fixture{stdout: "codex/auth_401.jsonl", exit: 1},
+			limited:     fixture{stdout: "codex/usage_limit.jsonl", exit: 1},
 			budget:      "codex/scenario_budget.jsonl",
 			prompt:      func(r fakeRecording) string { return r.Stdin },
 		},
@@ -346,6 +404,7 @@ func suiteAdapters() []suiteAdapter {
 			success:     fixture{stdout: "devin/success.txt", export: "devin/success.atif.json"},
 			taskFailed:  fixture{stdout: "devin/failed.txt", stderr: "devin/failed.stderr", exit: 1},
 			unavailable: fixture{stdout: "devin/auth.txt", stderr: "devin/auth.stderr", exit: 1},
+			limited:     fixture{stderr: "devin/usage_limit.stderr", exit: 1},
 			prompt:      func(r fakeRecording) string { return r.Prompt },
 		},
 	}
@@ -363,6 +422,10 @@ func TestSuite(t *testing.T) {
 			t.Run("success", func(t *testing.T) { suiteSuccess(t, h, a) })
 			t.Run("task_failed", func(t *testing.T) { suiteOutcome(t, h, a, a.taskFailed, TaskFailed) })
 			t.Run("unavailable", func(t *testing.T) { suiteOutcome(t, h, a, a.unavailable, Unavailable) })
+			t.Run("limited", func(t *testing.T) { suiteOutcome(t, h, a, a.limited, Limited) })
+			t.Run("help_fails", func(t *testing.T) { suiteHelpFails(t, h, a) })
+			t.Run("help_hangs", func(t *testing.T) { suiteHelpHangs(t, h, a) })
+			t.Run("required_flag_missing", func(t *testing.T) { suiteRequiredFlagMissing(t, h, a) })
 			t.Run("env", func(t *testing.T) { suiteEnv(t, h, a) })
 			t.Run("stop_kills_every_process", func(t *testing.T) { suiteStop(t, h, a) })
 			t.Run("budget_meter_stops", func(t *testing.T) { suiteBudget(t, h, a) })
@@ -376,9 +439,12 @@ func suitePreflight(t *testing.T, h *fakeHost, a suiteAdapter) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Info{Name: a.name, Path: filepath.Join(h.bin, a.name), Version: fakeVersions[a.name]}
-	if info != want {
-		t.Errorf("Preflight = %+v, want %+v", info, want)
+	if info.Name != a.name || info.Path != filepath.Join(h.bin, a.name) || info.Version != fakeVersions[a.name] {
+		t.Errorf("Preflight = %+v, want %s at %s, version %s", info, a.name, filepath.Join(h.bin, a.name), fakeVersions[a.name])
+	}
+	// The recorded --help of the real CLI has every flag aq requires.
+	if info.Flags == nil || len(info.Flags.Missing) > 0 || !info.Flags.Has(HelpSpecs[a.name].Needs[0].Flag) {
+		t.Errorf("Preflight's flags = %+v, want every required flag found", info.Flags)
 	}
 }
 
@@ -440,6 +506,82 @@ func suiteOutcome(t *testing.T, h *fakeHost, a suiteAdapter, fx fixture, want Ou
 	if res.ExitCode != fx.exit {
 		t.Errorf("ExitCode = %d, want %d", res.ExitCode, fx.exit)
 	}
+}
+
+// suiteHelpFails: a --help that exits non-zero makes the engine unavailable
+// with the command and its exit named, at pre-flight and at run.
+func suiteHelpFails(t *testing.T, h *fakeHost, a suiteAdapter) {
+	r := h.run(t, a.success, fakeHelpExit+"=2")
+	_, err := a.engine.Preflight(t.Context(), r.spec)
+	var ue *UnavailableError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Why, "--help` exited 2") {
+		t.Errorf("Preflight with a failing --help: %v, want *UnavailableError saying --help exited 2", err)
+	}
+	if _, err := a.engine.Run(t.Context(), r.spec); !errors.As(err, &ue) {
+		t.Errorf("Run with a failing --help: %v, want *UnavailableError", err)
+	}
+	if _, err := os.Stat(r.record); err == nil {
+		t.Error("the engine ran although its --help failed")
+	}
+}
+
+// suiteHelpHangs: a --help that never answers is stopped at the probe's
+// timeout and the engine is unavailable, saying so.
+func suiteHelpHangs(t *testing.T, h *fakeHost, a suiteAdapter) {
+	r := h.run(t, a.success, fakeHelpHang+"=1")
+	eng := withProbeTimeout(a.engine, 300*time.Millisecond)
+	done := make(chan error, 1)
+	go func() { _, err := eng.Preflight(t.Context(), r.spec); done <- err }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute): // a deadlock guard, not a speed limit
+		t.Fatal("Preflight did not return: the --help probe is not bounded")
+	}
+	var ue *UnavailableError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Why, "did not answer within 300ms") {
+		t.Errorf("Preflight with a hanging --help: %v, want *UnavailableError saying it did not answer within 300ms", err)
+	}
+}
+
+// suiteRequiredFlagMissing: a CLI whose --help lacks a flag aq requires is
+// refused with one line naming the flag and what to do.
+func suiteRequiredFlagMissing(t *testing.T, h *fakeHost, a suiteAdapter) {
+	need := HelpSpecs[a.name].Needs[0]
+	help := filepath.Join(t.TempDir(), "help.txt")
+	text := "Usage: " + a.name + " [options]\n\nOptions:\n  --something-else   not what aq needs\n  -h, --help   Display help\n"
+	if err := os.WriteFile(help, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := h.run(t, a.success, fakeHelp+"="+help)
+	_, err := a.engine.Preflight(t.Context(), r.spec)
+	var ue *UnavailableError
+	if !errors.As(err, &ue) || !slices.Contains(ue.MissingFlags, need.Flag) ||
+		!strings.Contains(ue.Why, "lacks "+need.Flag) || !strings.Contains(ue.Why, "upgrade") || strings.Contains(ue.Error(), "\n") {
+		t.Errorf("Preflight without %s: %v, want one line naming the flag and saying to upgrade", need.Flag, err)
+	}
+	if _, err := a.engine.Run(t.Context(), r.spec); !errors.As(err, &ue) {
+		t.Errorf("Run without %s: %v, want *UnavailableError", need.Flag, err)
+	}
+}
+
+// withProbeTimeout is a copy of e whose probes time out after d.
+func withProbeTimeout(e Engine, d time.Duration) Engine {
+	switch e := e.(type) {
+	case *Claude:
+		c := *e
+		c.HelpTimeout = d
+		return &c
+	case *Codex:
+		c := *e
+		c.HelpTimeout = d
+		return &c
+	case *Devin:
+		c := *e
+		c.HelpTimeout = d
+		return &c
+	}
+	return e
 }
 
 // suiteEnv: the engine gets the host environment minus aq's secrets and

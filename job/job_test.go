@@ -128,3 +128,31 @@ func TestStages(t *testing.T) {
 		t.Fatal("terminal stages")
 	}
 }
+
+func TestParkUntil(t *testing.T) {
+	now := time.Date(2026, 5, 12, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		reset    time.Time
+		want     time.Time
+		wantNote string
+	}{
+		{"reported", now.Add(3 * time.Hour), now.Add(3 * time.Hour), ""},
+		{"weekly", now.Add(6 * 24 * time.Hour), now.Add(6 * 24 * time.Hour), ""},
+		{"none", time.Time{}, now.Add(DefaultParkWait), "no reset time reported"},
+		{"past", now.Add(-time.Hour), now.Add(MinParkWait), "has passed"},
+		{"now", now, now.Add(MinParkWait), "has passed"},
+		{"too_far", now.Add(400 * 24 * time.Hour), now.Add(DefaultParkWait), "more than"},
+	} {
+		got, note := ParkUntil(now, tc.reset)
+		if !got.Equal(tc.want) || (tc.wantNote == "") != (note == "") || !strings.Contains(note, tc.wantNote) {
+			t.Errorf("%s: ParkUntil = %s, %q; want %s, a note with %q", tc.name, got, note, tc.want, tc.wantNote)
+		}
+	}
+	if !ReasonRateLimited.Parks() || ReasonEngineUnavailable.Parks() || ReasonRateLimited.Infrastructure() || ReasonRateLimited.Permanent() {
+		t.Error("rate_limited parks; engine_unavailable does not; parking is neither an infrastructure failure nor permanent")
+	}
+	if !Retryable(ReasonRateLimited, 1000, Retry{Max: 0}) {
+		t.Error("a parked job's retries are never spent")
+	}
+}

@@ -69,12 +69,17 @@ const (
 	ReasonShipFailed Reason = "ship_failed"
 	// ReasonRejected: an operator rejected the job (aq job reject).
 	ReasonRejected Reason = "rejected"
+	// ReasonRateLimited: the engine's account hit a rate or usage limit or
+	// ran out of credit. Not a failure: the job is parked until the limit
+	// resets (ParkUntil), and the attempt does not count against its
+	// retries. Expired or missing logins stay engine_unavailable.
+	ReasonRateLimited Reason = "rate_limited"
 )
 
 // Reasons is every failure reason.
 var Reasons = []Reason{ReasonTimeout, ReasonBudgetExceeded, ReasonCrash, ReasonVerifyFailed, ReasonCapabilityMismatch,
 	ReasonNoEngine, ReasonEngineFailed, ReasonEngineUnavailable, ReasonRepoUnavailable, ReasonFenced, ReasonLeaseLost,
-	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected}
+	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited}
 
 // Infrastructure reports whether r is not the task's fault (auth expired,
 // usage limit, aq stopped, lease lost, aq crashed): such failures are retried
@@ -97,6 +102,42 @@ func (r Reason) Permanent() bool {
 	return false
 }
 
+// Parks reports whether r parks the job until a time rather than failing
+// it: the run does not count as an attempt and the job's retries are not
+// spent.
+func (r Reason) Parks() bool { return r == ReasonRateLimited }
+
+// Parking defaults (DefaultParkWait is documented in docs/engines.md).
+const (
+	// DefaultParkWait is how long a job parks when the engine named no
+	// reset time, or one aq could not read or believe.
+	DefaultParkWait = 15 * time.Minute
+	// MinParkWait is how long a job parks when the reset the engine named
+	// has already passed (clocks that disagree; a limit that has just
+	// lifted): a short wait, never a tight loop.
+	MinParkWait = time.Minute
+	// MaxParkWait bounds a reset time aq believes: the longest limits
+	// (a monthly spend cap) reset within a month.
+	MaxParkWait = 31 * 24 * time.Hour
+)
+
+// ParkUntil is when a job parked at now by a limit that resets at reset
+// (zero: unknown) may run again: reset itself when it lies within
+// MaxParkWait; now+MinParkWait when it has passed; now+DefaultParkWait when
+// it is unknown or too far off. note says which rule replaced reset ("" when
+// reset was taken as it is).
+func ParkUntil(now, reset time.Time) (until time.Time, note string) {
+	switch {
+	case reset.IsZero():
+		return now.Add(DefaultParkWait), "no reset time reported: parked for the default " + DefaultParkWait.String()
+	case !reset.After(now):
+		return now.Add(MinParkWait), "the reported reset " + reset.UTC().Format(time.RFC3339) + " has passed: parked for " + MinParkWait.String()
+	case reset.Sub(now) > MaxParkWait:
+		return now.Add(DefaultParkWait), "the reported reset " + reset.UTC().Format(time.RFC3339) + " is more than " + MaxParkWait.String() + " away: parked for the default " + DefaultParkWait.String()
+	}
+	return reset, ""
+}
+
 // InfraRetries is how many extra attempts infrastructure failures get beyond
 // a job's retry.max, so an expired login does not burn the task's retries but
 // cannot loop forever either.
@@ -107,6 +148,9 @@ const InfraRetries = 3
 func Retryable(r Reason, attempts int, policy Retry) bool {
 	if r.Permanent() {
 		return false
+	}
+	if r.Parks() {
+		return true // not an attempt: nothing is spent
 	}
 	limit := policy.Max
 	if r.Infrastructure() {

@@ -69,7 +69,7 @@ func hostScenarios() []*scenario {
 		single(g, "host.fleet.settings", "fleet mode: the coordinator URL and a token (or stored credentials) are set", 2*time.Second, checkFleetSettings),
 		single(g, "host.fleet.reachable", "fleet mode: the coordinator answers (GET /fleet/queue-state)", 20*time.Second, checkFleetReachable),
 		single(g, "host.fleet.token", "fleet mode: the coordinator accepts this factory's token", 20*time.Second, checkFleetToken),
-		single(g, "host.sb.settings", "Service Bus settings are coherent: a namespace or a connection string, not both; no sessions", 5*time.Second, checkSBSettings),
+		single(g, "host.sb.settings", "Service Bus settings are coherent: a namespace or a connection string, not both", 5*time.Second, checkSBSettings),
 		single(g, "host.sb.emulator", "a development (emulator) connection string points at loopback only", 2*time.Second, checkSBEmulator),
 		single(g, "host.sb.fleet", "Service Bus delivery is only configured together with fleet mode", 2*time.Second, checkSBFleet),
 		single(g, "host.tmp.writable", "the temp dir is writable (PR bodies, temporary indexes, this selftest)", 5*time.Second, checkTmpWritable),

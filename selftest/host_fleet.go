@@ -286,6 +286,9 @@ func checkSBSettings(ctx context.Context, s *session) (string, error) {
 	if sub == "" {
 		sub = dc.FactoryID
 	}
+	if dc.Sessions {
+		sub += " (sessions keyed by repo: it must require sessions)"
+	}
 	return fmt.Sprintf("%s, topic %s, subscription %s", how, dc.Topic, sub), nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -73,6 +74,16 @@ type DetectOptions struct {
 	// Clonable are repos this host clones on demand (AQ_REPO_URLS): they
 	// are offered as repo:<name> beside the ones already under RepoBase.
 	Clonable []string
+	// Probes caches the engines' --help probes (engines.NewProbeCache);
+	// nil probes every time.
+	Probes *engines.ProbeCache
+	// HelpTimeout bounds each engine's --help probe; 0 means
+	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
+	// seconds; the answer is cached per binary).
+	HelpTimeout time.Duration
+	// Cache, when set, answers version probes of binaries that did not
+	// change since they were last probed (ProbeCache).
+	Cache *ProbeCache
 }
 
 // EngineInfo is one engine this host can run.
@@ -85,6 +96,16 @@ type EngineInfo struct {
 	Version string `json:"version"`
 	// Builtin is true for the script engine, which is part of aq.
 	Builtin bool `json:"builtin,omitempty"`
+	// Flags are the flags aq passes that the CLI's --help has, Dropped the
+	// optional ones it lacks (aq runs without them), from the --help probe
+	// (engines.ProbeFlags). Both empty for the script engine, or when the
+	// probe failed (then Refused says why).
+	Flags   []string `json:"flags"`
+	Dropped []string `json:"dropped"`
+	// Refused says in one line why aq will not run this engine: a required
+	// flag it lacks, a --help that fails or hangs. A refused engine is not
+	// offered as engine:<name>.
+	Refused string `json:"refused,omitempty"`
 }
 
 // Host is what Detect found: the capabilities this factory offers. It is not
@@ -154,8 +175,9 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 
 	// Each probe owns its slot; nothing is shared until wg.Wait.
 	type engineProbe struct {
-		info EngineInfo
-		note string
+		info      EngineInfo
+		note      string
+		flagNotes []string
 	}
 	var found []*engineProbe
 	for _, name := range EngineBinaries {
@@ -175,18 +197,33 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		repoNotes []string
 		repoErr   error
 	)
+	version := func(bin string) (string, error) {
+		return opts.Cache.probe(bin, []string{"--version"}, func() (string, error) {
+			return probeVersion(ctx, bin, env, opts.ProbeTimeout)
+		})
+	}
 	for _, e := range found {
 		wg.Go(func() {
-			v, err := probeVersion(ctx, e.info.Path, env, opts.ProbeTimeout)
+			v, err := version(e.info.Path)
 			e.info.Version = v
 			if err != nil {
 				e.note = fmt.Sprintf("engine %s: %v; listed without a version", e.info.Name, err)
+			}
+			e.info.Flags, e.info.Dropped = []string{}, []string{}
+			fs, err := engines.ProbeFlags(ctx, e.info.Name, e.info.Path, env, opts.HelpTimeout, opts.Probes)
+			switch {
+			case err != nil:
+				e.info.Refused = oneLine.Replace(err.Error())
+			case fs != nil:
+				e.info.Flags, e.info.Dropped = fs.Found, fs.Dropped
+				e.info.Refused = fs.Refusal(engines.HelpSpecs[e.info.Name].Needs)
+				e.flagNotes = fs.Notes
 			}
 		})
 	}
 	if nodePath != "" {
 		wg.Go(func() {
-			v, err := probeVersion(ctx, nodePath, env, opts.ProbeTimeout)
+			v, err := version(nodePath)
 			if err != nil {
 				nodeNote = fmt.Sprintf("node: %v; no node:<major> capability", err)
 				return
@@ -215,8 +252,14 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		if e.note != "" {
 			h.Notes = append(h.Notes, e.note)
 		}
+		if e.info.Refused != "" {
+			h.Notes = append(h.Notes, fmt.Sprintf("engine %s refused, not offered: %s", e.info.Name, e.info.Refused))
+		}
+		for _, n := range e.flagNotes {
+			h.Notes = append(h.Notes, "engine "+n+" (dropped)")
+		}
 	}
-	h.Engines = append(h.Engines, EngineInfo{Name: ScriptEngine, Builtin: true})
+	h.Engines = append(h.Engines, EngineInfo{Name: ScriptEngine, Builtin: true, Flags: []string{}, Dropped: []string{}})
 	sort.Slice(h.Engines, func(i, j int) bool { return h.Engines[i].Name < h.Engines[j].Name })
 	h.Node = nodeMajor
 	if nodeNote != "" {
@@ -414,8 +457,10 @@ func scanRepos(base string) ([]string, []string, error) {
 }
 
 // isGitCheckout reports whether dir has a .git directory, or a .git file
-// that is a gitdir link ("gitdir: <path>") as in linked worktrees and
-// submodules.
+// that is a gitdir link ("gitdir: <path>", as in linked worktrees and
+// submodules) to a directory that exists — a link left dangling by a removed
+// main repository is no repository. Plain file system checks: measured
+// against go-git and a git process in BenchmarkRepoDetect (docs/BENCHMARKS.md).
 func isGitCheckout(dir string) bool {
 	p := filepath.Join(dir, ".git")
 	fi, err := os.Stat(p)
@@ -425,17 +470,26 @@ func isGitCheckout(dir string) bool {
 	if fi.IsDir() {
 		return true
 	}
-	if !fi.Mode().IsRegular() {
+	if !fi.Mode().IsRegular() || fi.Size() > 4096 {
 		return false
 	}
-	f, err := os.Open(p)
+	b, err := os.ReadFile(p)
 	if err != nil {
 		return false
 	}
-	defer f.Close()
-	head := make([]byte, 64)
-	n, _ := f.Read(head)
-	return bytes.HasPrefix(head[:n], []byte("gitdir:"))
+	link, ok := bytes.CutPrefix(b, []byte("gitdir:"))
+	if !ok {
+		return false
+	}
+	target := strings.TrimSpace(string(link))
+	if target == "" {
+		return false
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(dir, target)
+	}
+	st, err := os.Stat(target)
+	return err == nil && st.IsDir()
 }
 
 func unwrapPath(err error) error {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
@@ -32,6 +33,40 @@ func writeExe(tb testing.TB, dir, name, body string) string {
 		tb.Fatal(err)
 	}
 	return p
+}
+
+// engineExe writes a fake engine CLI: `--help` prints the real CLI's
+// recorded help (engines/testdata; codex's is `codex exec --help`), the
+// hidden-flag probe is answered as commander does (the bogus option is
+// named), anything else runs body.
+func engineExe(tb testing.TB, dir, name, body string) string {
+	tb.Helper()
+	base := "help.txt"
+	if name == "codex" {
+		base = "exec-help.txt"
+	}
+	help, err := filepath.Abs(filepath.Join("..", "..", "engines", "testdata", name, base))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		tb.Skip("cat not found")
+	}
+	return writeExe(tb, dir, name, fmt.Sprintf(`case "$*" in
+*--help) %q %q; exit 0;;
+*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
+esac
+%s`, cat, help, body))
+}
+
+// allFlags are the flags aq passes to engine name, all found.
+func allFlags(name string) []string {
+	var out []string
+	for _, n := range engines.HelpSpecs[name].Needs {
+		out = append(out, n.Flag)
+	}
+	return out
 }
 
 // sleepBin is the absolute path of sleep: fake PATHs hold only the fakes.
@@ -82,8 +117,8 @@ const (
 func TestDetectEnginesToolsAndNode(t *testing.T) {
 	bin, later, cwd := t.TempDir(), t.TempDir(), t.TempDir()
 	ran := filepath.Join(t.TempDir(), "gh-ran")
-	claude := writeExe(t, bin, "claude", claudeVersion)
-	codex := writeExe(t, bin, "codex", codexVersion)
+	claude := engineExe(t, bin, "claude", claudeVersion)
+	codex := engineExe(t, bin, "codex", codexVersion)
 	node := writeExe(t, bin, "node", nodeVersion)
 	gh := writeExe(t, bin, "gh", `: > "`+ran+`"`+"\n"+ghVersion)
 	git := writeExe(t, bin, "git", `echo "git version 2.43.0"`)
@@ -108,9 +143,9 @@ func TestDetectEnginesToolsAndNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantEngines := []EngineInfo{
-		{Name: "claude", Path: claude, Version: "2.0.14 (Claude Code)"},
-		{Name: "codex", Path: codex, Version: "codex-cli 0.46.0"},
-		{Name: "script", Builtin: true},
+		{Name: "claude", Path: claude, Version: "2.0.14 (Claude Code)", Flags: allFlags("claude"), Dropped: []string{}},
+		{Name: "codex", Path: codex, Version: "codex-cli 0.46.0", Flags: allFlags("codex"), Dropped: []string{}},
+		{Name: "script", Builtin: true, Flags: []string{}, Dropped: []string{}},
 	}
 	if !reflect.DeepEqual(h.Engines, wantEngines) {
 		t.Errorf("Engines\n got %+v\nwant %+v", h.Engines, wantEngines)
@@ -145,13 +180,13 @@ func TestDetectEnginesToolsAndNode(t *testing.T) {
 
 func TestDetectDefaultsToProcessPATH(t *testing.T) {
 	bin := t.TempDir()
-	claude := writeExe(t, bin, "claude", claudeVersion)
+	claude := engineExe(t, bin, "claude", claudeVersion)
 	t.Setenv("PATH", bin)
 	h, err := Detect(context.Background(), DetectOptions{RepoBase: t.TempDir(), Tools: []string{"git"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(h.Engines) != 2 || h.Engines[0] != (EngineInfo{Name: "claude", Path: claude, Version: "2.0.14 (Claude Code)"}) {
+	if len(h.Engines) != 2 || !reflect.DeepEqual(h.Engines[0], EngineInfo{Name: "claude", Path: claude, Version: "2.0.14 (Claude Code)", Flags: allFlags("claude"), Dropped: []string{}}) {
 		t.Errorf("Engines = %+v, want claude from $PATH and script", h.Engines)
 	}
 	if len(h.Tools) != 0 || !slices.Equal(h.ToolsProbed, []string{"git"}) {
@@ -161,7 +196,7 @@ func TestDetectDefaultsToProcessPATH(t *testing.T) {
 
 func TestDetectProbeEnvironment(t *testing.T) {
 	bin := t.TempDir()
-	writeExe(t, bin, "codex", `echo "codex-cli 0.46.0 token=${AQ_FLEET_TOKEN:-unset} conn=${AQ_SB_CONNECTION_STRING:-unset} home=$HOME path=$PATH"`)
+	engineExe(t, bin, "codex", `echo "codex-cli 0.46.0 token=${AQ_FLEET_TOKEN:-unset} conn=${AQ_SB_CONNECTION_STRING:-unset} home=$HOME path=$PATH"`)
 	h, err := Detect(context.Background(), DetectOptions{
 		RepoBase: t.TempDir(),
 		Path:     bin,
@@ -186,31 +221,46 @@ func TestDetectProbeFailures(t *testing.T) {
 	codex := writeExe(t, bin, "codex", `echo "error: config.toml is broken" >&2; exit 3`)
 	devin := writeExe(t, bin, "devin", `exit 0`)
 
-	h, err := detectOrHang(t, context.Background(), DetectOptions{RepoBase: t.TempDir(), Path: bin, ProbeTimeout: 300 * time.Millisecond})
+	h, err := detectOrHang(t, context.Background(), DetectOptions{RepoBase: t.TempDir(), Path: bin, ProbeTimeout: 300 * time.Millisecond, HelpTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Listed without versions, and refused: their --help hangs, fails or
+	// says nothing, so aq cannot know how to call them.
+	refusedHang := "claude is unavailable: `claude --help` did not answer within 300ms"
+	refusedExit := "codex is unavailable: `codex exec --help` exited 3: error: config.toml is broken"
+	refusedQuiet := "devin is unavailable: `devin --help` printed nothing"
+	none := []string{}
 	wantEngines := []EngineInfo{
-		{Name: "claude", Path: claude},
-		{Name: "codex", Path: codex},
-		{Name: "devin", Path: devin},
-		{Name: "script", Builtin: true},
+		{Name: "claude", Path: claude, Flags: none, Dropped: none, Refused: refusedHang},
+		{Name: "codex", Path: codex, Flags: none, Dropped: none, Refused: refusedExit},
+		{Name: "devin", Path: devin, Flags: none, Dropped: none, Refused: refusedQuiet},
+		{Name: "script", Builtin: true, Flags: none, Dropped: none},
 	}
 	if !reflect.DeepEqual(h.Engines, wantEngines) {
-		t.Errorf("Engines\n got %+v\nwant %+v (listed, without versions)", h.Engines, wantEngines)
+		t.Errorf("Engines\n got %+v\nwant %+v (listed, without versions, refused)", h.Engines, wantEngines)
 	}
 	wantNotes := []string{
 		"engine claude: " + claude + " --version did not finish within 300ms; listed without a version",
+		"engine claude refused, not offered: " + refusedHang,
 		"engine codex: " + codex + " --version failed (exit status 3: error: config.toml is broken); listed without a version",
+		"engine codex refused, not offered: " + refusedExit,
 		"engine devin: " + devin + " --version printed nothing; listed without a version",
+		"engine devin refused, not offered: " + refusedQuiet,
 	}
 	if !reflect.DeepEqual(h.Notes, wantNotes) {
 		t.Errorf("Notes\n got %q\nwant %q", h.Notes, wantNotes)
 	}
-	for _, tok := range []string{"engine:claude", "engine:codex", "engine:devin", "engine:script"} {
-		if !slices.Contains(h.Tokens(), tok) {
-			t.Errorf("Tokens() lacks %s", tok)
+	for _, tok := range []string{"engine:claude", "engine:codex", "engine:devin"} {
+		if slices.Contains(h.Tokens(), tok) {
+			t.Errorf("Tokens() offers %s, whose --help failed", tok)
 		}
+	}
+	if !slices.Contains(h.Tokens(), "engine:script") {
+		t.Error("Tokens() lacks engine:script")
+	}
+	if m := Match([]string{"engine:codex"}, h); len(m) != 1 || !strings.Contains(m[0].Reason, "refused: "+refusedExit) {
+		t.Errorf("Match(engine:codex) = %v, want the refusal as the reason", m)
 	}
 
 	// The hung probe's child was killed with its group.
@@ -322,7 +372,11 @@ func TestDetectProbesRunConcurrently(t *testing.T) {
 		all = append(all, fmt.Sprintf("[ -e %q ]", filepath.Join(marks, n)))
 	}
 	for _, n := range names {
-		writeExe(t, bin, n, fmt.Sprintf(`: > %q
+		exe := writeExe
+		if n != "node" {
+			exe = engineExe
+		}
+		exe(t, bin, n, fmt.Sprintf(`: > %q
 i=0
 while [ $i -lt 100 ]; do
   if %s; then echo "v21.0.0"; exit 0; fi
@@ -378,6 +432,17 @@ func TestDetectRepos(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(in("sub"), ".git"), []byte("gitdir: ../notes/.git/modules/sub\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(in("notes"), ".git", "modules", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A gitdir link whose target is gone (its main repository was removed):
+	// not a repository.
+	if err := os.MkdirAll(in("orphaned"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(in("orphaned"), ".git"), []byte("gitdir: "+in("removed")+"/.git/worktrees/orphaned\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A symbolic link to a repository is that repository under another name.
@@ -601,5 +666,66 @@ func BenchmarkDetect(b *testing.B) {
 		if len(h.Repos) != 50 || h.Node != 20 || len(h.Engines) != 4 {
 			b.Fatalf("Repos %d, Node %d, Engines %d", len(h.Repos), h.Node, len(h.Engines))
 		}
+	}
+}
+
+// TestProbeCache: a binary that did not change is not probed again (the
+// cache answers, across processes through its file); one that changed (a
+// new mtime: an upgrade) is; a failed probe is not kept; a corrupt file is
+// an empty cache.
+func TestProbeCache(t *testing.T) {
+	dir := t.TempDir()
+	runs := filepath.Join(t.TempDir(), "runs")
+	claude := writeExe(t, dir, "claude", `echo run >> "`+runs+`"; echo "2.1.0 (Claude Code)"`)
+	writeExe(t, dir, "codex", `echo broken >&2; exit 1`)
+	count := func() int { b, _ := os.ReadFile(runs); return strings.Count(string(b), "run\n") }
+	file := filepath.Join(t.TempDir(), "state", "probes.json")
+	detect := func(c *ProbeCache) *Host {
+		t.Helper()
+		h, err := Detect(context.Background(), DetectOptions{Path: dir, Tools: []string{}, Cache: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	c := OpenProbeCache(file)
+	for range 3 {
+		h := detect(c)
+		if v := h.Engines[0].Version; h.Engines[0].Name != "claude" || v != "2.1.0 (Claude Code)" {
+			t.Fatalf("engines %+v", h.Engines)
+		}
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("claude --version ran %d times for three detections, want 1", n)
+	}
+	if c.Len() != 1 { // codex's failed probe is not kept
+		t.Fatalf("%d probes kept", c.Len())
+	}
+	if err := c.Save(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("cache file %v %v", st, err)
+	}
+	// Another process (a new cache on the file): still no run.
+	detect(OpenProbeCache(file))
+	if n := count(); n != 1 {
+		t.Fatalf("a reopened cache probed again (%d runs)", n)
+	}
+	// An upgrade: the binary's mtime moves.
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(claude, later, later); err != nil {
+		t.Fatal(err)
+	}
+	detect(c)
+	if n := count(); n != 2 {
+		t.Fatalf("a changed binary was not probed again (%d runs)", n)
+	}
+	// A corrupt file: an empty cache, no error.
+	if err := os.WriteFile(file, []byte("{nope"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if OpenProbeCache(file).Len() != 0 {
+		t.Fatal("a corrupt cache file was read")
 	}
 }

@@ -1,6 +1,7 @@
 package caps
 
 import (
+	"log/slog"
 	"sort"
 	"strconv"
 
@@ -43,7 +44,9 @@ func (h *Host) offered(kind string) []string {
 	case "engine":
 		out := make([]string, 0, len(h.Engines))
 		for _, e := range h.Engines {
-			out = append(out, e.Name)
+			if e.Refused == "" {
+				out = append(out, e.Name)
+			}
 		}
 		return out
 	case "node":
@@ -104,4 +107,21 @@ func FromTokens(tokens []string) *Host {
 	sort.Slice(h.Engines, func(i, j int) bool { return h.Engines[i].Name < h.Engines[j].Name })
 	sort.Strings(h.Repos)
 	return h
+}
+
+// LogEngines logs, once a host is detected, each engine aq refuses (one
+// warning line naming the missing flag or the failed --help, and what to
+// do) and each optional flag it dropped.
+func LogEngines(log *slog.Logger, h *Host) {
+	if log == nil || h == nil {
+		return
+	}
+	for _, e := range h.Engines {
+		if e.Refused != "" {
+			log.Warn("engine refused, not offered: "+e.Refused, "engine", e.Name, "path", e.Path)
+		}
+		if len(e.Dropped) > 0 {
+			log.Info("engine flags dropped: the CLI lacks them, aq runs without them (see aq caps)", "engine", e.Name, "dropped", e.Dropped)
+		}
+	}
 }

@@ -75,6 +75,11 @@ func missingReason(r job.Requirement, h *Host) string {
 		if r.Value == "any" {
 			return "engine:any is not a capability; a manifest's engine: any means any installed engine"
 		}
+		for _, e := range h.Engines {
+			if e.Name == r.Value && e.Refused != "" {
+				return "refused: " + e.Refused
+			}
+		}
 		return "not installed"
 	case "node":
 		if h.Node > 0 {

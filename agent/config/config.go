@@ -56,6 +56,9 @@ type Config struct {
 	Heartbeat   time.Duration
 	LeaseRenew  time.Duration
 	Poll        time.Duration
+	// CapsRefresh (AQ_CAPS_REFRESH) is the capability refresh cadence of a
+	// long-running factory; 0: off.
+	CapsRefresh time.Duration
 
 	SBNamespace        string
 	SBConnectionString string // secret
@@ -81,6 +84,16 @@ type Config struct {
 
 	ClaudePermissionMode string
 	PriceTable           string
+	// ClaudeTelemetry (AQ_CLAUDE_TELEMETRY) switches Claude Code's own
+	// OpenTelemetry export on in its environment.
+	ClaudeTelemetry bool
+
+	// NotifyURL (AQ_NOTIFY_URL, secret) gets a JSON POST per notable job
+	// event (agent/notify).
+	NotifyURL string
+	// BrokerDepthInterval (AQ_BROKER_DEPTH_INTERVAL) is the cadence of the
+	// subscription depth reads behind the broker gauges; 0: off.
+	BrokerDepthInterval time.Duration
 
 	LogFormat string
 	LogLevel  string
@@ -415,7 +428,7 @@ func (c *Config) Settings() []Setting {
 // Secrets returns the secret values in c, for a Redactor.
 func (c *Config) Secrets() []string {
 	var out []string
-	for _, s := range []string{c.FleetToken, c.SBConnectionString} {
+	for _, s := range []string{c.FleetToken, c.SBConnectionString, c.NotifyURL} {
 		if s != "" {
 			out = append(out, s)
 		}

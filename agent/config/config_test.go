@@ -33,6 +33,7 @@ var sample = map[string]string{
 	"heartbeat_sec":          "20",
 	"lease_renew_sec":        "11",
 	"poll_seconds":           "7",
+	"caps_refresh":           "90s",
 	"sb_namespace":           "ns.servicebus.windows.net",
 	"sb_connection_string":   "Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=k;SharedAccessKey=v",
 	"sb_topic":               "other-topic",
@@ -49,6 +50,9 @@ var sample = map[string]string{
 	"checkpoint_interval":    "2m",
 	"claude_permission_mode": "bypassPermissions",
 	"price_table":            "/tmp/prices.json",
+	"claude_telemetry":       "1",
+	"notify_url":             "https://hooks.example.com/services/T0/B0/sample-token",
+	"broker_depth_interval":  "2m0s",
 	"log_format":             "json",
 	"log_level":              "debug",
 }
@@ -97,6 +101,11 @@ func TestEveryKeyHasFlagAndEnv(t *testing.T) {
 		}
 		if _, ok := sample[k.Name]; !ok {
 			t.Errorf("key %s has no sample value in config_test.go", k.Name)
+		}
+		// pflag takes a `quoted` word in a usage line for the flag's type
+		// name in help (--repo-urls name url).
+		if strings.Contains(k.Usage, "`") {
+			t.Errorf("key %s: its usage has a backquote, which help would show as the flag's type", k.Name)
 		}
 	}
 	for _, k := range Keys {
@@ -226,6 +235,8 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "bad duration", env: map[string]string{"AQ_GC_WIP_RETENTION": "two weeks"}, want: []string{"AQ_GC_WIP_RETENTION", "duration"}},
 		{name: "bad metrics addr", env: map[string]string{"AQ_METRICS_ADDR": "9464"}, want: []string{"host:port"}},
 		{name: "bad log format", args: []string{"--log-format=xml"}, want: []string{"text|json"}},
+		{name: "caps refresh too short", env: map[string]string{"AQ_CAPS_REFRESH": "10ms"}, want: []string{"AQ_CAPS_REFRESH", "at least 1s"}},
+		{name: "caps refresh not a duration", env: map[string]string{"AQ_CAPS_REFRESH": "often"}, want: []string{"AQ_CAPS_REFRESH", "duration"}},
 		{name: "slots zero", env: map[string]string{"AQ_SLOTS": "0"}, want: []string{"AQ_SLOTS", "1 to 64"}},
 		{name: "pool negative", env: map[string]string{"AQ_WORKTREE_POOL": "-1"}, want: []string{"AQ_WORKTREE_POOL", "0 to 64"}},
 		{name: "pool not numeric", env: map[string]string{"AQ_WORKTREE_POOL": "many"}, want: []string{"AQ_WORKTREE_POOL", "whole number"}},
@@ -239,6 +250,11 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "home in file", file: "home: /x\n", want: []string{"home cannot be set"}},
 		{name: "missing explicit file", args: []string{"--config=/nonexistent/aq.yaml"}, want: []string{"does not exist"}},
 		{name: "unreadable token file", args: []string{"--fleet-token-file=/nonexistent/tok"}, want: []string{"--fleet-token-file", "cannot read"}},
+		{name: "notify url not http", env: map[string]string{"AQ_NOTIFY_URL": "ftp://hooks.example.com/T0/tok-in-url"}, want: []string{`AQ_NOTIFY_URL="***"`, "http(s) URL"}},
+		{name: "notify url no host", env: map[string]string{"AQ_NOTIFY_URL": "https:///tok-in-url"}, want: []string{"AQ_NOTIFY_URL", "http(s) URL"}},
+		{name: "notify url file", args: []string{"--notify-url-file=/nonexistent/url"}, want: []string{"--notify-url-file", "cannot read"}},
+		{name: "depth interval too short", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "1s"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "at least 10s"}},
+		{name: "depth interval not a duration", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "often"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "duration"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,6 +278,9 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 			msg := aqerr.Message(err)
 			if strings.Contains(msg, "\n") {
 				t.Errorf("message is not one line: %q", msg)
+			}
+			if strings.Contains(msg, "tok-in-url") {
+				t.Errorf("message quotes a secret: %q", msg)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(msg, w) {

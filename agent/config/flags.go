@@ -25,10 +25,12 @@ const (
 	GroupEngine Group = "engine" // how engines run
 	GroupDaemon Group = "daemon" // the long-running factory
 	GroupGC     Group = "gc"     // clean-up
+	// GroupObserve: notifications and broker depth (run and daemon).
+	GroupObserve Group = "observe"
 )
 
 // Groups lists every group, in help order.
-var Groups = []Group{GroupRepo, GroupFleet, GroupBroker, GroupEngine, GroupDaemon, GroupGC, GroupGlobal}
+var Groups = []Group{GroupRepo, GroupFleet, GroupBroker, GroupEngine, GroupDaemon, GroupObserve, GroupGC, GroupGlobal}
 
 // Title is the heading of the group's flags in help.
 func (g Group) Title() string {
@@ -47,6 +49,8 @@ func (g Group) Title() string {
 		return "Daemon flags"
 	case GroupGC:
 		return "GC flags"
+	case GroupObserve:
+		return "Observability flags"
 	}
 	return string(g)
 }

@@ -45,7 +45,7 @@ var Keys = []Key{
 		set: setPath(func(c *Config) *string { return &c.Home })},
 	{Name: "repo_base", Group: GroupRepo, Env: []string{"AQ_REPO_BASE", "AQ_FLEET_REPO_BASE"}, Flag: "repo-base", Default: "~/src", Usage: "folder whose git repositories are repo:<name>",
 		set: setPath(func(c *Config) *string { return &c.RepoBase })},
-	{Name: "repo_urls", Group: GroupRepo, Env: []string{"AQ_REPO_URLS"}, Flag: "repo-urls", Usage: "clone URLs for repos not under the repo base: a template with {repo}, or a file of `name url` lines (docs/ondemand.md)",
+	{Name: "repo_urls", Group: GroupRepo, Env: []string{"AQ_REPO_URLS"}, Flag: "repo-urls", Usage: "clone URLs for repos not under the repo base: a template with {repo}, or a file of 'name url' lines (docs/ondemand.md)",
 		set: func(c *Config, raw string) error { c.RepoURLs = strings.TrimSpace(raw); return nil }},
 	{Name: "repo_mirror", Group: GroupRepo, Env: []string{"AQ_REPO_MIRROR"}, Flag: "repo-mirror", Usage: "read-only folder of mirrors (<name>.git) an on-demand clone borrows objects from",
 		set: setPath(func(c *Config) *string { return &c.RepoMirror })},
@@ -71,6 +71,20 @@ var Keys = []Key{
 		set: setSeconds(func(c *Config) *time.Duration { return &c.Heartbeat }, 1, 89, "the coordinator marks a factory stale after 90 s without a heartbeat")},
 	{Name: "lease_renew_sec", Group: GroupFleet, Type: "int", Env: []string{"AQ_FLEET_LEASE_RENEW_SEC"}, Flag: "lease-renew-sec", Default: "30", Usage: "lease renewal cadence in seconds while a job runs",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.LeaseRenew }, 1, 300, "a lease must be renewed several times per lease TTL")},
+	{Name: "caps_refresh", Group: GroupFleet, Type: "duration", Env: []string{"AQ_CAPS_REFRESH"}, Flag: "caps-refresh", Default: "5m", Usage: "re-detect engines, versions, tools and the repos under the repo base this often (and at once when the repo base changes); the next heartbeat carries a change (0: off)",
+		set: func(c *Config, raw string) error {
+			d, err := time.ParseDuration(strings.TrimSpace(raw))
+			switch {
+			case err != nil:
+				return fmt.Errorf("is not a duration (use Go syntax such as 5m or 30s; 0 turns it off)")
+			case d != 0 && d < time.Second:
+				return fmt.Errorf("is too short (use 0 to turn it off, or at least 1s)")
+			case d < 0:
+				return fmt.Errorf("is negative (use 0 to turn it off)")
+			}
+			c.CapsRefresh = d
+			return nil
+		}},
 	{Name: "poll_seconds", Group: GroupFleet, Type: "int", Env: []string{"AQ_POLL_SECONDS", "POLL_SECONDS"}, Flag: "poll-seconds", Default: "15", Usage: "poll-path base interval in seconds; idle backoff with jitter up to 8x",
 		set: setSeconds(func(c *Config) *time.Duration { return &c.Poll }, 1, 3600, "")},
 	{Name: "sb_namespace", Group: GroupBroker, Env: []string{"AQ_SB_NAMESPACE"}, Flag: "sb-namespace", Usage: "fully-qualified Service Bus namespace; set => broker delivery with managed identity",
@@ -81,7 +95,7 @@ var Keys = []Key{
 		set: setID(func(c *Config) *string { return &c.SBTopic })},
 	{Name: "sb_subscription", Group: GroupBroker, Env: []string{"AQ_SB_SUBSCRIPTION"}, Flag: "sb-subscription", Usage: "this factory's subscription (default: the pool, else the factory id)",
 		set: setID(func(c *Config) *string { return &c.SBSubscription })},
-	{Name: "sb_sessions", Group: GroupBroker, Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Type: "bool", Usage: "receive with sessions keyed by repo (serializes same-repo work fleet-wide)",
+	{Name: "sb_sessions", Group: GroupBroker, Env: []string{"AQ_SB_SESSIONS"}, Flag: "sb-sessions", Default: "0", Type: "bool", Usage: "Service Bus sessions keyed by repo: one job of a repo at a time across the factories sharing the subscription, which must require sessions (docs/servicebus.md)",
 		set: setBool(func(c *Config) *bool { return &c.SBSessions })},
 	{Name: "metrics_addr", Group: GroupDaemon, Env: []string{"AQ_METRICS_ADDR"}, Flag: "metrics-addr", Usage: "address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9464 (off when empty)",
 		set: setHostPort(func(c *Config) *string { return &c.MetricsAddr })},
@@ -103,8 +117,14 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",
+		set: setBool(func(c *Config) *bool { return &c.ClaudeTelemetry })},
 	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
 		set: setPath(func(c *Config) *string { return &c.PriceTable })},
+	{Name: "notify_url", Group: GroupObserve, Env: []string{"AQ_NOTIFY_URL"}, Flag: "notify-url-file", Secret: true, FlagIsFile: true, Usage: "file holding the http(s) URL that gets a JSON POST when a job ships, fails for good or needs a person (docs/observability.md)",
+		set: setNotifyURL},
+	{Name: "broker_depth_interval", Group: GroupObserve, Type: "duration", Env: []string{"AQ_BROKER_DEPTH_INTERVAL"}, Flag: "broker-depth-interval", Default: "60s", Usage: "with a broker and AQ_METRICS_ADDR, read the subscription's active and dead-letter message counts this often (at least 10s; 0: off)",
+		set: setDepthInterval},
 	{Name: "log_format", Group: GroupGlobal, Env: []string{"AQ_LOG_FORMAT"}, Flag: "log-format", Default: "text", Usage: "log format: text|json",
 		set: setEnum(func(c *Config) *string { return &c.LogFormat }, "text", "json")},
 	{Name: "log_level", Group: GroupGlobal, Env: []string{"AQ_LOG_LEVEL"}, Flag: "log-level", Default: "info", Usage: "log level: debug|info|warn|error",
@@ -300,6 +320,40 @@ func setURL(field func(*Config) *string) func(*Config, string) error {
 		*field(c) = strings.TrimRight(raw, "/")
 		return nil
 	}
+}
+
+// setNotifyURL checks AQ_NOTIFY_URL: an http(s) URL with a host. The value
+// is a secret (a webhook's token often sits in its path or query): the
+// message never quotes it.
+func setNotifyURL(c *Config, raw string) error {
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		c.NotifyURL = ""
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("is not an http(s) URL (use e.g. https://hooks.example.com/aq)")
+	}
+	c.NotifyURL = raw
+	return nil
+}
+
+// minDepthInterval keeps the management API's reads slow: they count
+// against the namespace's throttling, and a scaler (KEDA polls every 30 s)
+// reads the same numbers.
+const minDepthInterval = 10 * time.Second
+
+func setDepthInterval(c *Config, raw string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(raw))
+	if err != nil {
+		return fmt.Errorf("is not a duration (use Go syntax such as 60s or 5m; 0 turns it off)")
+	}
+	if d != 0 && d < minDepthInterval {
+		return fmt.Errorf("is too short (use at least %s, or 0 to turn it off: each read is a management API call)", minDepthInterval)
+	}
+	c.BrokerDepthInterval = d
+	return nil
 }
 
 func setHost(field func(*Config) *string) func(*Config, string) error {

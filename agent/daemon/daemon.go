@@ -36,8 +36,10 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 	"github.com/gofrs/flock"
 	"github.com/hashicorp/go-cleanhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aqfleet/aq/agent/config"
@@ -73,6 +75,12 @@ type Options struct {
 	// next), "engine" (the engine starts), "done". Tests and the dispatch
 	// benchmark time dispatch with it.
 	OnJobEvent func(JobEvent)
+	// RequireSubscription stops the daemon (Run returns a usage error: exit
+	// 2) when the broker says its subscription does not exist before any job
+	// started: a replica a scaler starts for its subscription's messages
+	// cannot be right without it. A long-running daemon instead logs it and
+	// keeps to the poll path until the subscription appears.
+	RequireSubscription bool
 	// OnResult, if set, is called with each job's result once it is
 	// reported (not for a job given back at a drain before it started):
 	// `aq run` in fleet mode with a broker prints and counts them.
@@ -85,6 +93,10 @@ type BrokerTuning struct {
 	SDKRetry   *azservicebus.RetryOptions
 	TLSConfig  *tls.Config
 	Credential azcore.TokenCredential
+	// Admin reads the subscription's depth (nil: an admin client built from
+	// the namespace or connection string); tests point it at the local
+	// peer's management endpoint.
+	Admin *admin.Client
 }
 
 // JobEvent is one step of a job in the daemon.
@@ -104,6 +116,8 @@ type Daemon struct {
 	hc    *http.Client
 	slots *dispatch.Semaphore
 	m     *metrics
+	disk  *diskGauge   // aq_worktree_disk_bytes
+	depth *brokerDepth // the broker depth gauges; nil when not read
 
 	kick     chan struct{} // the status writer's
 	statusMu sync.Mutex
@@ -172,7 +186,7 @@ func New(o Options) (*Daemon, error) {
 	}
 	pipe := parts.Pipeline
 	if pipe == nil {
-		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: parts.Shipper, Log: o.Log, Redactor: o.Redactor, FetchBase: true})
+		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: parts.Shipper, Log: o.Log, Redactor: o.Redactor, FetchBase: true, Tracer: parts.Tracer})
 		if err != nil {
 			return nil, err
 		}
@@ -187,8 +201,16 @@ func New(o Options) (*Daemon, error) {
 	if cfg.SBConnectionString != "" {
 		o.Redactor.Add(dispatch.ConnectionStringSecrets(cfg.SBConnectionString)...)
 	}
+	d.disk = newDiskGauge(cfg.WorktreesDir())
+	var depth prometheus.Collector
+	if bc := d.brokerConfig(); bc.Enabled() && cfg.MetricsAddr != "" && cfg.BrokerDepthInterval > 0 {
+		d.depth = newBrokerDepth(bc.Topic, bc.Subscription)
+		depth = d.depth
+	}
 	d.m = newMetrics(gauges{
 		running: func() float64 { return float64(a.Running.Len()) },
+		disk:    d.disk.value,
+		depth:   depth,
 		slots:   func() float64 { return float64(cfg.Slots) },
 		spool:   func() float64 { return float64(a.Reporter.Spool.Depth()) },
 		source: func(s string) float64 {
@@ -218,7 +240,7 @@ func New(o Options) (*Daemon, error) {
 			return 0
 		},
 	})
-	a.Jobs.RenewFailed = d.m.renewFailures.Inc
+	a.Jobs.RenewFailed = d.m.renewFailed
 	a.Client.Observe(func(r fleet.CallResult) {
 		d.m.observe(r)
 		if r.Call == "POST /fleet/factories/heartbeat" {
@@ -258,15 +280,32 @@ func (d *Daemon) sourceOptions(factoryID string) dispatch.SourceOptions {
 		OnSwitch: d.switched,
 		Logger:   d.o.Log,
 	}
-	if bc := d.brokerConfig(); bc.Enabled() {
+	if bc := d.brokerConfig(); bc.Enabled() && !d.brokerRefused() {
 		bc.FactoryID = factoryID
 		t := d.o.Broker
 		so.Broker = &dispatch.Options{
 			Config: bc, Acceptor: acceptor{d}, Metrics: d.m, Logger: d.o.Log,
 			OnHealth: d.brokerHealth, Credential: t.Credential, TLSConfig: t.TLSConfig, Backoff: t.Backoff, SDKRetry: t.SDKRetry,
+			Unfit: d.unfit,
 		}
 	}
 	return so
+}
+
+// unfit says why a broker message's job can no longer run here (a
+// declared capability, or its repo, that this factory no longer offers):
+// the message is dead-lettered rather than accepted — accepting would take
+// a lease on a job that must fail here (repo_unavailable: an attempt
+// burned), abandoning would bring it back to this subscription until the
+// broker's max delivery count dead-letters it anyway. The job stays queued;
+// the heartbeat with the new offer goes out now, so the coordinator
+// re-dispatches it to a factory that fits (docs/fleet.md).
+func (d *Daemon) unfit(ctx context.Context, m dispatch.Message) string {
+	why := d.agent.Caps.Unfit(ctx, m.Caps, m.Repo)
+	if why != "" {
+		d.agent.Heartbeat.Kick()
+	}
+	return why
 }
 
 // acceptor is the broker path's POST /fleet/accept.
@@ -274,6 +313,14 @@ type acceptor struct{ d *Daemon }
 
 func (a acceptor) Accept(ctx context.Context, jobID string) (dispatch.Accepted, error) {
 	cl, err := a.d.agent.Client.Accept(ctx, jobID)
+	if fleet.IsRouteAbsent(err) {
+		// The coordinator has no accept (the start-up probe could not tell):
+		// no message can ever be accepted, so the broker path goes off and
+		// the poll path claims; this message is abandoned (redelivered,
+		// then dead-lettered), its job stays queued for the claim.
+		a.d.offBroker(err)
+		return dispatch.Accepted{}, err
+	}
 	if err != nil {
 		return dispatch.Accepted{}, err
 	}
@@ -423,7 +470,11 @@ func (d *Daemon) fail(err error) {
 	d.mu.Unlock()
 	if first {
 		d.log.Error("stopping: "+err.Error(), "err", err)
-		d.abort(job.Stop(job.ReasonInterrupted, "aq daemon stopped: the coordinator refused this factory's credentials"))
+		why := "the coordinator refused this factory's credentials"
+		if dispatch.IsMissingSubscription(err) {
+			why = "its Service Bus subscription does not exist"
+		}
+		d.abort(job.Stop(job.ReasonInterrupted, "aq daemon stopped: "+why))
 	}
 }
 
@@ -477,6 +528,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := d.serveMetrics(life, &wg); err != nil {
 		return err
 	}
+	d.watchGauges(life, &wg)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -527,6 +579,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return e
 	}
 
+	d.checkAccept(dctx)
 	d.agent.Poller.Repos = d.idleRepos
 	src, err := dispatch.NewSource(d.sourceOptions(d.factoryID))
 	if err != nil {
@@ -546,6 +599,54 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		d.leave(life)
 	}
 	return serr
+}
+
+// checkAccept refuses the broker path, before it opens, when the
+// coordinator has no POST /fleet/accept (today's coordinator): a delivered
+// message could not be accepted, so the poll path takes work instead. The
+// client says so in one line when it learns it; the status file keeps it.
+// A probe that cannot tell (the coordinator unreachable) leaves the broker
+// path on: an accept that then fails abandons its message for redelivery.
+func (d *Daemon) checkAccept(ctx context.Context) {
+	if d.broker == nil {
+		return
+	}
+	ok, err := d.agent.Client.Probe(ctx, fleet.RouteAccept)
+	if err != nil {
+		d.log.Debug("cannot tell whether the coordinator has POST /fleet/accept; the broker path stays on", "err", err)
+		return
+	}
+	if !ok {
+		d.mu.Lock()
+		d.broker.Refused = "the coordinator has no POST /fleet/accept: broker deliveries cannot be accepted; jobs are claimed over the poll path"
+		d.mu.Unlock()
+		d.kickStatus()
+	}
+}
+
+// offBroker turns the broker path off while the daemon runs (see acceptor).
+func (d *Daemon) offBroker(why error) {
+	d.mu.Lock()
+	if d.broker != nil && d.broker.Refused == "" {
+		d.broker.Refused = "the coordinator has no POST /fleet/accept: broker deliveries cannot be accepted; jobs are claimed over the poll path"
+	}
+	src := d.source
+	d.mu.Unlock()
+	if src != nil {
+		src.OffBroker(why)
+	}
+	d.kickStatus()
+}
+
+// BrokerRefused reports whether a broker is configured but its path was
+// turned off: the coordinator has no POST /fleet/accept.
+func (d *Daemon) BrokerRefused() bool { return d.brokerRefused() }
+
+// brokerRefused reports whether checkAccept turned the broker path off.
+func (d *Daemon) brokerRefused() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.broker != nil && d.broker.Refused != ""
 }
 
 // leave tells the coordinator this factory is going: a last heartbeat with
@@ -649,9 +750,11 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 		cancel()
 	} else {
 		d.jobStarted()
+		d.m.started.Inc()
 	}
 	res := d.agent.Jobs.Run(ctx, c)
 	d.m.jobDone(res)
+	d.ended(id, started, res)
 	if started && d.o.OnResult != nil {
 		d.o.OnResult(res)
 	}
@@ -667,6 +770,50 @@ func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
 	}
 }
 
+// ended counts a job that started here once its report settled, and has
+// the worktrees' disk measured again.
+func (d *Daemon) ended(id string, started bool, res *fleet.Result) {
+	if !started {
+		return
+	}
+	d.mu.Lock()
+	var took time.Duration
+	if rj := d.running[id]; rj != nil {
+		took = time.Since(rj.AcceptedAt)
+	}
+	d.mu.Unlock()
+	d.m.jobEnded(res, took)
+	d.disk.Kick()
+}
+
+// watchGauges starts the gauges measured on a cadence, while /metrics is
+// served: the worktrees' disk, and the broker's depth.
+func (d *Daemon) watchGauges(ctx context.Context, wg *sync.WaitGroup) {
+	if d.cfg.MetricsAddr == "" {
+		return
+	}
+	wg.Go(func() { d.disk.run(ctx) })
+	if d.depth == nil {
+		return
+	}
+	var r depthReader
+	if d.o.Broker.Admin != nil {
+		r = d.o.Broker.Admin
+	} else {
+		dr, why, err := newDepthReader(d.brokerConfig(), d.o.Broker.Credential)
+		switch {
+		case err != nil:
+			d.log.Warn("the broker depth gauges are off: "+err.Error(), "fix", "set AQ_BROKER_DEPTH_INTERVAL=0 to silence this")
+			return
+		case dr == nil:
+			d.log.Info("the broker depth gauges are off: " + why)
+			return
+		}
+		r = dr
+	}
+	wg.Go(func() { watchDepth(ctx, r, d.depth, d.cfg.BrokerDepthInterval, d.m.depthErrors.Inc, d.log) })
+}
+
 // event records a job's step.
 func (d *Daemon) event(e JobEvent) {
 	d.mu.Lock()
@@ -678,6 +825,7 @@ func (d *Daemon) event(e JobEvent) {
 		case "engine":
 			rj.Phase, rj.EngineAt = "running", e.At.UTC()
 			d.m.toEngine.WithLabelValues(rj.Source).Observe(e.At.Sub(rj.AcceptedAt).Seconds())
+			d.m.startup.WithLabelValues(rj.Source).Observe(e.At.Sub(rj.AcceptedAt).Seconds())
 		}
 		if e.Source == "" {
 			e.Source = rj.Source
@@ -725,14 +873,20 @@ func (d *Daemon) switched(live string, why error) {
 	d.kickStatus()
 }
 
-// brokerHealth is the receiver's report, for the status.
+// brokerHealth is the receiver's report, for the status; a missing
+// subscription stops a replica that has not started a job
+// (RequireSubscription).
 func (d *Daemon) brokerHealth(h dispatch.Health) {
 	d.mu.Lock()
 	if d.broker != nil {
 		d.broker.Healthy, d.broker.Since, d.broker.Error = h.Healthy, h.Since.UTC(), errString(h.Err)
 	}
+	idle := d.started == 0
 	d.mu.Unlock()
 	d.kickStatus()
+	if !h.Healthy && d.o.RequireSubscription && idle && dispatch.IsMissingSubscription(h.Err) {
+		d.fail(aqerr.Wrap(aqerr.Usage, h.Err, h.Err.Error(), "a replica receives from its pool's subscription; nothing was taken or run"))
+	}
 }
 
 func (d *Daemon) kickStatus() {
@@ -771,7 +925,7 @@ func (d *Daemon) snapshot(runErr error) *Status {
 	st := &Status{
 		V: 1, PID: os.Getpid(), FactoryID: d.factoryID, Version: version.Get().Version, Stage: d.stage,
 		StartedAt: d.startedAt, UpdatedAt: now, Slots: d.cfg.Slots, Busy: len(d.running),
-		Source: dispatch.LiveNone, SourceSince: d.sourceSince, Gate: d.cfg.FleetGate,
+		Source: dispatch.LiveNone, SourceSince: d.sourceSince, Gate: d.cfg.FleetGate && d.agent.Client.Has(fleet.RouteQueueState),
 		LastHeartbeat: hb.LastOK().UTC(), HeartbeatEvery: d.cfg.Heartbeat.Seconds(), HeartbeatHealthy: hb.Healthy(time.Now()),
 		MetricsAddr: d.metricsAddr, Running: []RunningJob{}, Recovered: d.recovered,
 	}
@@ -781,6 +935,9 @@ func (d *Daemon) snapshot(runErr error) *Status {
 	if d.broker != nil {
 		b := *d.broker
 		st.Broker = &b
+	}
+	for _, r := range d.agent.Client.AbsentRoutes() {
+		st.AbsentRoutes = append(st.AbsentRoutes, AbsentRoute{Route: r, Fallback: fleet.Fallbacks[r]})
 	}
 	for _, r := range d.running {
 		rj := *r

@@ -18,28 +18,30 @@ import (
 // Without a broker the poll path (gated) takes work; the status file says
 // so; a drain ends Run with nil and the file says stopped.
 func TestPollPathRunsJobThenDrains(t *testing.T) {
-	r := newRig(t, rigOptions{gate: true})
-	r.start()
-	r.waitLive(dispatch.LivePoll)
-	id := testenv.ID("poll-job")
-	r.submit(id, "app", r.quick(id))
-	r.waitStage(id, coord.StageShipped)
-	if rec := r.closedRecord(id); rec.Source != "poll" {
-		t.Fatalf("record %+v", rec)
-	}
-	st := r.status()
-	if st.Stage != daemon.StageRunning || st.Source != dispatch.LivePoll || st.Slots != 1 || st.LastHeartbeat.IsZero() || !st.Alive() || st.Broker != nil || !st.Gate {
-		t.Fatalf("status %s", dumpJSON(st))
-	}
-	if err := r.drain(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if st := r.status(); st.Stage != daemon.StageStopped || st.Alive() || st.StoppedAt.IsZero() {
-		t.Fatalf("status after the drain %s", dumpJSON(st))
-	}
-	if r.runs(id) != 1 {
-		t.Fatalf("%d runs", r.runs(id))
-	}
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		r := newRig(t, rigOptions{routes: routes, gate: true})
+		r.start()
+		r.waitLive(dispatch.LivePoll)
+		id := testenv.ID("poll-job")
+		r.submit(id, "app", r.quick(id))
+		r.waitStage(id, coord.StageShipped)
+		if rec := r.closedRecord(id); rec.Source != "poll" {
+			t.Fatalf("record %+v", rec)
+		}
+		st := r.status()
+		if st.Stage != daemon.StageRunning || st.Source != dispatch.LivePoll || st.Slots != 1 || st.LastHeartbeat.IsZero() || !st.Alive() || st.Broker != nil || !st.Gate {
+			t.Fatalf("status %s", dumpJSON(st))
+		}
+		if err := r.drain(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if st := r.status(); st.Stage != daemon.StageStopped || st.Alive() || st.StoppedAt.IsZero() {
+			t.Fatalf("status after the drain %s", dumpJSON(st))
+		}
+		if r.runs(id) != 1 {
+			t.Fatalf("%d runs", r.runs(id))
+		}
+	})
 }
 
 // Stub + broker + aq: the stub publishes a targeted message, the daemon
@@ -71,7 +73,7 @@ func TestBrokerMessageAcceptCompleteRun(t *testing.T) {
 		t.Fatalf("complete at %v, engine at %+v", complete[0].T, eng)
 	}
 	st := r.stub.Stats()
-	if st.Count(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 || st.Count(coord.RouteQueueState) != 0 || st.Count(coord.RouteJobs) != 0 {
+	if st.Took(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 || st.Count(coord.RouteQueueState) != 0 || st.Count(coord.RouteJobs) != 0 {
 		t.Fatalf("stub counters %s", dumpJSON(st))
 	}
 	if k := r.kinds(id); !slices.Contains(k, "accepted") || slices.Contains(k, "claimed") {
@@ -203,6 +205,10 @@ func TestIdleOnBrokerOnlyHeartbeats(t *testing.T) {
 	for route, rs := range st.Routes {
 		switch route {
 		case coord.RouteHeartbeat, coord.RouteEnroll:
+		case coord.RouteAccept:
+			if rs.Requests != 1 || rs.Status["404"] != 1 {
+				t.Errorf("idle on the broker path: accept %+v, want only the start-up probe (404: no such job)", rs)
+			}
 		default:
 			t.Errorf("idle on the broker path: %d × %s", rs.Requests, route)
 		}
@@ -249,7 +255,7 @@ func TestDuplicatePublishRunsOnce(t *testing.T) {
 		t.Fatalf("the job ran %d times", r.runs(id))
 	}
 	st := r.stub.Stats().Routes[coord.RouteAccept]
-	if st.Requests != 2 || st.Status["200"] != 1 || st.Status["409"] != 1 {
+	if st.Requests != 3 || st.Status["200"] != 1 || st.Status["409"] != 1 || st.Status["404"] != 1 { // 404: the start-up probe
 		t.Fatalf("accepts %+v", st)
 	}
 	if err := r.drain(); err != nil {

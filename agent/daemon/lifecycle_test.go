@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"errors"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -167,70 +168,74 @@ func TestHeartbeat401Stops(t *testing.T) {
 // First stop: no new work, the running job finishes and is reported; a job
 // submitted meanwhile is never claimed.
 func TestDrainLetsRunningJobFinish(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	r.start()
-	id := testenv.ID("drain")
-	r.submit(id, "app", r.blocking(id))
-	r.waitStarted(id)
-	claims := r.stub.Stats().Count(coord.RouteClaim)
-	r.d.Drain()
-	r.waitFor("draining in the status file", func() bool { return r.status().Stage == "draining" })
-	later := testenv.ID("drain-later")
-	r.submit(later, "app", r.quick(later))
-	r.release(id)
-	if err := r.wait(); err != nil {
-		t.Fatal(err)
-	}
-	if r.stage(id) != coord.StageShipped || r.stage(later) != coord.StageQueued {
-		t.Fatalf("stages %s, %s", r.stage(id), r.stage(later))
-	}
-	if n := r.stub.Stats().Count(coord.RouteClaim); n != claims {
-		t.Fatalf("%d claims after the drain began", n-claims)
-	}
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		r := newRig(t, rigOptions{routes: routes})
+		r.start()
+		id := testenv.ID("drain")
+		r.submit(id, "app", r.blocking(id))
+		r.waitStarted(id)
+		claims := r.stub.Stats().Count(coord.RouteClaim)
+		r.d.Drain()
+		r.waitFor("draining in the status file", func() bool { return r.status().Stage == "draining" })
+		later := testenv.ID("drain-later")
+		r.submit(later, "app", r.quick(later))
+		r.release(id)
+		if err := r.wait(); err != nil {
+			t.Fatal(err)
+		}
+		if r.stage(id) != coord.StageShipped || r.stage(later) != coord.StageQueued {
+			t.Fatalf("stages %s, %s", r.stage(id), r.stage(later))
+		}
+		if n := r.stub.Stats().Count(coord.RouteClaim); n != claims {
+			t.Fatalf("%d claims after the drain began", n-claims)
+		}
+	})
 }
 
 // Second stop: the running job is stopped through the kill ladder,
 // checkpointed with its WIP ref pushed, failed as retryable: the stub shows
 // the lease released at once (queued, no holder).
 func TestAbortCheckpointsAndFails(t *testing.T) {
-	for _, viaTimeout := range []bool{false, true} {
-		t.Run(map[bool]string{false: "two-stops", true: "drain-timeout"}[viaTimeout], func(t *testing.T) {
-			r := newRig(t, rigOptions{config: func(c *config.Config) {
-				if viaTimeout {
-					c.DrainTimeout = 300 * time.Millisecond
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		for _, viaTimeout := range []bool{false, true} {
+			t.Run(map[bool]string{false: "two-stops", true: "drain-timeout"}[viaTimeout], func(t *testing.T) {
+				r := newRig(t, rigOptions{routes: routes, config: func(c *config.Config) {
+					if viaTimeout {
+						c.DrainTimeout = 300 * time.Millisecond
+					}
+				}})
+				r.start()
+				id := testenv.ID("abort")
+				r.submit(id, "app", r.blocking(id))
+				r.waitStarted(id)
+				r.d.Drain()
+				if !viaTimeout {
+					r.d.Abort()
 				}
-			}})
-			r.start()
-			id := testenv.ID("abort")
-			r.submit(id, "app", r.blocking(id))
-			r.waitStarted(id)
-			r.d.Drain()
-			if !viaTimeout {
-				r.d.Abort()
-			}
-			if err := r.wait(); err != nil {
-				t.Fatal(err)
-			}
-			j, _ := r.stub.Job(id)
-			if j.Stage != coord.StageQueued || j.Holder != "" || j.Reason != string(job.ReasonInterrupted) {
-				t.Fatalf("stub job %+v", j)
-			}
-			if k := r.kinds(id); k[len(k)-1] != "fail:queued" {
-				t.Fatalf("audit %v", k)
-			}
-			wip := testenv.RemoteRefs(t, r.origins["app"], "refs/heads/aq/wip/")
-			sha := wip["refs/heads/aq/wip/"+id]
-			if sha == "" || j.Checkpoint != sha {
-				t.Fatalf("WIP on origin %v, coordinator checkpoint %q", wip, j.Checkpoint)
-			}
-			if files := testenv.TreeFiles(t, r.origins["app"], sha); !strings.Contains(files["wip.txt"], "wip of "+id) {
-				t.Fatalf("the checkpoint lacks the engine's file: %v", files)
-			}
-			if rec := r.record(id); rec.Reason != job.ReasonInterrupted || rec.Running() {
-				t.Fatalf("record %+v", rec)
-			}
-		})
-	}
+				if err := r.wait(); err != nil {
+					t.Fatal(err)
+				}
+				j, _ := r.stub.Job(id)
+				if j.Stage != coord.StageQueued || j.Holder != "" || j.Reason != string(job.ReasonInterrupted) {
+					t.Fatalf("stub job %+v", j)
+				}
+				if k, want := r.kinds(id), failKinds(routes, coord.StageQueued); !slices.Equal(k[len(k)-len(want):], want) {
+					t.Fatalf("audit %v, want it to end %v", k, want)
+				}
+				wip := testenv.RemoteRefs(t, r.origins["app"], "refs/heads/aq/wip/")
+				sha := wip["refs/heads/aq/wip/"+id]
+				if sha == "" || j.Checkpoint != sha {
+					t.Fatalf("WIP on origin %v, coordinator checkpoint %q", wip, j.Checkpoint)
+				}
+				if files := testenv.TreeFiles(t, r.origins["app"], sha); !strings.Contains(files["wip.txt"], "wip of "+id) {
+					t.Fatalf("the checkpoint lacks the engine's file: %v", files)
+				}
+				if rec := r.record(id); rec.Reason != job.ReasonInterrupted || rec.Running() {
+					t.Fatalf("record %+v", rec)
+				}
+			})
+		}
+	})
 }
 
 // Credentials refused at start (the stored token was revoked): Run returns

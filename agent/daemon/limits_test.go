@@ -97,39 +97,49 @@ func TestLimitsRefused(t *testing.T) {
 // replicas that come and go do not pile up as stale factories); a later
 // start registers it again with its first heartbeat.
 func TestCleanExitDeregisters(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	r.withLimits(daemon.Limits{MaxUptime: time.Second})
-	r.start()
-	r.waitHeartbeats(1)
-	if err := r.wait(); err != nil {
-		t.Fatal(err)
-	}
-	var f *coord.Factory
-	for _, x := range r.stub.AllFactories() {
-		if x.ID == "fa" {
-			f = &x
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		r := newRig(t, rigOptions{routes: routes})
+		r.withLimits(daemon.Limits{MaxUptime: time.Second})
+		r.start()
+		r.waitHeartbeats(1)
+		if err := r.wait(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if f == nil || !f.Deregistered || f.Health != "offline" || len(f.Running) != 0 {
-		t.Fatalf("the factory after a clean exit: %+v", f)
-	}
-	for _, x := range r.stub.Factories() {
-		if x.ID == "fa" {
-			t.Fatal("a deregistered factory is still listed")
-		}
-	}
-	if n := r.stub.Stats().Count(coord.RouteDeregister); n != 1 {
-		t.Fatalf("%d deregister calls, want 1", n)
-	}
-	// Back again: the first heartbeat registers it.
-	r.d = nil
-	r.start()
-	r.waitFor("fa listed again", func() bool {
-		for _, x := range r.stub.Factories() {
+		var f *coord.Factory
+		for _, x := range r.stub.AllFactories() {
 			if x.ID == "fa" {
-				return true
+				f = &x
 			}
 		}
-		return false
+		// Legacy (no deregister route): the offline heartbeat only, the
+		// factory stays listed (stale later); the absence is no error.
+		legacy := routes == coord.RoutesLegacy
+		if f == nil || f.Deregistered == legacy || f.Health != "offline" || len(f.Running) != 0 {
+			t.Fatalf("the factory after a clean exit: %+v", f)
+		}
+		listed := false
+		for _, x := range r.stub.Factories() {
+			listed = listed || x.ID == "fa"
+		}
+		if listed != legacy {
+			t.Fatalf("listed %t after a clean exit", listed)
+		}
+		if n := r.stub.Stats().Count(coord.RouteDeregister) + r.stub.Stats().Routes["unmatched"].Requests; n != 1 {
+			t.Fatalf("%d deregister calls, want 1", n)
+		}
+		if strings.Contains(r.logs.String(), "cannot deregister") {
+			t.Fatalf("the missing route was taken for an error:\n%s", r.logs)
+		}
+		// Back again: the first heartbeat registers it.
+		r.d = nil
+		r.start()
+		r.waitFor("fa listed again", func() bool {
+			for _, x := range r.stub.Factories() {
+				if x.ID == "fa" {
+					return true
+				}
+			}
+			return false
+		})
 	})
 }

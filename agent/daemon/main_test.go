@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
@@ -66,6 +67,8 @@ type rig struct {
 	cfg     *config.Config
 	logs    *testenv.SyncBuffer
 	d       *daemon.Daemon
+	// admin is the daemon's management client (BrokerTuning.Admin).
+	admin *admin.Client
 
 	evMu   sync.Mutex
 	events []daemon.JobEvent
@@ -93,6 +96,28 @@ type rigOptions struct {
 	parts       func(*fleet.Parts)
 	// heartbeat overrides the 1 s cadence.
 	heartbeat time.Duration
+	// peerAdmin: the peer serves the management API's depth read.
+	peerAdmin bool
+	// routes is the stub's route set (coord.RoutesFull when empty).
+	routes string
+}
+
+// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// and legacy (the coordinator in service today) — so the daemon's fleet
+// path is held to both (a table over route sets, not copies of tests).
+func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
+	for _, rs := range coord.RouteSets {
+		t.Run(rs, func(t *testing.T) { fn(t, rs) })
+	}
+}
+
+// failKinds are the audit entries a failure reported with stage leaves:
+// /fleet/fail's, or (legacy) the fallback PATCH's and the release's.
+func failKinds(routes, stage string) []string {
+	if routes == coord.RoutesLegacy {
+		return []string{"stage:" + stage, "released"}
+	}
+	return []string{"fail:" + stage}
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -116,9 +141,9 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		testenv.Git(t, root, "clone", "-q", r.origins[name], filepath.Join(r.base, name))
 	}
 	if o.broker {
-		r.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{topic + "/" + o.factory, topic + "/other"}})
+		r.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{topic + "/" + o.factory, topic + "/other"}, Admin: o.peerAdmin})
 	}
-	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, LeaseTTL: o.leaseTTL}
+	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, LeaseTTL: o.leaseTTL, Routes: o.routes}
 	if o.broker && !o.noPublisher {
 		pub, err := coord.NewPublisher(coord.PublisherOptions{
 			ConnectionString: r.peer.ConnectionString(), Topic: topic, Rescan: 100 * time.Millisecond,
@@ -198,6 +223,7 @@ func (r *rig) build() *daemon.Daemon {
 		Broker: daemon.BrokerTuning{
 			Backoff:  dispatch.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 			SDKRetry: &azservicebus.RetryOptions{MaxRetries: 1, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond},
+			Admin:    r.admin,
 		},
 		ConnectGrace: 10 * time.Second,
 		Limits:       r.limits,

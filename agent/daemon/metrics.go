@@ -11,6 +11,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -32,13 +33,35 @@ type metrics struct {
 	settleFailed  *prometheus.CounterVec
 	switches      *prometheus.CounterVec
 	orphans       *prometheus.CounterVec
+
+	// The names buildkite-agent and actions-runner-controller use
+	// (docs/observability.md); aq_jobs_total, aq_job_start_seconds and
+	// aq_lease_renew_failures_total are their deprecated forerunners.
+	started     prometheus.Counter       // aq_jobs_started_total
+	ended       *prometheus.CounterVec   // aq_jobs_ended_total{result}
+	failedBy    *prometheus.CounterVec   // aq_jobs_failed_total{reason}
+	startup     *prometheus.HistogramVec // aq_job_startup_duration_seconds{source}
+	duration    *prometheus.HistogramVec // aq_job_duration_seconds{result}
+	cost        *prometheus.CounterVec   // aq_engine_cost_usd_total{engine}
+	tokens      *prometheus.CounterVec   // aq_engine_tokens_total{engine,kind}
+	renewErrors prometheus.Counter       // aq_lease_renew_errors_total
+	depthErrors prometheus.Counter       // aq_broker_depth_read_errors_total
+	sessions    *prometheus.CounterVec   // aq_dispatch_sessions_total{event} (metrics_sessions.go)
 }
+
+// jobResults are aq_jobs_ended_total's result values (telemetry.Outcome).
+var jobResults = []string{"succeeded", "failed", "fenced", "interrupted"}
+
+// durationBuckets span a job's life: seconds to a day.
+var durationBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400}
 
 var _ dispatch.Metrics = (*metrics)(nil)
 
 // gauges are read at scrape time from the daemon.
 type gauges struct {
 	running   func() float64
+	disk      func() float64 // aq_worktree_disk_bytes (measured on a cadence)
+	depth     prometheus.Collector
 	slots     func() float64
 	spool     func() float64
 	source    func(string) float64
@@ -52,7 +75,7 @@ func newMetrics(g gauges) *metrics {
 	m := &metrics{
 		reg: reg,
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_jobs_total",
-			Help: "Jobs this factory finished, by result (the stage the job went to: review, testing, shipped, failed, queued, dead_letter; fenced) and failure reason (none on success)."}, []string{"result", "reason"}),
+			Help: "Deprecated (removed in the next release): use aq_jobs_ended_total{result} and aq_jobs_failed_total{reason}. Jobs this factory finished, by result (the stage the job went to: review, testing, shipped, failed, queued, dead_letter; fenced) and failure reason (none on success)."}, []string{"result", "reason"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_claims_total",
 			Help: "Attempts to take a job: source poll (POST /fleet/claim) or broker (POST /fleet/accept); result leased, none (204), conflict (409), gone (404) or error."}, []string{"source", "result"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_conflicts_total",
@@ -63,10 +86,30 @@ func newMetrics(g gauges) *metrics {
 			Help:    "Dispatch lag: broker message enqueued to job accepted by the coordinator.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}}),
 		toEngine: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "aq_job_start_seconds",
-			Help:    "Job taken (accepted or claimed) to engine started, by source (includes waiting for the repo lock and creating the worktree).",
+			Help:    "Deprecated (removed in the next release): use aq_job_startup_duration_seconds. Job taken (accepted or claimed) to engine started, by source (includes waiting for the repo lock and creating the worktree).",
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800}}, []string{"source"}),
 		renewFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "aq_lease_renew_failures_total",
-			Help: "Lease renewals that failed (each is retried until the lease's expiry is near; a 409 fences the job)."}),
+			Help: "Deprecated (removed in the next release): use aq_lease_renew_errors_total. Lease renewals that failed (each is retried until the lease's expiry is near; a 409 fences the job)."}),
+		started: prometheus.NewCounter(prometheus.CounterOpts{Name: "aq_jobs_started_total",
+			Help: "Jobs this factory started (taken and handed to the pipeline; a job given back at a drain before it started is not one)."}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_jobs_ended_total",
+			Help: "Jobs this factory started and ended, by result: succeeded (review, testing or shipped), failed, fenced (another factory owns it: fenced or lease lost), interrupted (aq was stopped)."}, []string{"result"}),
+		failedBy: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_jobs_failed_total",
+			Help: "Jobs that ended failed, by reason (timeout, budget_exceeded, verify_failed, engine_failed, engine_unavailable, ...)."}, []string{"reason"}),
+		startup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "aq_job_startup_duration_seconds",
+			Help:    "Job taken (accepted or claimed) to engine started, by source (broker, poll): the repo lock, an on-demand clone and the worktree.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800}}, []string{"source"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "aq_job_duration_seconds",
+			Help:    "Job taken to its final report settled, by result (as aq_jobs_ended_total).",
+			Buckets: durationBuckets}, []string{"result"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_engine_cost_usd_total",
+			Help: "USD the engines reported (or aq metered from its price table) for this factory's runs, failed runs included, by engine."}, []string{"engine"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aq_engine_tokens_total",
+			Help: "Tokens the engines used in this factory's runs, failed runs included, by engine and kind (input, output, cached: input read from the prompt cache)."}, []string{"engine", "kind"}),
+		renewErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "aq_lease_renew_errors_total",
+			Help: "Lease renewals that failed (each is retried until the lease's expiry is near; a 409 fences the job). A renewal refused after the job's final report ended the lease is not one."}),
+		depthErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "aq_broker_depth_read_errors_total",
+			Help: "Reads of the subscription's runtime properties that failed (refused: the credential lacks Manage rights; or the management API was unreachable); the depth gauges are absent until a read succeeds."}),
 		hbFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "aq_heartbeat_failures_total",
 			Help: "Heartbeats the coordinator did not take (retried with backoff; see /healthz)."}),
 		gateReads: prometheus.NewCounter(prometheus.CounterOpts{Name: "aq_gate_reads_total",
@@ -81,7 +124,16 @@ func newMetrics(g gauges) *metrics {
 			Help: "Jobs of a previous aq run recovered at start-up, by what the coordinator said (requeued, fenced, spooled, ...)."}, []string{"result"}),
 	}
 	reg.MustRegister(m.jobs, m.claims, m.conflicts, m.requests, m.lag, m.toEngine, m.renewFailures, m.hbFailures,
-		m.gateReads, m.messages, m.settleFailed, m.switches, m.orphans)
+		m.gateReads, m.messages, m.settleFailed, m.switches, m.orphans,
+		m.started, m.ended, m.failedBy, m.startup, m.duration, m.cost, m.tokens, m.renewErrors, m.depthErrors)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aq_worktree_disk_bytes",
+		Help: "Bytes of the files under $AQ_HOME/worktrees (apparent size, symlinks not followed), measured at start, after each job and every 5 minutes — not per scrape."}, g.disk))
+	if g.depth != nil {
+		reg.MustRegister(g.depth)
+	}
+	for _, r := range jobResults {
+		m.ended.WithLabelValues(r)
+	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aq_jobs_running", Help: "Jobs this factory holds now."}, g.running),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aq_slots", Help: "Job slots (the seat limit the heartbeat advertises)."}, g.slots),
@@ -99,12 +151,13 @@ func newMetrics(g gauges) *metrics {
 	}
 	// Series that should show from the first scrape, at zero.
 	for _, o := range []dispatch.Outcome{dispatch.OutcomeAccepted, dispatch.OutcomeConflict, dispatch.OutcomeGone,
-		dispatch.OutcomeAbandoned, dispatch.OutcomeMalformed, dispatch.OutcomeMistargeted} {
+		dispatch.OutcomeAbandoned, dispatch.OutcomeMalformed, dispatch.OutcomeMistargeted, dispatch.OutcomeUnfit} {
 		m.messages.WithLabelValues(string(o))
 	}
 	for _, s := range []string{"poll", "broker"} {
 		m.claims.WithLabelValues(s, "leased")
 	}
+	m.sessions = newSessionCounter(reg)
 	return m
 }
 
@@ -152,6 +205,32 @@ func claimResult(r fleet.CallResult) string {
 		return "gone"
 	}
 	return "error"
+}
+
+// renewFailed counts a failed lease renewal under both names.
+func (m *metrics) renewFailed() {
+	m.renewErrors.Inc()
+	m.renewFailures.Inc()
+}
+
+// jobEnded counts a job that started here and ended: its result, its
+// duration from taken to the final report, its engine's spend.
+func (m *metrics) jobEnded(res *fleet.Result, took time.Duration) {
+	o := res.Outcome
+	result := telemetry.Outcome(o.Reason, res.Fenced)
+	m.ended.WithLabelValues(result).Inc()
+	if result == "failed" {
+		m.failedBy.WithLabelValues(string(o.Reason)).Inc()
+	}
+	m.duration.WithLabelValues(result).Observe(took.Seconds())
+	in := o.Insights
+	if in.Engine == "" {
+		return
+	}
+	m.cost.WithLabelValues(in.Engine).Add(in.CostUSD)
+	m.tokens.WithLabelValues(in.Engine, "input").Add(float64(in.TokensIn))
+	m.tokens.WithLabelValues(in.Engine, "output").Add(float64(in.TokensOut))
+	m.tokens.WithLabelValues(in.Engine, "cached").Add(float64(in.TokensCached))
 }
 
 // jobDone counts a finished job.

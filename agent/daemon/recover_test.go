@@ -74,43 +74,46 @@ func (r *rig) orphan(id string) <-chan struct{} {
 // recorded epoch — before any new work; the job then runs again here and
 // resumes from the checkpoint.
 func TestRecoverOrphanBeforeNewWork(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	id := testenv.ID("orphan")
-	r.submit(id, "app", r.quick(id))
-	gone := r.orphan(id)
-	r.start()
-	select {
-	case <-gone:
-	case <-time.After(guard):
-		t.Fatal("the orphan's engine was not stopped")
-	}
-	r.waitStage(id, coord.StageShipped)
-	k := r.kinds(id)
-	fail := slices.Index(k, "fail:queued")
-	if fail < 0 || !slices.Contains(k[fail:], "claimed") || slices.Index(k, "claimed") > fail {
-		t.Fatalf("audit %v: want claimed (the dead aq), fail:queued (recovery), claimed (the new run)", k)
-	}
-	evs := r.stub.Events(id)
-	for _, e := range evs {
-		if e.Kind == "fail" && e.Detail != string(job.ReasonCrash) {
-			t.Fatalf("fail reason %q", e.Detail)
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		r := newRig(t, rigOptions{routes: routes})
+		id := testenv.ID("orphan")
+		r.submit(id, "app", r.quick(id))
+		gone := r.orphan(id)
+		r.start()
+		select {
+		case <-gone:
+		case <-time.After(guard):
+			t.Fatal("the orphan's engine was not stopped")
 		}
-	}
-	if r.runs(id) != 1 {
-		t.Fatalf("%d runs after recovery", r.runs(id))
-	}
-	// The new run resumed from the pushed checkpoint: the dead engine's file
-	// is in the result.
-	files := testenv.TreeFiles(t, r.origins["app"], "refs/heads/"+job.JobBranch(id))
-	if !strings.Contains(files["orphan.txt"], "dead aq") || files["result.txt"] == "" {
-		t.Fatalf("result files %v", files)
-	}
-	if st := r.status(); !slices.Contains(st.Recovered, id) {
-		t.Fatalf("status %s", dumpJSON(st))
-	}
-	if err := r.drain(); err != nil {
-		t.Fatal(err)
-	}
+		r.waitStage(id, coord.StageShipped)
+		k := r.kinds(id)
+		fk := failKinds(routes, coord.StageQueued)
+		fail := slices.Index(k, fk[0])
+		if fail < 0 || !slices.Equal(k[fail:fail+len(fk)], fk) || !slices.Contains(k[fail:], "claimed") || slices.Index(k, "claimed") > fail {
+			t.Fatalf("audit %v: want claimed (the dead aq), %v (recovery), claimed (the new run)", k, fk)
+		}
+		evs := r.stub.Events(id)
+		for _, e := range evs {
+			if e.Kind == "fail" && e.Detail != string(job.ReasonCrash) {
+				t.Fatalf("fail reason %q", e.Detail)
+			}
+		}
+		if r.runs(id) != 1 {
+			t.Fatalf("%d runs after recovery", r.runs(id))
+		}
+		// The new run resumed from the pushed checkpoint: the dead engine's file
+		// is in the result.
+		files := testenv.TreeFiles(t, r.origins["app"], "refs/heads/"+job.JobBranch(id))
+		if !strings.Contains(files["orphan.txt"], "dead aq") || files["result.txt"] == "" {
+			t.Fatalf("result files %v", files)
+		}
+		if st := r.status(); !slices.Contains(st.Recovered, id) {
+			t.Fatalf("status %s", dumpJSON(st))
+		}
+		if err := r.drain(); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // A recovered orphan whose lease the coordinator has moved on from (409 on

@@ -60,6 +60,16 @@ type Status struct {
 	Recovered        []string     `json:"recovered,omitempty"` // orphans recovered at start-up
 	// Error is why the daemon stopped on its own (credentials refused, ...).
 	Error string `json:"error,omitempty"`
+	// AbsentRoutes are the coordinator's routes found absent (today's
+	// coordinator: e.g. POST /fleet/fail), each with what aq does instead
+	// (docs/fleet.md).
+	AbsentRoutes []AbsentRoute `json:"absentRoutes,omitempty"`
+}
+
+// AbsentRoute is a coordinator route aq found absent, and its fallback.
+type AbsentRoute struct {
+	Route    string `json:"route"`
+	Fallback string `json:"fallback"`
 }
 
 // Broker is the broker link as the daemon saw it last.
@@ -67,6 +77,10 @@ type Broker struct {
 	Healthy bool      `json:"healthy"`
 	Since   time.Time `json:"since,omitzero"`
 	Error   string    `json:"error,omitempty"`
+	// Refused says why the broker path is off although a broker is
+	// configured (the coordinator has no POST /fleet/accept): the poll
+	// path takes work.
+	Refused string `json:"refused,omitempty"`
 }
 
 // RunningJob is one job the daemon holds.

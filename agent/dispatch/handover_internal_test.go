@@ -70,7 +70,7 @@ func TestAcceptedJobStartsBeforeItsMessageIsSettled(t *testing.T) {
 	if err := slots.Acquire(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	r.handle(context.Background(), s, &azservicebus.ReceivedMessage{MessageID: "j1:0", Body: body})
+	r.handle(context.Background(), s, &azservicebus.ReceivedMessage{MessageID: "j1:0", Body: body}, slots.Release)
 	if !<-s.seen {
 		t.Fatal("the accepted job did not start while its message's complete hung: the lease waits on the broker")
 	}

@@ -101,6 +101,9 @@ func (m Message) ServiceBusMessageWithID(messageID string, withSession bool) (*a
 const (
 	ReasonMalformed   = "MalformedDispatchMessage"
 	ReasonMistargeted = "NotForThisFactory"
+	// ReasonUnfit: the job needs a capability or repo this factory no
+	// longer offers (Options.Unfit).
+	ReasonUnfit = "CapabilityGone"
 )
 
 // invalid says why a message cannot be acted on: it is dead-lettered with

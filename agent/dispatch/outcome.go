@@ -67,6 +67,7 @@ const (
 	OutcomeAbandoned   Outcome = "abandoned"   // network error / 5xx / unknown: abandoned, redelivered
 	OutcomeMalformed   Outcome = "malformed"   // body unreadable: dead-lettered
 	OutcomeMistargeted Outcome = "mistargeted" // targetFactoryId is not this factory: dead-lettered
+	OutcomeUnfit       Outcome = "unfit"       // the job needs what this factory no longer offers: dead-lettered, not accepted
 )
 
 // Settlement is what the receiver does with a message.
@@ -84,7 +85,7 @@ func (o Outcome) Settle() Settlement {
 	switch o {
 	case OutcomeAccepted, OutcomeConflict, OutcomeGone:
 		return Complete
-	case OutcomeMalformed, OutcomeMistargeted:
+	case OutcomeMalformed, OutcomeMistargeted, OutcomeUnfit:
 		return DeadLetter
 	}
 	return Abandon

@@ -166,7 +166,6 @@ func TestNewChecksConfig(t *testing.T) {
 		{"no factory", func(o *Options) { o.FactoryID = "" }, "factory's id"},
 		{"nothing configured", func(o *Options) { o.Namespace = "" }, "not configured"},
 		{"both", func(o *Options) { o.ConnectionString = "Endpoint=sb://localhost" }, "both"},
-		{"sessions", func(o *Options) { o.Sessions = true }, "AQ_SB_SESSIONS"},
 		{"no slots", func(o *Options) { o.Slots = nil }, "required"},
 		{"plaintext to a remote host", func(o *Options) {
 			o.Namespace = ""

@@ -37,9 +37,9 @@ type Config struct {
 	ConnectionString string
 	Topic            string // AQ_SB_TOPIC, default fleet-dispatch
 	Subscription     string // AQ_SB_SUBSCRIPTION, default FactoryID
-	// Sessions (AQ_SB_SESSIONS) receives with sessions keyed by repo. The
-	// local peer does not model sessions, so this path is refused for now:
-	// see docs/servicebus.md.
+	// Sessions (AQ_SB_SESSIONS) receives with sessions keyed by repo
+	// (sessions.go): the subscription must require sessions and the
+	// dispatcher set SessionId = repo on every message.
 	Sessions bool
 }
 
@@ -70,6 +70,19 @@ type Options struct {
 	SDKRetry *azservicebus.RetryOptions
 	// SettleTimeout bounds one complete/abandon/dead-letter (default 30s).
 	SettleTimeout time.Duration
+	// SessionAcceptWait (sessions) is how long one accept of the next free
+	// session waits for one (default 30s); the broker answers "none" at
+	// the end of it and the receiver asks again.
+	SessionAcceptWait time.Duration
+	// SessionIdle (sessions) is how long a held session waits for its next
+	// message before the receiver closes it, freeing it (default 1s).
+	SessionIdle time.Duration
+	// Unfit, when set, is asked before each accept whether this factory
+	// can still run the message's job: a non-empty answer (why not: a
+	// capability or repo it no longer offers) dead-letters the message
+	// (ReasonUnfit) without accepting the job, which stays queued for a
+	// factory that has what it needs.
+	Unfit func(ctx context.Context, m Message) string
 }
 
 // Health is the state of the broker link.
@@ -97,6 +110,7 @@ type Receiver struct {
 	known  bool // health has been reported once
 
 	jobs sync.WaitGroup
+	held sync.WaitGroup // held sessions (sessions.go)
 
 	warned atomic.Bool // a lenient message's warning was logged
 }
@@ -130,8 +144,6 @@ func New(opts Options) (*Receiver, error) {
 			"both AQ_SB_NAMESPACE and AQ_SB_CONNECTION_STRING are set")
 	case !c.Enabled():
 		return nil, aqerr.Usagef("set AQ_SB_NAMESPACE (or AQ_SB_CONNECTION_STRING for an emulator)", "Service Bus delivery is not configured")
-	case c.Sessions:
-		return nil, aqerr.Usagef("unset AQ_SB_SESSIONS (see docs/servicebus.md)", "AQ_SB_SESSIONS=1 is not supported yet: session receive is not implemented")
 	case opts.Acceptor == nil || opts.Handler == nil || opts.Slots == nil:
 		return nil, errors.New("dispatch: Acceptor, Handler and Slots are required")
 	}
@@ -152,6 +164,12 @@ func New(opts Options) (*Receiver, error) {
 	}
 	if r.opts.SettleTimeout <= 0 {
 		r.opts.SettleTimeout = 30 * time.Second
+	}
+	if r.opts.SessionAcceptWait <= 0 {
+		r.opts.SessionAcceptWait = defaultSessionAcceptWait
+	}
+	if r.opts.SessionIdle <= 0 {
+		r.opts.SessionIdle = defaultSessionIdle
 	}
 	if c.ConnectionString != "" {
 		r.red.Add(ConnectionStringSecrets(c.ConnectionString)...)
@@ -261,17 +279,32 @@ func (r *Receiver) newClient() (*azservicebus.Client, error) {
 
 // Run receives until ctx is done, reconnecting with backoff while the broker
 // is unreachable. When ctx is done it stops taking messages, lets the ones in
-// hand settle, closes the connection, and then waits for running Handlers
-// (a drain). It returns an error only when it cannot start at all.
+// hand settle (with sessions: lets each held session's job in hand finish,
+// its lock renewed, then closes the session), closes the connection, and
+// then waits for running Handlers (a drain). It returns an error only when
+// it cannot start at all, or the broker refuses this receiver's kind (a
+// subscription that requires sessions without AQ_SB_SESSIONS, or the
+// reverse): a configuration error, after the jobs in hand have finished.
 func (r *Receiver) Run(ctx context.Context) error {
 	client, err := r.newClient()
 	if err != nil {
 		return err
 	}
 	attempt := 0
+	var fatal error
 	for ctx.Err() == nil {
-		err := r.receive(ctx, client, &attempt)
+		var err error
+		if r.opts.Sessions {
+			err = r.receiveSessions(ctx, client, &attempt)
+		} else {
+			err = r.receive(ctx, client, &attempt)
+		}
 		if ctx.Err() != nil {
+			break
+		}
+		if aqerr.ExitCode(err) == aqerr.Usage {
+			fatal = err
+			r.log.Error("the broker refused this receiver", "err", err.Error())
 			break
 		}
 		r.setHealth(false, err)
@@ -285,12 +318,13 @@ func (r *Receiver) Run(ctx context.Context) error {
 		}
 		t.Stop()
 	}
+	r.held.Wait()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.SettleTimeout)
 	_ = client.Close(cctx)
 	cancel()
 	r.setHealth(false, ErrStopped)
 	r.jobs.Wait()
-	return nil
+	return fatal
 }
 
 // linkChecks bounds how often in a row (each within linkCheckWindow of the
@@ -311,7 +345,7 @@ func (r *Receiver) receive(ctx context.Context, client *azservicebus.Client, att
 	rcv, err := client.NewReceiverForSubscription(r.opts.Topic, r.opts.Subscription,
 		&azservicebus.ReceiverOptions{ReceiveMode: azservicebus.ReceiveModePeekLock})
 	if err != nil {
-		return err
+		return r.missing(err)
 	}
 	var inHand sync.WaitGroup // messages being accepted and settled on rcv
 	defer func() {
@@ -321,6 +355,12 @@ func (r *Receiver) receive(ctx context.Context, client *azservicebus.Client, att
 		cancel()
 	}()
 	if _, err := rcv.PeekMessages(ctx, 1, nil); err != nil {
+		if merr := r.kindMismatch(err); merr != nil {
+			return merr
+		}
+		if err := r.missing(err); IsMissingSubscription(err) {
+			return err
+		}
 		return fmt.Errorf("open %s: %w", r.path, err)
 	}
 	r.setHealth(true, nil)
@@ -364,19 +404,21 @@ func (r *Receiver) receive(ctx context.Context, client *azservicebus.Client, att
 		inHand.Add(1)
 		go func(m *azservicebus.ReceivedMessage) {
 			defer inHand.Done()
-			r.handle(ctx, rcv, m)
+			r.handle(ctx, rcv, m, r.opts.Slots.Release)
 		}(msgs[0])
 	}
 }
 
 // handle acts on one message holding one slot: dead-letter it, or accept the
 // job and settle by the outcome table; an accepted job goes to the Handler
-// (which keeps the slot until it returns) before its message is completed.
-func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.ReceivedMessage) {
+// before its message is completed. done is called when the message's work
+// is over: once it is settled, or for an accepted job when the Handler
+// returns (the slot is the job's until then).
+func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.ReceivedMessage, done func()) {
 	handedOver := false
 	defer func() {
 		if !handedOver {
-			r.opts.Slots.Release()
+			done()
 		}
 	}()
 	log := r.log.With("messageId", msg.MessageID, "deliveryCount", msg.DeliveryCount)
@@ -397,6 +439,14 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 		return
 	}
 	log = log.With("job", m.JobID, "repo", m.Repo)
+	if r.opts.Unfit != nil {
+		if why := r.opts.Unfit(ctx, m); why != "" {
+			r.settle(ctx, s, msg, OutcomeUnfit.Settle(), &invalid{Reason: ReasonUnfit, Description: why}, log)
+			r.metrics.Message(OutcomeUnfit)
+			log.Warn("dispatch message dead-lettered: its job needs what this factory no longer offers; it stays queued for another", "why", why)
+			return
+		}
+	}
 	acc, err := r.opts.Acceptor.Accept(ctx, m.JobID)
 	o := Classify(err)
 	if o == OutcomeAccepted && msg.EnqueuedTime != nil {
@@ -423,7 +473,7 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 	r.jobs.Add(1)
 	go func() {
 		defer r.jobs.Done()
-		defer r.opts.Slots.Release()
+		defer done()
 		r.opts.Handler(context.WithoutCancel(ctx), acc)
 	}()
 	r.settle(ctx, s, msg, o.Settle(), nil, log)

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -20,31 +21,33 @@ import (
 // the job does not wait for the settlement, see
 // TestAcceptedJobStartsBeforeItsMessageIsSettled).
 func TestAcceptThenComplete(t *testing.T) {
-	r := newRig(t, rigOptions{blockJobs: true})
-	r.publish(job("j1", "fa"))
-	got := r.nextJob()
-	r.waitEvent(disposition("j1", "complete")) // the job is still running: it waits on r.release
-	if evs := r.events(); count(evs, disposition("j1", "complete")) != 1 {
-		t.Fatalf("the message was not completed once:\n%s", dump(evs))
-	}
-	r.release <- struct{}{}
-	want := job("j1", "fa")
-	m := got.Message
-	if m.JobID != want.JobID || m.Repo != want.Repo || m.ProductID != want.ProductID || m.Priority != 5 ||
-		strings.Join(m.Caps, " ") != "os:linux engine:script" || m.TargetFactoryID != "fa" {
-		t.Fatalf("message = %+v, want %+v", m, want)
-	}
-	if got.Job != "j1" || got.LeaseEpoch != 1 || got.DeliveryCount != 1 || got.EnqueuedTime.IsZero() || got.Lag <= 0 {
-		t.Fatalf("accepted = %+v", got)
-	}
-	if r.metrics.get(dispatch.OutcomeAccepted) != 1 || len(r.metrics.lags) != 1 {
-		t.Fatalf("metrics: %+v", r.metrics.outcomes)
-	}
-	// The body's fields are application properties too (the routing key among them).
-	send := r.waitEvent(isEvent("send", "j1"))
-	if send.App["targetFactoryId"] != "fa" || send.App["repo"] != "repo-j1" || send.App["jobId"] != "j1" {
-		t.Fatalf("application properties: %v", send.App)
-	}
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{blockJobs: true, sessions: sessions})
+		r.publish(job("j1", "fa"))
+		got := r.nextJob()
+		r.waitEvent(disposition("j1", "complete")) // the job is still running: it waits on r.release
+		if evs := r.events(); count(evs, disposition("j1", "complete")) != 1 {
+			t.Fatalf("the message was not completed once:\n%s", dump(evs))
+		}
+		r.release <- struct{}{}
+		want := job("j1", "fa")
+		m := got.Message
+		if m.JobID != want.JobID || m.Repo != want.Repo || m.ProductID != want.ProductID || m.Priority != 5 ||
+			strings.Join(m.Caps, " ") != "os:linux engine:script" || m.TargetFactoryID != "fa" {
+			t.Fatalf("message = %+v, want %+v", m, want)
+		}
+		if got.Job != "j1" || got.LeaseEpoch != 1 || got.DeliveryCount != 1 || got.EnqueuedTime.IsZero() || got.Lag <= 0 {
+			t.Fatalf("accepted = %+v", got)
+		}
+		if r.metrics.get(dispatch.OutcomeAccepted) != 1 || len(r.metrics.lags) != 1 {
+			t.Fatalf("metrics: %+v", r.metrics.outcomes)
+		}
+		// The body's fields are application properties too (the routing key among them).
+		send := r.waitEvent(isEvent("send", "j1"))
+		if send.App["targetFactoryId"] != "fa" || send.App["repo"] != "repo-j1" || send.App["jobId"] != "j1" {
+			t.Fatalf("application properties: %v", send.App)
+		}
+	})
 }
 
 // The broker routes by the subscription's correlation filter: a message for
@@ -93,50 +96,54 @@ func TestRoutingAndMistargeted(t *testing.T) {
 
 // 409: the job is owned elsewhere — completed, never redelivered.
 func TestConflictCompletes(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	r.acc.script["j1"] = []error{statusErr{409}}
-	r.acc.script["j2"] = []error{statusErr{404}}
-	r.publish(job("j1", "fa"))
-	r.publish(job("j2", "fa"))
-	r.publish(job("j3", "fa"))
-	if got := r.nextJob(); got.Message.JobID != "j3" {
-		t.Fatalf("handler got %s, want j3", got.Message.JobID)
-	}
-	r.barrier("1")
-	evs := r.events()
-	for _, id := range []string{"j1", "j2"} {
-		if count(evs, disposition(id, "complete")) != 1 || count(evs, isEvent("deliver", id)) != 1 || count(evs, isEvent("redelivery", id)) != 0 {
-			t.Fatalf("%s: want one delivery, completed, no redelivery:\n%s", id, dump(evs))
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{sessions: sessions})
+		r.acc.script["j1"] = []error{statusErr{409}}
+		r.acc.script["j2"] = []error{statusErr{404}}
+		r.publish(job("j1", "fa"))
+		r.publish(job("j2", "fa"))
+		r.publish(job("j3", "fa"))
+		if got := r.nextJob(); got.Message.JobID != "j3" {
+			t.Fatalf("handler got %s, want j3", got.Message.JobID)
 		}
-		if r.acc.Calls(id) != 1 {
-			t.Fatalf("%s: %d accept calls, want 1", id, r.acc.Calls(id))
+		r.barrier("1")
+		evs := r.events()
+		for _, id := range []string{"j1", "j2"} {
+			if count(evs, disposition(id, "complete")) != 1 || count(evs, isEvent("deliver", id)) != 1 || count(evs, isEvent("redelivery", id)) != 0 {
+				t.Fatalf("%s: want one delivery, completed, no redelivery:\n%s", id, dump(evs))
+			}
+			if r.acc.Calls(id) != 1 {
+				t.Fatalf("%s: %d accept calls, want 1", id, r.acc.Calls(id))
+			}
 		}
-	}
-	if r.metrics.get(dispatch.OutcomeConflict) != 1 || r.metrics.get(dispatch.OutcomeGone) != 1 {
-		t.Fatalf("metrics: %+v", r.metrics.outcomes)
-	}
+		if r.metrics.get(dispatch.OutcomeConflict) != 1 || r.metrics.get(dispatch.OutcomeGone) != 1 {
+			t.Fatalf("metrics: %+v", r.metrics.outcomes)
+		}
+	})
 }
 
 // 503: abandoned, redelivered at once with delivery count 2, then accepted.
 func TestUnavailableAbandonsThenAccepts(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	r.acc.script["j1"] = []error{statusErr{503}}
-	r.publish(job("j1", "fa"))
-	got := r.nextJob()
-	if got.Message.JobID != "j1" || got.DeliveryCount != 2 {
-		t.Fatalf("got %s delivery %d, want j1 delivery 2", got.Message.JobID, got.DeliveryCount)
-	}
-	r.waitEvent(disposition("j1", "complete")) // completed beside the running job
-	evs := r.events()
-	if count(evs, disposition("j1", "abandon")) != 1 || count(evs, disposition("j1", "complete")) != 1 ||
-		count(evs, func(e sbpeertest.Event) bool {
-			return e.Event == "redelivery" && e.MessageID == "j1" && e.Reason == "abandoned"
-		}) != 1 {
-		t.Fatalf("want abandon, redelivery, complete:\n%s", dump(evs))
-	}
-	if r.acc.Calls("j1") != 2 || r.metrics.get(dispatch.OutcomeAbandoned) != 1 || r.metrics.get(dispatch.OutcomeAccepted) != 1 {
-		t.Fatalf("calls %d, metrics %+v", r.acc.Calls("j1"), r.metrics.outcomes)
-	}
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{sessions: sessions})
+		r.acc.script["j1"] = []error{statusErr{503}}
+		r.publish(job("j1", "fa"))
+		got := r.nextJob()
+		if got.Message.JobID != "j1" || got.DeliveryCount != 2 {
+			t.Fatalf("got %s delivery %d, want j1 delivery 2", got.Message.JobID, got.DeliveryCount)
+		}
+		r.waitEvent(disposition("j1", "complete")) // completed beside the running job
+		evs := r.events()
+		if count(evs, disposition("j1", "abandon")) != 1 || count(evs, disposition("j1", "complete")) != 1 ||
+			count(evs, func(e sbpeertest.Event) bool {
+				return e.Event == "redelivery" && e.MessageID == "j1" && e.Reason == "abandoned"
+			}) != 1 {
+			t.Fatalf("want abandon, redelivery, complete:\n%s", dump(evs))
+		}
+		if r.acc.Calls("j1") != 2 || r.metrics.get(dispatch.OutcomeAbandoned) != 1 || r.metrics.get(dispatch.OutcomeAccepted) != 1 {
+			t.Fatalf("calls %d, metrics %+v", r.acc.Calls("j1"), r.metrics.outcomes)
+		}
+	})
 }
 
 // A body that is not a dispatch message, or whose routing properties
@@ -144,27 +151,29 @@ func TestUnavailableAbandonsThenAccepts(t *testing.T) {
 // asked. A MessageID that is not the job's (a dispatcher that leaves it to
 // the SDK) does not stop the job: the body's jobId is accepted and run.
 func TestGarbageBodyDeadLetters(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	r.publishRaw("g1", []byte("this is not json"), map[string]any{"targetFactoryId": "fa"})
-	r.publishRaw("g3", []byte(`{"jobId":"j3","targetFactoryId":"fa"}`), map[string]any{"targetFactoryId": "fa", "jobId": "j4"})
-	r.publishRaw("g2", []byte(`{"jobId":"other","targetFactoryId":"fa"}`), map[string]any{"targetFactoryId": "fa"})
-	if got := r.nextJob(); got.Message.JobID != "other" {
-		t.Fatalf("the job of message g2 = %+v, want other (the body's jobId)", got)
-	}
-	evs := r.events()
-	for id, want := range map[string]string{"g1": "body is not a dispatch message", "g3": `application property jobId "j4" disagrees`} {
-		dl := sbpeertest.Filter(evs, isEvent("dead-letter", id))
-		if len(dl) != 1 || dl[0].Reason != dispatch.ReasonMalformed || !strings.Contains(dl[0].Description, want) {
-			t.Fatalf("%s: dead-letter events %+v, want reason %s with %q", id, dl, dispatch.ReasonMalformed, want)
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{sessions: sessions})
+		r.publishRaw("g1", []byte("this is not json"), map[string]any{"targetFactoryId": "fa"})
+		r.publishRaw("g3", []byte(`{"jobId":"j3","targetFactoryId":"fa"}`), map[string]any{"targetFactoryId": "fa", "jobId": "j4"})
+		r.publishRaw("g2", []byte(`{"jobId":"other","targetFactoryId":"fa"}`), map[string]any{"targetFactoryId": "fa"})
+		if got := r.nextJob(); got.Message.JobID != "other" {
+			t.Fatalf("the job of message g2 = %+v, want other (the body's jobId)", got)
 		}
-	}
-	if r.acc.Calls("other") != 1 || r.acc.Calls("j3") != 0 || r.metrics.get(dispatch.OutcomeMalformed) != 2 {
-		t.Fatalf("calls other %d j3 %d, metrics %+v", r.acc.Calls("other"), r.acc.Calls("j3"), r.metrics.outcomes)
-	}
-	m := receiveDLQ(t, r.client, "fa", "g1")
-	if m.DeadLetterErrorDescription == nil || !strings.Contains(*m.DeadLetterErrorDescription, "body is not a dispatch message") {
-		t.Fatalf("DLQ description: %v", m.DeadLetterErrorDescription)
-	}
+		evs := r.events()
+		for id, want := range map[string]string{"g1": "body is not a dispatch message", "g3": `application property jobId "j4" disagrees`} {
+			dl := sbpeertest.Filter(evs, isEvent("dead-letter", id))
+			if len(dl) != 1 || dl[0].Reason != dispatch.ReasonMalformed || !strings.Contains(dl[0].Description, want) {
+				t.Fatalf("%s: dead-letter events %+v, want reason %s with %q", id, dl, dispatch.ReasonMalformed, want)
+			}
+		}
+		if r.acc.Calls("other") != 1 || r.acc.Calls("j3") != 0 || r.metrics.get(dispatch.OutcomeMalformed) != 2 {
+			t.Fatalf("calls other %d j3 %d, metrics %+v", r.acc.Calls("other"), r.acc.Calls("j3"), r.metrics.outcomes)
+		}
+		m := receiveDLQ(t, r.client, "fa", "g1")
+		if m.DeadLetterErrorDescription == nil || !strings.Contains(*m.DeadLetterErrorDescription, "body is not a dispatch message") {
+			t.Fatalf("DLQ description: %v", m.DeadLetterErrorDescription)
+		}
+	})
 }
 
 // The coordinator publishes the same job twice (e.g. after a restart): the
@@ -237,56 +246,60 @@ func TestLockExpiryRedelivers(t *testing.T) {
 // After the subscription's max delivery count, a message that keeps being
 // abandoned moves to the dead-letter queue with the broker's reason.
 func TestMaxDeliveriesDeadLetters(t *testing.T) {
-	r := newRig(t, rigOptions{peer: sbpeertest.Options{MaxDelivery: 3}})
-	r.acc.script["j1"] = []error{statusErr{503}, statusErr{502}, statusErr{500}, nil}
-	r.publish(job("j1", "fa"))
-	dl := r.waitEvent(isEvent("dead-letter", "j1"))
-	if dl.Reason != "MaxDeliveryCountExceeded" || dl.DeliveryCount != 3 {
-		t.Fatalf("dead-letter: %+v", dl)
-	}
-	r.publish(job("j2", "fa"))
-	if got := r.nextJob(); got.Message.JobID != "j2" {
-		t.Fatalf("got %s, want j2", got.Message.JobID)
-	}
-	if r.acc.Calls("j1") != 3 || r.metrics.get(dispatch.OutcomeAbandoned) != 3 {
-		t.Fatalf("accept calls %d, abandoned %d; want 3, 3", r.acc.Calls("j1"), r.metrics.get(dispatch.OutcomeAbandoned))
-	}
-	m := receiveDLQ(t, r.client, "fa", "j1")
-	if m.DeadLetterReason == nil || *m.DeadLetterReason != "MaxDeliveryCountExceeded" {
-		t.Fatalf("DLQ reason %v", m.DeadLetterReason)
-	}
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{peer: sbpeertest.Options{MaxDelivery: 3}, sessions: sessions})
+		r.acc.script["j1"] = []error{statusErr{503}, statusErr{502}, statusErr{500}, nil}
+		r.publish(job("j1", "fa"))
+		dl := r.waitEvent(isEvent("dead-letter", "j1"))
+		if dl.Reason != "MaxDeliveryCountExceeded" || dl.DeliveryCount != 3 {
+			t.Fatalf("dead-letter: %+v", dl)
+		}
+		r.publish(job("j2", "fa"))
+		if got := r.nextJob(); got.Message.JobID != "j2" {
+			t.Fatalf("got %s, want j2", got.Message.JobID)
+		}
+		if r.acc.Calls("j1") != 3 || r.metrics.get(dispatch.OutcomeAbandoned) != 3 {
+			t.Fatalf("accept calls %d, abandoned %d; want 3, 3", r.acc.Calls("j1"), r.metrics.get(dispatch.OutcomeAbandoned))
+		}
+		m := receiveDLQ(t, r.client, "fa", "j1")
+		if m.DeadLetterReason == nil || *m.DeadLetterReason != "MaxDeliveryCountExceeded" {
+			t.Fatalf("DLQ reason %v", m.DeadLetterReason)
+		}
+	})
 }
 
 // The broker goes away: the receiver reports unhealthy (the daemon polls
 // meanwhile) while a job it started keeps running; the broker comes back: the
 // receiver reports healthy and receives again.
 func TestPeerKilledThenRestarted(t *testing.T) {
-	r := newRig(t, rigOptions{slots: 2, blockJobs: true, peer: sbpeertest.Options{Persist: true}})
-	r.waitHealth(true)
-	r.publish(job("j1", "fa"))
-	running := r.nextJob()
-	r.waitEvent(disposition("j1", "complete")) // settled while the job runs
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{slots: 2, blockJobs: true, peer: sbpeertest.Options{Persist: true}, sessions: sessions})
+		r.waitHealth(true)
+		r.publish(job("j1", "fa"))
+		running := r.nextJob()
+		r.waitEvent(disposition("j1", "complete")) // settled while the job runs
 
-	r.peer.Kill()
-	h := r.waitHealth(false)
-	if h.Err == nil {
-		t.Fatal("unhealthy without a reason")
-	}
-	if r.recv.Healthy() {
-		t.Fatal("Healthy() is true while the peer is down")
-	}
-	r.release <- struct{}{} // the running job is not touched by the outage and finishes
-	_ = running
+		r.peer.Kill()
+		h := r.waitHealth(false)
+		if h.Err == nil {
+			t.Fatal("unhealthy without a reason")
+		}
+		if r.recv.Healthy() {
+			t.Fatal("Healthy() is true while the peer is down")
+		}
+		r.release <- struct{}{} // the running job is not touched by the outage and finishes
+		_ = running
 
-	if err := r.peer.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	r.waitHealth(true)
-	r.publish(job("j2", "fa"))
-	if got := r.nextJob(); got.Message.JobID != "j2" {
-		t.Fatalf("got %s, want j2:\n%s", got.Message.JobID, dump(r.events()))
-	}
-	r.release <- struct{}{}
+		if err := r.peer.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		r.waitHealth(true)
+		r.publish(job("j2", "fa"))
+		if got := r.nextJob(); got.Message.JobID != "j2" {
+			t.Fatalf("got %s, want j2:\n%s", got.Message.JobID, dump(r.events()))
+		}
+		r.release <- struct{}{}
+	})
 }
 
 // The managed-identity path: a token credential, jwt put-tokens over TLS.
@@ -323,48 +336,52 @@ func TestTokenCredentialOverTLS(t *testing.T) {
 // No free slot: no message is taken (no credit, no delivery). With two slots
 // and two running jobs, a third message waits in the broker until a job ends.
 func TestBackpressure(t *testing.T) {
-	r := newRig(t, rigOptions{slots: 2, blockJobs: true})
-	r.waitHealth(true)
-	r.publish(job("j1", "fa"))
-	r.publish(job("j2", "fa"))
-	r.publish(job("j3", "fa"))
-	a, b := r.nextJob(), r.nextJob()
-	if a.Message.JobID != "j1" || b.Message.JobID != "j2" {
-		t.Fatalf("got %s, %s; want j1, j2", a.Message.JobID, b.Message.JobID)
-	}
-	r.barrier("full")
-	if n := count(r.events(), isEvent("deliver", "j3")); n != 0 {
-		t.Fatalf("j3 was delivered %d times while no slot was free", n)
-	}
-	if r.slots.Free() != 0 {
-		t.Fatalf("%d free slots, want 0", r.slots.Free())
-	}
-	r.release <- struct{}{} // j1 ends
-	if got := r.nextJob(); got.Message.JobID != "j3" {
-		t.Fatalf("got %s, want j3", got.Message.JobID)
-	}
-	r.release <- struct{}{}
-	r.release <- struct{}{}
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{slots: 2, blockJobs: true, sessions: sessions})
+		r.waitHealth(true)
+		r.publish(job("j1", "fa"))
+		r.publish(job("j2", "fa"))
+		r.publish(job("j3", "fa"))
+		a, b := r.nextJob(), r.nextJob()
+		if a.Message.JobID != "j1" || b.Message.JobID != "j2" {
+			t.Fatalf("got %s, %s; want j1, j2", a.Message.JobID, b.Message.JobID)
+		}
+		r.barrier("full")
+		if n := count(r.events(), isEvent("deliver", "j3")); n != 0 {
+			t.Fatalf("j3 was delivered %d times while no slot was free", n)
+		}
+		if r.slots.Free() != 0 {
+			t.Fatalf("%d free slots, want 0", r.slots.Free())
+		}
+		r.release <- struct{}{} // j1 ends
+		if got := r.nextJob(); got.Message.JobID != "j3" {
+			t.Fatalf("got %s, want j3", got.Message.JobID)
+		}
+		r.release <- struct{}{}
+		r.release <- struct{}{}
+	})
 }
 
 // Not a single slot from the start: the receiver connects but takes nothing.
 func TestNoFreeSlotTakesNothing(t *testing.T) {
-	r := newRig(t, rigOptions{noStart: true})
-	if !r.slots.TryAcquire() {
-		t.Fatal("could not take the only slot")
-	}
-	r.start()
-	r.waitHealth(true)
-	r.publish(job("j1", "fa"))
-	r.barrier("none")
-	evs := r.events()
-	if n := count(evs, func(e sbpeertest.Event) bool { return e.Event == "deliver" }); n != 0 {
-		t.Fatalf("%d deliveries with no free slot:\n%s", n, dump(evs))
-	}
-	r.slots.Release()
-	if got := r.nextJob(); got.Message.JobID != "j1" {
-		t.Fatalf("got %s", got.Message.JobID)
-	}
+	onOff(t, func(t *testing.T, sessions bool) {
+		r := newRig(t, rigOptions{noStart: true, sessions: sessions})
+		if !r.slots.TryAcquire() {
+			t.Fatal("could not take the only slot")
+		}
+		r.start()
+		r.waitHealth(true)
+		r.publish(job("j1", "fa"))
+		r.barrier("none")
+		evs := r.events()
+		if n := count(evs, func(e sbpeertest.Event) bool { return e.Event == "deliver" }); n != 0 {
+			t.Fatalf("%d deliveries with no free slot:\n%s", n, dump(evs))
+		}
+		r.slots.Release()
+		if got := r.nextJob(); got.Message.JobID != "j1" {
+			t.Fatalf("got %s", got.Message.JobID)
+		}
+	})
 }
 
 // The connection string never shows in health errors or logs.
@@ -476,4 +493,31 @@ func (c *fakeCredential) Scopes() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.scopes...)
+}
+
+// A subscription that does not exist is a deployment mistake, not an outage:
+// the broker link reports unhealthy with an error that names the
+// subscription and how to create it, and says it is missing (IsMissing).
+func TestMissingSubscription(t *testing.T) {
+	onOff(t, func(t *testing.T, sessions bool) { testMissingSubscription(t, sessions) })
+}
+
+func testMissingSubscription(t *testing.T, sessions bool) {
+	r := newRig(t, rigOptions{factory: "nosuch", mutate: func(o *dispatch.Options) { o.Pool, o.Sessions = "builders", sessions }})
+	h := <-r.health
+	if h.Healthy {
+		t.Fatalf("healthy on a subscription that does not exist")
+	}
+	var me *dispatch.MissingSubscriptionError
+	if !errors.As(h.Err, &me) || !dispatch.IsMissingSubscription(h.Err) {
+		t.Fatalf("health error %v (%T) is not a missing subscription", h.Err, h.Err)
+	}
+	for _, want := range []string{"fleet-dispatch/builders", "does not exist", "aq servicebus ensure-subscription --pool builders"} {
+		if !strings.Contains(h.Err.Error(), want) {
+			t.Errorf("error %q lacks %q", h.Err, want)
+		}
+	}
+	if dispatch.IsMissingSubscription(errors.New("connection refused")) {
+		t.Errorf("any error is a missing subscription")
+	}
 }

@@ -118,6 +118,9 @@ type rig struct {
 	recv    *dispatch.Receiver
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// sessions: the factory's subscription requires sessions, the receiver
+	// has them on, and publish sets SessionId = repo.
+	sessions bool
 }
 
 type rigOptions struct {
@@ -132,6 +135,9 @@ type rigOptions struct {
 	mutate func(*dispatch.Options)
 	// noStart leaves the receiver for the test to start.
 	noStart bool
+	// sessions: the factory's subscription requires sessions and the
+	// receiver receives with them (SessionIdle 100ms).
+	sessions bool
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -145,9 +151,12 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if len(o.peer.Subs) == 0 {
 		o.peer.Subs = []string{topic + "/fa", topic + "/fb"}
 	}
+	if o.sessions {
+		o.peer.Sessions = append(o.peer.Sessions, topic+"/"+o.factory)
+	}
 	p := sbpeertest.Start(t, o.peer)
 	r := &rig{
-		t: t, peer: p, acc: newAcceptor(), metrics: newCounts(),
+		t: t, peer: p, acc: newAcceptor(), metrics: newCounts(), sessions: o.sessions,
 		slots:  dispatch.NewSemaphore(o.slots),
 		jobs:   make(chan dispatch.Accepted, 100),
 		health: make(chan dispatch.Health, 100),
@@ -193,6 +202,10 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		OnHealth: func(h dispatch.Health) { r.health <- h },
 		Backoff:  dispatch.Backoff{Initial: 10 * time.Millisecond, Max: 200 * time.Millisecond},
 		SDKRetry: &azservicebus.RetryOptions{MaxRetries: 1, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond},
+	}
+	if o.sessions {
+		opts.Sessions = true
+		opts.SessionIdle = 100 * time.Millisecond
 	}
 	if o.cred != nil {
 		opts.ConnectionString = ""
@@ -254,7 +267,7 @@ func job(id, target string) dispatch.Message {
 
 func (r *rig) publish(m dispatch.Message) {
 	r.t.Helper()
-	sm, err := m.ServiceBusMessage(false)
+	sm, err := m.ServiceBusMessage(r.sessions)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -263,10 +276,28 @@ func (r *rig) publish(m dispatch.Message) {
 	}
 }
 
+// publishRaw sends a message as given (with sessions on: in session "raw").
 func (r *rig) publishRaw(id string, body []byte, props map[string]any) {
 	r.t.Helper()
-	if err := r.sender.SendMessage(context.Background(), &azservicebus.Message{MessageID: &id, Body: body, ApplicationProperties: props}, nil); err != nil {
+	m := &azservicebus.Message{MessageID: &id, Body: body, ApplicationProperties: props}
+	if r.sessions {
+		raw := "raw"
+		m.SessionID = &raw
+	}
+	if err := r.sender.SendMessage(context.Background(), m, nil); err != nil {
 		r.t.Fatal(err)
+	}
+}
+
+// onOff runs test with sessions off, then on: the receiver's behaviour per
+// message (the outcome table, back-pressure, outages) is the same both ways.
+func onOff(t *testing.T, test func(t *testing.T, sessions bool)) {
+	for _, sessions := range []bool{false, true} {
+		name := "sessions=off"
+		if sessions {
+			name = "sessions=on"
+		}
+		t.Run(name, func(t *testing.T) { test(t, sessions) })
 	}
 }
 
@@ -306,13 +337,20 @@ func (r *rig) waitEvent(match func(sbpeertest.Event) bool) sbpeertest.Event {
 }
 
 // barrier waits until the peer has processed everything sent before it: a
-// message published to the other factory's subscription, then its send event.
+// message published to the other factory's subscription (without sessions),
+// then its send event.
 // Events are logged in order, so anything the peer did for earlier messages
 // is in the log by then.
 func (r *rig) barrier(tag string) {
 	r.t.Helper()
 	id := "barrier-" + tag
-	r.publish(job(id, "fb"))
+	sm, err := job(id, "fb").ServiceBusMessage(false)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.sender.SendMessage(context.Background(), sm, nil); err != nil {
+		r.t.Fatal(err)
+	}
 	r.waitEvent(func(e sbpeertest.Event) bool { return e.Event == "send" && e.MessageID == id })
 }
 

@@ -72,11 +72,15 @@ type Source struct {
 	recv *Receiver
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	live    string
-	heard   bool          // the broker has reported its health at least once
-	changed chan struct{} // closed and replaced on every change of live or heard
-	ticks   int64
+	mu    sync.Mutex
+	live  string
+	heard bool // the broker has reported its health at least once
+	// off is why the broker path was turned off for good (OffBroker);
+	// stopRecv ends the receiver.
+	off      error
+	stopRecv context.CancelFunc
+	changed  chan struct{} // closed and replaced on every change of live or heard
+	ticks    int64
 
 	jobs sync.WaitGroup // poll-path Handlers
 }
@@ -170,16 +174,55 @@ func (s *Source) set(live string, heard bool, why error) {
 	}
 }
 
+// OffBroker turns the broker path off for the rest of Run: the receiver is
+// stopped (a message it holds unsettled is redelivered, then dead-lettered
+// at the broker's max delivery count) and the poll path takes work. The
+// daemon calls it when the coordinator turns out to have no POST
+// /fleet/accept, so no delivered message could ever be accepted. Safe to
+// call at any time, more than once; without a broker it does nothing.
+func (s *Source) OffBroker(why error) {
+	if s.recv == nil {
+		return
+	}
+	s.mu.Lock()
+	first := s.off == nil
+	if first {
+		s.off = why
+	}
+	stop := s.stopRecv
+	s.mu.Unlock()
+	if !first {
+		return
+	}
+	s.log.Warn("dispatch source: the broker path is off for good; polling", "why", errString(why))
+	if stop != nil {
+		stop()
+	}
+	s.set(LivePoll, true, why)
+}
+
 // brokerHealth is the receiver's health report.
 func (s *Source) brokerHealth(h Health) {
 	if errors.Is(h.Err, ErrStopped) {
 		return // Run is ending; stop() says so
+	}
+	s.mu.Lock()
+	off := s.off != nil
+	s.mu.Unlock()
+	if off {
+		return // OffBroker: the poll path stays
 	}
 	if h.Healthy {
 		s.set(LiveBroker, true, nil)
 		return
 	}
 	s.set(LivePoll, true, h.Err)
+}
+
+func (s *Source) isOff() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.off != nil
 }
 
 // errNoWord is why polling takes over when the broker never reported.
@@ -196,10 +239,18 @@ func (s *Source) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	if s.recv != nil {
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		s.mu.Lock()
+		s.stopRecv = stop
+		if s.off != nil {
+			stop() // turned off before Run
+		}
+		s.mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.recv.Run(ctx); err != nil {
+			if err := s.recv.Run(rctx); err != nil && ctx.Err() == nil && !s.isOff() {
 				errs <- err
 				cancel(err)
 			}

@@ -23,10 +23,16 @@ type Agent struct {
 	Heartbeat *Heartbeater
 	Poller    *Poller
 	Reporter  *Reporter
+	// Artifacts uploads jobs' logs; its Reporter drains the artifact
+	// spool. Nil: no uploads.
+	Artifacts *Artifacts
 	Jobs      *JobRunner
 	Running   *Running
 	// Host detects this host's capabilities and repos.
-	Host   func(ctx context.Context) (*caps.Host, error)
+	Host func(ctx context.Context) (*caps.Host, error)
+	// Caps keeps the offer current while the agent runs (nil: fixed at
+	// start).
+	Caps   *Refresher
 	Enroll EnrollOptions
 	// LocksDir holds the per-job flocks (config.LocksDir): `aq run` takes
 	// its job's, as `aq daemon` does, so a daemon starting on the same
@@ -74,11 +80,17 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
+	caps.LogEngines(a.log(), host)
 	engines := make([]string, 0, len(host.Engines))
 	for _, e := range host.Engines {
-		engines = append(engines, e.Name)
+		if e.Refused == "" {
+			engines = append(engines, e.Name)
+		}
 	}
 	a.Client.SetOffer(host.Tokens(), host.Repos)
+	if a.Caps != nil {
+		a.Caps.Start(host)
+	}
 	eo := a.Enroll
 	hn, _ := os.Hostname()
 	eo.Request = EnrollRequest{FactoryID: a.Client.FactoryID(), Hostname: hn, Capabilities: host.Tokens(), Repos: nonNil(host.Repos),
@@ -91,8 +103,8 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	if err := a.Heartbeat.Beat(ctx); err != nil {
-		if IsAuth(err) {
-			return nil, err
+		if IsAuth(err) || IsRouteAbsent(err) {
+			return nil, err // the fleet path cannot start: fix the token, or AQ_FLEET_API
 		}
 		a.log().Warn("first heartbeat failed; the heartbeat loop keeps trying", "err", err)
 	}
@@ -116,6 +128,17 @@ func (a *Agent) Start(ctx context.Context) (*Session, error) {
 		defer s.wg.Done()
 		a.Reporter.Run(sctx)
 	}()
+	if a.Artifacts != nil {
+		// Uploads left from earlier runs go in the background, first at once.
+		if a.Artifacts.Reporter.Spool.Depth() > 0 {
+			a.Artifacts.Reporter.Kick()
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			a.Artifacts.Reporter.Run(sctx)
+		}()
+	}
 	return s, nil
 }
 

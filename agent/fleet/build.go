@@ -7,12 +7,17 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -31,6 +36,24 @@ type Parts struct {
 	Pipeline Pipeline // default: a runner.Runner from configuration
 	// SafetyInterval of the gated poll path (0: DefaultSafetyInterval).
 	SafetyInterval time.Duration
+	// Tracer records a trace per job (nil: none); Notifier is told of each
+	// job's end (nil: off).
+	Tracer   trace.Tracer
+	Notifier *notify.Notifier
+}
+
+// DetectHost is the production detection of cfg's host: caps.Detect over
+// the repo base and the clonable repos, with version probes cached in
+// $AQ_HOME/state/probes.json (an unchanged binary is not run again: a
+// refresh, or the next `aq run --once`).
+func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
+	cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
+	return func(ctx context.Context) (*caps.Host, error) {
+		h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache,
+			Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
+		_ = cache.Save() // a cache, not state: a failed write only costs probes
+		return h, err
+	}
 }
 
 // NewClientFromConfig builds the coordinator client of cfg (no network I/O).
@@ -40,7 +63,7 @@ func NewClientFromConfig(cfg *config.Config, log *slog.Logger, red *secrets.Reda
 		b = *budgets
 	}
 	return NewClient(ClientOptions{API: cfg.FleetAPI, Token: cfg.FleetToken, ProductID: cfg.ProductID, FactoryID: cfg.FactoryID,
-		Budgets: b, HTTP: hc, Redactor: red, Log: log})
+		Budgets: b, HTTP: hc, Redactor: red, Log: log, Holds: holds.Open(runner.HoldsPath(cfg.Home), nil)})
 }
 
 // New builds the fleet agent of cfg: the client, the runner (fetching base
@@ -69,13 +92,17 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	if err != nil {
 		return nil, err
 	}
+	artSpool, err := OpenSpool(filepath.Join(cfg.SpoolDir(), "artifacts"))
+	if err != nil {
+		return nil, err
+	}
 	pipe := parts.Pipeline
 	if pipe == nil {
 		shipper := parts.Shipper
 		if shipper == nil {
 			shipper = &ship.GH{}
 		}
-		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true})
+		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true, Tracer: parts.Tracer})
 		if err != nil {
 			return nil, err
 		}
@@ -83,9 +110,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	}
 	host := parts.Host
 	if host == nil {
-		host = func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
-		}
+		host = DetectHost(cfg)
 	}
 	clock := parts.Clock
 	if clock == nil {
@@ -93,14 +118,21 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	}
 	running := &Running{}
 	rep := &Reporter{Client: c, Spool: spool, Records: records, Log: log, Clock: clock}
+	hb := &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
+		Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log}
+	refresh := &Refresher{Client: c, Detect: host, RepoBase: cfg.RepoBase, Every: cfg.CapsRefresh, Clock: clock, Log: log, Changed: hb.Kick}
+	hb.Refresher = refresh
+	arts := &Artifacts{Reporter: &Reporter{Client: c, Spool: artSpool, Log: log, Clock: clock}, LogsDir: cfg.LogsDir(), Redactor: red, Log: log}
 	return &Agent{
-		Client: c,
-		Heartbeat: &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
-			Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log},
-		Poller:   &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log},
-		Reporter: rep,
+		Client:    c,
+		Heartbeat: hb,
+		Caps:      refresh,
+		Poller: &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log,
+			Refresher: refresh},
+		Reporter:  rep,
+		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
-			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log},
+			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
 		Running:  running,
 		Host:     host,
 		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},

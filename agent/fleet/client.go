@@ -17,8 +17,11 @@ import (
 
 	"github.com/hashicorp/go-cleanhttp"
 	"github.com/hashicorp/go-retryablehttp"
+	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/job"
 )
@@ -42,14 +45,19 @@ type ClientOptions struct {
 	Log      *slog.Logger
 	Now      func() time.Time
 	Rand     func() float64
+	// Holds are the engines held until their limit resets: their
+	// engine:<name> capability is left out of every claim and heartbeat
+	// (Offer) until then. nil: none.
+	Holds *holds.Store
 }
 
 // Client calls the coordinator's /fleet API (DESIGN §9). Every call carries
 // the bearer token and x-product-id, retries only what can succeed on retry
 // within the call's budget, and maps answers to typed errors: 409
-// *FencedError, 401/403 *AuthError, 404 ErrGone (for a job), other 4xx
-// *StatusError, and an exhausted budget *TransientError. It is safe for
-// concurrent use.
+// *FencedError, 401/403 *AuthError, a 404/405 for a route the coordinator
+// does not have *RouteAbsentError (remembered: routes.go), 404 ErrGone (for
+// a job), other 4xx *StatusError, and an exhausted budget *TransientError.
+// It is safe for concurrent use.
 type Client struct {
 	o    ClientOptions
 	base *url.URL
@@ -62,9 +70,11 @@ type Client struct {
 	repos   []string
 	observe func(CallResult)
 
-	// noDeregister: the coordinator answered 404 to deregister (a
-	// coordinator without the route); it is not asked again.
-	noDeregister atomic.Bool
+	// routes is what the coordinator answered about its routes (routes.go).
+	routes routeBook
+	// noArtifacts: the coordinator answered 404/405 to an artifact upload;
+	// uploads are skipped from then on (ops.go).
+	noArtifacts atomic.Bool
 }
 
 // CallResult is one finished call to the coordinator (after its retries),
@@ -145,11 +155,13 @@ func (c *Client) FactoryID() string {
 	return c.fid
 }
 
-// Offer returns the capabilities and repos claims send.
+// Offer returns the capabilities and repos claims and heartbeats send:
+// SetOffer's, less the engines held until their limit resets.
 func (c *Client) Offer() (capabilities, repos []string) {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return append([]string{}, c.caps...), append([]string{}, c.repos...)
+	caps, repos := append([]string{}, c.caps...), append([]string{}, c.repos...)
+	c.mu.RUnlock()
+	return c.o.Holds.Filter(caps), repos
 }
 
 // Budgets are the client's retry budgets.
@@ -162,11 +174,11 @@ func (c *Client) API() string { return c.base.String() }
 // factory token. It does not change the client's token.
 func (c *Client) Enroll(ctx context.Context, req EnrollRequest) (*Enrollment, error) {
 	var out Enrollment
-	if _, err := c.do(ctx, call{name: "POST /fleet/factories/enroll", method: http.MethodPost, path: "/fleet/factories/enroll", body: req, budget: c.o.Budgets.Enroll}, &out); err != nil {
+	if _, err := c.do(ctx, call{name: RouteEnroll, method: http.MethodPost, path: "/fleet/factories/enroll", body: req, budget: c.o.Budgets.Enroll}, &out); err != nil {
 		return nil, err
 	}
 	if out.Token == "" {
-		return nil, &StatusError{Call: "POST /fleet/factories/enroll", Status: http.StatusOK, Detail: "the answer carries no token"}
+		return nil, &StatusError{Call: RouteEnroll, Status: http.StatusOK, Detail: "the answer carries no token"}
 	}
 	if out.FactoryID == "" {
 		out.FactoryID = req.FactoryID
@@ -180,24 +192,21 @@ func (c *Client) Heartbeat(ctx context.Context, hb HeartbeatRequest) error {
 	if hb.FactoryID == "" {
 		hb.FactoryID = c.FactoryID()
 	}
-	_, err := c.do(ctx, call{name: "POST /fleet/factories/heartbeat", method: http.MethodPost, path: "/fleet/factories/heartbeat", body: hb, budget: c.o.Budgets.Heartbeat}, nil)
+	_, err := c.do(ctx, call{name: RouteHeartbeat, method: http.MethodPost, path: "/fleet/factories/heartbeat", body: hb, budget: c.o.Budgets.Heartbeat}, nil)
 	return err
 }
 
 // Deregister tells the coordinator this factory is leaving for good (a
 // replica that exits), so that its record does not linger as a stale
-// factory. A coordinator without the route (404) is fine: it is remembered
-// and not asked again.
+// factory. A coordinator without the route (today's) is fine: it is
+// remembered and not asked again; a 404 for this factory (the coordinator
+// does not know it) is fine too.
 func (c *Client) Deregister(ctx context.Context) error {
-	if c.noDeregister.Load() {
-		return nil
-	}
 	id := c.FactoryID()
-	_, err := c.do(ctx, call{name: "POST /fleet/factories/:id/deregister", method: http.MethodPost,
+	_, err := c.do(ctx, call{name: RouteDeregister, method: http.MethodPost,
 		path: "/fleet/factories/" + url.PathEscape(id) + "/deregister", body: map[string]string{"factoryId": id}, budget: c.o.Budgets.Heartbeat}, nil)
 	var se *StatusError
-	if errors.As(err, &se) && se.Status == http.StatusNotFound {
-		c.noDeregister.Store(true)
+	if IsRouteAbsent(err) || errors.As(err, &se) && se.Status == http.StatusNotFound {
 		return nil
 	}
 	return err
@@ -206,7 +215,7 @@ func (c *Client) Deregister(ctx context.Context) error {
 // QueueState reads the queue's version (the gate).
 func (c *Client) QueueState(ctx context.Context) (QueueState, error) {
 	var qs QueueState
-	_, err := c.do(ctx, call{name: "GET /fleet/queue-state", method: http.MethodGet, path: "/fleet/queue-state", budget: c.o.Budgets.QueueState}, &qs)
+	_, err := c.do(ctx, call{name: RouteQueueState, method: http.MethodGet, path: "/fleet/queue-state", budget: c.o.Budgets.QueueState}, &qs)
 	return qs, err
 }
 
@@ -239,7 +248,7 @@ func (c *Client) ClaimRepos(ctx context.Context, dryRun bool, only []string) (*C
 	}
 	req := ClaimRequest{FactoryID: c.FactoryID(), Capabilities: caps, Repos: repos, DryRun: dryRun}
 	var cl Claim
-	info, err := c.do(ctx, call{name: "POST /fleet/claim", method: http.MethodPost, path: "/fleet/claim", body: req, budget: c.o.Budgets.Claim}, &cl)
+	info, err := c.do(ctx, call{name: RouteClaim, method: http.MethodPost, path: "/fleet/claim", body: req, budget: c.o.Budgets.Claim}, &cl)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +264,7 @@ func (c *Client) ClaimRepos(ctx context.Context, dryRun bool, only []string) (*C
 // *FencedError (owned elsewhere); 404 ErrGone.
 func (c *Client) Accept(ctx context.Context, jobID string) (*Claim, error) {
 	var cl Claim
-	name := "POST /fleet/accept"
+	name := RouteAccept
 	info, err := c.do(ctx, call{name: name, method: http.MethodPost, path: "/fleet/accept", body: AcceptRequest{JobID: jobID, FactoryID: c.FactoryID()}, budget: c.o.Budgets.Accept, jobID: jobID}, &cl)
 	if err != nil {
 		return nil, err
@@ -281,7 +290,7 @@ func (c *Client) fixClaim(cl *Claim, info answer) {
 // Renew budget, whichever comes first.
 func (c *Client) Renew(ctx context.Context, jobID string, epoch int64) (Lease, error) {
 	var l Lease
-	info, err := c.do(ctx, call{name: "POST /fleet/jobs/:id/lease/renew", method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(jobID) + "/lease/renew",
+	info, err := c.do(ctx, call{name: RouteRenew, method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(jobID) + "/lease/renew",
 		body: LeaseRequest{FactoryID: c.FactoryID(), LeaseEpoch: epoch}, budget: c.o.Budgets.Renew, jobID: jobID, epoch: epoch}, &l)
 	if err != nil {
 		return Lease{}, err
@@ -293,8 +302,12 @@ func (c *Client) Renew(ctx context.Context, jobID string, epoch int64) (Lease, e
 // Release gives the lease back without a failure (the job never started
 // here). Its budget is seconds: the reaper frees the lease anyway.
 func (c *Client) Release(ctx context.Context, jobID string, epoch int64) error {
-	_, err := c.do(ctx, call{name: "POST /fleet/jobs/:id/lease/release", method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(jobID) + "/lease/release",
-		body: LeaseRequest{FactoryID: c.FactoryID(), LeaseEpoch: epoch}, budget: c.o.Budgets.Release, jobID: jobID, epoch: epoch}, nil)
+	return c.release(ctx, jobID, epoch, c.o.Budgets.Release)
+}
+
+func (c *Client) release(ctx context.Context, jobID string, epoch int64, budget time.Duration) error {
+	_, err := c.do(ctx, call{name: RouteRelease, method: http.MethodPost, path: "/fleet/jobs/" + url.PathEscape(jobID) + "/lease/release",
+		body: LeaseRequest{FactoryID: c.FactoryID(), LeaseEpoch: epoch}, budget: budget, jobID: jobID, epoch: epoch}, nil)
 	return err
 }
 
@@ -310,24 +323,31 @@ func (c *Client) Patch(ctx context.Context, jobID string, p PatchRequest) (*Job,
 
 func (c *Client) patch(ctx context.Context, jobID string, p PatchRequest, budget time.Duration) (*Job, error) {
 	var j Job
-	if _, err := c.do(ctx, call{name: "PATCH /fleet/jobs/:id", method: http.MethodPatch, path: "/fleet/jobs/" + url.PathEscape(jobID), body: p, budget: budget, jobID: jobID, epoch: p.LeaseEpoch}, &j); err != nil {
+	if _, err := c.do(ctx, call{name: RoutePatch, method: http.MethodPatch, path: "/fleet/jobs/" + url.PathEscape(jobID), body: p, budget: budget, jobID: jobID, epoch: p.LeaseEpoch}, &j); err != nil {
 		return nil, err
 	}
 	return &j, nil
 }
 
 // Fail reports a failure and releases the lease at once; the answer is the
-// stage the job went to (queued, failed or dead_letter).
-func (c *Client) Fail(ctx context.Context, f FailRequest) (string, error) {
-	return c.fail(ctx, f, c.o.Budgets.FinalReport)
+// stage the job went to (queued, failed or dead_letter). A coordinator
+// without /fleet/fail (today's) gets the fallback: a fenced PATCH, then
+// lease/release (failByPatch); exhausted says the job has no retries left
+// (its stage is then failed rather than queued).
+func (c *Client) Fail(ctx context.Context, f FailRequest, exhausted bool) (string, error) {
+	return c.fail(ctx, f, exhausted, c.o.Budgets.FinalReport)
 }
 
-func (c *Client) fail(ctx context.Context, f FailRequest, budget time.Duration) (string, error) {
+func (c *Client) fail(ctx context.Context, f FailRequest, exhausted bool, budget time.Duration) (string, error) {
 	if f.FactoryID == "" {
 		f.FactoryID = c.FactoryID()
 	}
 	var a FailAnswer
-	if _, err := c.do(ctx, call{name: "POST /fleet/fail", method: http.MethodPost, path: "/fleet/fail", body: f, budget: budget, jobID: f.JobID, epoch: f.LeaseEpoch}, &a); err != nil {
+	_, err := c.do(ctx, call{name: RouteFail, method: http.MethodPost, path: "/fleet/fail", body: f, budget: budget, jobID: f.JobID, epoch: f.LeaseEpoch}, &a)
+	if IsRouteAbsent(err) {
+		return c.failByPatch(ctx, f, exhausted, budget)
+	}
+	if err != nil {
 		return "", err
 	}
 	return a.Stage, nil
@@ -337,7 +357,7 @@ func (c *Client) fail(ctx context.Context, f FailRequest, budget time.Duration) 
 func (c *Client) Submit(ctx context.Context, j *job.Job, bodyMd []byte) (*SubmitAnswer, error) {
 	req := SubmitRequest{Manifest: j, BodyMd: string(bodyMd), IdempotencyKey: j.IdempotencyKey}
 	var a SubmitAnswer
-	if _, err := c.do(ctx, call{name: "POST /fleet/jobs", method: http.MethodPost, path: "/fleet/jobs", body: req, budget: c.o.Budgets.Submit}, &a); err != nil {
+	if _, err := c.do(ctx, call{name: RouteSubmit, method: http.MethodPost, path: "/fleet/jobs", body: req, budget: c.o.Budgets.Submit}, &a); err != nil {
 		return nil, err
 	}
 	if a.JobID == "" {
@@ -355,6 +375,14 @@ type call struct {
 	budget time.Duration
 	jobID  string // for fenced/gone errors
 	epoch  int64
+	// optional: a route an older coordinator may lack; a 404 or 405 is a
+	// *MissingRouteError (not ErrGone).
+	optional bool
+	// raw, when set, receives a 2xx answer's body as it is (gunzipped when
+	// the server sent it gzip-encoded) instead of decoding JSON; limit
+	// bounds it (0: maxAnswer).
+	raw   *[]byte
+	limit int64
 }
 
 // answer is what a successful call saw.
@@ -369,6 +397,9 @@ type answer struct {
 const maxAnswer = 8 << 20
 
 func (c *Client) do(ctx context.Context, cl call, out any) (ans answer, err error) {
+	if err := c.knownAbsent(cl.name); err != nil {
+		return answer{}, err // learnt before: nothing is sent
+	}
 	c.mu.RLock()
 	obs := c.observe
 	c.mu.RUnlock()
@@ -419,6 +450,7 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 			sentAt = c.o.Now()
 			if n > 0 {
 				c.o.Log.Debug("fleet call retry", "call", cl.name, "attempt", n+1, "job", cl.jobID)
+				telemetry.Event(ctx, telemetry.EventRetry, attribute.String(telemetry.AttrCall, cl.name), attribute.Int(telemetry.AttrAttemptN, n+1))
 			}
 		},
 	}
@@ -434,6 +466,11 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	}
 	if c.o.ProductID != "" {
 		req.Header.Set("x-product-id", c.o.ProductID)
+	}
+	if cl.raw != nil {
+		// Asked for explicitly, the transport hands gzip over as it is
+		// (rawBody decodes it), whatever the server does.
+		req.Header.Set("Accept-Encoding", "gzip")
 	}
 	resp, err := rc.Do(req)
 	if err != nil && resp != nil {
@@ -455,7 +492,11 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return answer{}, &TransientError{Call: cl.name, Tries: at.tries, Err: errors.New(c.redact(scrubURL(err.Error())))}
 	}
 	defer resp.Body.Close()
-	data, rerr := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	limit := int64(maxAnswer)
+	if cl.limit > 0 {
+		limit = cl.limit
+	}
+	data, rerr := io.ReadAll(io.LimitReader(resp.Body, limit))
 	info := answer{status: resp.StatusCode, sentAt: sentAt}
 	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 		info.date = d
@@ -465,6 +506,14 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		if rerr != nil {
 			return info, &TransientError{Call: cl.name, Tries: at.tries, Err: errors.New(c.redact(rerr.Error()))}
 		}
+		if cl.raw != nil {
+			b, err := rawBody(resp, data, limit)
+			if err != nil {
+				return info, &StatusError{Call: cl.name, Status: s, Detail: c.redact(err.Error())}
+			}
+			*cl.raw = b
+			return info, nil
+		}
 		if out != nil && s != http.StatusNoContent && len(bytes.TrimSpace(data)) > 0 {
 			if err := json.Unmarshal(data, out); err != nil {
 				return info, &StatusError{Call: cl.name, Status: s, Detail: "the answer is not the expected JSON: " + c.redact(err.Error())}
@@ -473,10 +522,24 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return info, nil
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
 		return info, &AuthError{Call: cl.name, Status: s, Detail: c.detail(data)}
+	case cl.optional && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
+		return info, &MissingRouteError{Call: cl.name, Status: s}
 	case s == http.StatusConflict:
 		return info, &FencedError{Call: cl.name, JobID: cl.jobID, Epoch: cl.epoch, Detail: c.detail(data)}
-	case s == http.StatusNotFound && cl.jobID != "":
-		return info, fmt.Errorf("%s for job %s: %w", cl.name, cl.jobID, ErrGone)
+	case s == http.StatusNotFound || s == http.StatusMethodNotAllowed:
+		// The route, or what the call names? (routes.go)
+		v := judgeBody(s, data, cl.method, c.base.Path+cl.path)
+		if v == missingUnsure {
+			v = c.probeMissing(ctx, cl, s, resp.Header.Get("Content-Type"), data)
+		}
+		switch {
+		case v == missingRoute:
+			ev := c.evidence(data)
+			c.markAbsent(cl.name, ev)
+			return info, &RouteAbsentError{Call: cl.name, Status: s, Evidence: ev}
+		case s == http.StatusNotFound && cl.jobID != "":
+			return info, fmt.Errorf("%s for job %s: %w", cl.name, cl.jobID, ErrGone)
+		}
 	case Retryable(resp, nil):
 		return info, &TransientError{Call: cl.name, Status: s, Tries: at.tries, Detail: c.detail(data)}
 	}

@@ -126,3 +126,21 @@ func IsAuth(err error) bool {
 	var ae *AuthError
 	return errors.As(err, &ae)
 }
+
+// MissingRouteError is a 404 or 405 on a route an older or smaller
+// coordinator may not have (GET /fleet/factories, the artifacts, a job's
+// events): the caller shows or does what it can without it.
+type MissingRouteError struct {
+	Call   string // e.g. "GET /fleet/factories"
+	Status int
+}
+
+func (e *MissingRouteError) Error() string {
+	return fmt.Sprintf("the coordinator has no %s (it answered %d %s)", e.Call, e.Status, http.StatusText(e.Status))
+}
+
+// IsMissingRoute reports whether err is a *MissingRouteError.
+func IsMissingRoute(err error) bool {
+	var me *MissingRouteError
+	return errors.As(err, &me)
+}

@@ -50,59 +50,61 @@ var (
 // real pipeline (real git, a script engine), push the job branch, report the
 // success stage; one job, one claim.
 func TestRunOnceEndToEnd(t *testing.T) {
-	s := startStub(t, coord.Options{})
-	w := newWorld(t, "app")
-	s.submit(t, idOne, "app", "script: echo one > one.txt\nship: branch")
-	s.submit(t, idTwo, "app", "script: echo two > two.txt\nship: branch")
-	f := newFactory(t, s, w, "f1")
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{}))
+		w := newWorld(t, "app")
+		s.submit(t, idOne, "app", "script: echo one > one.txt\nship: branch")
+		s.submit(t, idTwo, "app", "script: echo two > two.txt\nship: branch")
+		f := newFactory(t, s, w, "f1")
 
-	res, err := f.runOnce(t, ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Outcome.Failed() || res.Stage != job.Shipped || res.Report != "delivered" || res.LeaseEpoch != 1 {
-		t.Fatalf("result %+v", res)
-	}
-	j, _ := s.Job(res.JobID)
-	if j.Stage != coord.StageShipped || j.Holder != "" || j.Branch != "aq/job/"+res.JobID || j.Checkpoint == "" || len(j.Insights) == 0 {
-		t.Fatalf("stub job %+v", j)
-	}
-	if got := kinds(s.Events(res.JobID)); !slices.Equal(got, []string{"submitted", "claimed", "stage:building", "stage:shipped"}) {
-		t.Fatalf("events %v", got)
-	}
-	refs := testenv.RemoteRefs(t, w.origins["app"], "refs/heads/aq/job/")
-	if _, ok := refs["refs/heads/aq/job/"+res.JobID]; !ok || len(refs) != 1 {
-		t.Fatalf("origin job refs %v", refs)
-	}
-	// --once: exactly one claim, and the other job is still queued.
-	st := s.Stats()
-	if n := st.Count(coord.RouteClaim); n != 1 {
-		t.Fatalf("%d claims, want 1", n)
-	}
-	if n := st.Count(coord.RouteEnroll); n != 1 {
-		t.Fatalf("%d enrolls", n)
-	}
-	if n := st.Count(coord.RouteHeartbeat); n < 1 {
-		t.Fatalf("no heartbeat")
-	}
-	other := idTwo
-	if res.JobID == idTwo {
-		other = idOne
-	}
-	if j, _ := s.Job(other); j.Stage != coord.StageQueued {
-		t.Fatalf("the other job is %s", j.Stage)
-	}
-	// The factory's own record.
-	recs, _ := jobstate.Open(filepath.Join(f.Home, "state", "jobs"))
-	rec, err := recs.Get(res.JobID)
-	if err != nil || rec.Stage != job.Shipped || rec.LeaseEpoch != 1 || rec.Running() || rec.Source != "poll" || rec.Branch == "" {
-		t.Fatalf("record %+v %v", rec, err)
-	}
-	// The factory heartbeats what it runs: seen by the stub.
-	fs := s.Factories()
-	if len(fs) != 1 || fs[0].ID != "f1" || fs[0].Stale {
-		t.Fatalf("factories %+v", fs)
-	}
+		res, err := f.runOnce(t, ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome.Failed() || res.Stage != job.Shipped || res.Report != "delivered" || res.LeaseEpoch != 1 {
+			t.Fatalf("result %+v", res)
+		}
+		j, _ := s.Job(res.JobID)
+		if j.Stage != coord.StageShipped || j.Holder != "" || j.Branch != "aq/job/"+res.JobID || j.Checkpoint == "" || len(j.Insights) == 0 {
+			t.Fatalf("stub job %+v", j)
+		}
+		if got := kinds(s.Events(res.JobID)); !slices.Equal(got, []string{"submitted", "claimed", "stage:building", "stage:shipped"}) {
+			t.Fatalf("events %v", got)
+		}
+		refs := testenv.RemoteRefs(t, w.origins["app"], "refs/heads/aq/job/")
+		if _, ok := refs["refs/heads/aq/job/"+res.JobID]; !ok || len(refs) != 1 {
+			t.Fatalf("origin job refs %v", refs)
+		}
+		// --once: exactly one claim, and the other job is still queued.
+		st := s.Stats()
+		if n := st.Count(coord.RouteClaim); n != 1 {
+			t.Fatalf("%d claims, want 1", n)
+		}
+		if n := st.Count(coord.RouteEnroll); n != 1 {
+			t.Fatalf("%d enrolls", n)
+		}
+		if n := st.Count(coord.RouteHeartbeat); n < 1 {
+			t.Fatalf("no heartbeat")
+		}
+		other := idTwo
+		if res.JobID == idTwo {
+			other = idOne
+		}
+		if j, _ := s.Job(other); j.Stage != coord.StageQueued {
+			t.Fatalf("the other job is %s", j.Stage)
+		}
+		// The factory's own record.
+		recs, _ := jobstate.Open(filepath.Join(f.Home, "state", "jobs"))
+		rec, err := recs.Get(res.JobID)
+		if err != nil || rec.Stage != job.Shipped || rec.LeaseEpoch != 1 || rec.Running() || rec.Source != "poll" || rec.Branch == "" {
+			t.Fatalf("record %+v %v", rec, err)
+		}
+		// The factory heartbeats what it runs: seen by the stub.
+		fs := s.Factories()
+		if len(fs) != 1 || fs[0].ID != "f1" || fs[0].Stale {
+			t.Fatalf("factories %+v", fs)
+		}
+	})
 }
 
 // TestClaimRaceExactlyOneWins: factories claiming at once never get the
@@ -171,63 +173,65 @@ func TestClaimRaceExactlyOneWins(t *testing.T) {
 // stopped and its work checkpointed locally, and it pushes nothing, opens no
 // PR and sends no report after the 409.
 func TestRequeuedWhileRunningIsFenced(t *testing.T) {
-	s := startStub(t, coord.Options{LeaseTTL: 30 * time.Second})
-	w := newWorld(t, "app")
-	script, started, _ := w.waitScript(idVictim)
-	s.submit(t, idVictim, "app", "script: "+script+"\nship: branch")
-	f := newFactory(t, s, w, "old-holder")
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 30 * time.Second}))
+		w := newWorld(t, "app")
+		script, started, _ := w.waitScript(idVictim)
+		s.submit(t, idVictim, "app", "script: "+script+"\nship: branch")
+		f := newFactory(t, s, w, "old-holder")
 
-	done := make(chan *Result, 1)
-	go func() {
-		res, err := f.runOnce(t, ctxT(t))
-		if err != nil {
-			t.Error(err)
+		done := make(chan *Result, 1)
+		go func() {
+			res, err := f.runOnce(t, ctxT(t))
+			if err != nil {
+				t.Error(err)
+			}
+			done <- res
+		}()
+		testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
+		if _, err := s.Action(idVictim, "requeue"); err != nil {
+			t.Fatal(err)
 		}
-		done <- res
-	}()
-	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
-	if _, err := s.Action(idVictim, "requeue"); err != nil {
-		t.Fatal(err)
-	}
-	res := <-done
-	if !res.Fenced || res.Outcome.Reason != job.ReasonFenced || res.Report != "none" {
-		t.Fatalf("result %+v", res)
-	}
-	// No push of the job branch (and no WIP push: fenced) from the old holder.
-	if refs := testenv.RemoteRefs(t, w.origins["app"], "refs/heads/aq/"); len(refs) != 0 {
-		t.Fatalf("the fenced factory pushed %v", refs)
-	}
-	// Its work is checkpointed locally.
-	repo := filepath.Join(f.Base, "app")
-	wip := testenv.Git(t, repo, "rev-parse", "--verify", "refs/heads/aq/wip/"+idVictim)
-	if wip == "" || res.Outcome.Checkpoint != wip {
-		t.Fatalf("local WIP %q, outcome checkpoint %q", wip, res.Outcome.Checkpoint)
-	}
-	// After the first 409 the old holder sent nothing more for the job.
-	evs := s.Events(idVictim)
-	first := -1
-	for i, e := range evs {
-		if e.Kind == "fenced" && e.Factory == "old-holder" {
-			first = i
-			break
+		res := <-done
+		if !res.Fenced || res.Outcome.Reason != job.ReasonFenced || res.Report != "none" {
+			t.Fatalf("result %+v", res)
 		}
-	}
-	if first < 0 {
-		t.Fatalf("no 409 recorded: %v", kinds(evs))
-	}
-	for _, e := range evs[first+1:] {
-		if e.Factory == "old-holder" {
-			t.Fatalf("the fenced factory called again after the 409: %+v (all: %v)", e, kinds(evs))
+		// No push of the job branch (and no WIP push: fenced) from the old holder.
+		if refs := testenv.RemoteRefs(t, w.origins["app"], "refs/heads/aq/"); len(refs) != 0 {
+			t.Fatalf("the fenced factory pushed %v", refs)
 		}
-	}
-	j, _ := s.Job(idVictim)
-	if j.Stage != coord.StageQueued || j.LeaseEpoch != 2 || j.Branch != "" {
-		t.Fatalf("stub job %+v", j)
-	}
-	rec, _ := f.Agent.Jobs.Records.Get(idVictim)
-	if !rec.Fenced || rec.Reason != job.ReasonFenced {
-		t.Fatalf("record %+v", rec)
-	}
+		// Its work is checkpointed locally.
+		repo := filepath.Join(f.Base, "app")
+		wip := testenv.Git(t, repo, "rev-parse", "--verify", "refs/heads/aq/wip/"+idVictim)
+		if wip == "" || res.Outcome.Checkpoint != wip {
+			t.Fatalf("local WIP %q, outcome checkpoint %q", wip, res.Outcome.Checkpoint)
+		}
+		// After the first 409 the old holder sent nothing more for the job.
+		evs := s.Events(idVictim)
+		first := -1
+		for i, e := range evs {
+			if e.Kind == "fenced" && e.Factory == "old-holder" {
+				first = i
+				break
+			}
+		}
+		if first < 0 {
+			t.Fatalf("no 409 recorded: %v", kinds(evs))
+		}
+		for _, e := range evs[first+1:] {
+			if e.Factory == "old-holder" {
+				t.Fatalf("the fenced factory called again after the 409: %+v (all: %v)", e, kinds(evs))
+			}
+		}
+		j, _ := s.Job(idVictim)
+		if j.Stage != coord.StageQueued || j.LeaseEpoch != 2 || j.Branch != "" {
+			t.Fatalf("stub job %+v", j)
+		}
+		rec, _ := f.Agent.Jobs.Records.Get(idVictim)
+		if !rec.Fenced || rec.Reason != job.ReasonFenced {
+			t.Fatalf("record %+v", rec)
+		}
+	})
 }
 
 // TestLeaseExpiryWhilePartitioned: the factory loses the network (a
@@ -236,120 +240,235 @@ func TestRequeuedWhileRunningIsFenced(t *testing.T) {
 // the job with the epoch bumped and the checkpoint kept. When the network
 // returns, the factory's spooled fail is refused (409) and dropped.
 func TestLeaseExpiryWhilePartitioned(t *testing.T) {
-	s := startStub(t, coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond})
-	p, err := coord.NewPartition(strings.TrimPrefix(s.http.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	w := newWorld(t, "app")
-	script, started, _ := w.waitScript(idIsland)
-	s.submit(t, idIsland, "app", "script: "+script+"\nship: branch")
-	f := newFactory(t, s, w, "islander", func(c *config.Config, _ *Parts) {
-		c.FleetAPI = "http://" + p.Addr() + "/api"
-	}, func(_ *config.Config, parts *Parts) {
-		parts.Budgets.PerTry = 300 * time.Millisecond
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))
+		p, err := coord.NewPartition(strings.TrimPrefix(s.http.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		w := newWorld(t, "app")
+		script, started, _ := w.waitScript(idIsland)
+		s.submit(t, idIsland, "app", "script: "+script+"\nship: branch")
+		f := newFactory(t, s, w, "islander", func(c *config.Config, _ *Parts) {
+			c.FleetAPI = "http://" + p.Addr() + "/api"
+		}, func(_ *config.Config, parts *Parts) {
+			parts.Budgets.PerTry = 300 * time.Millisecond
+		})
+		done := make(chan *Result, 1)
+		go func() {
+			res, _ := f.runOnce(t, ctxT(t))
+			done <- res
+		}()
+		testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
+		p.Blackhole()
+		res := <-done
+		if res.Outcome.Reason != job.ReasonLeaseLost || res.Report != "spooled" || res.Stage != job.Failed {
+			t.Fatalf("result %+v", res)
+		}
+		// Nothing pushed as a result; the engine's work is checkpointed.
+		if refs := testenv.RemoteRefs(t, w.origins["app"], "refs/heads/aq/job/"); len(refs) != 0 {
+			t.Fatalf("pushed %v", refs)
+		}
+		if res.Outcome.Checkpoint == "" {
+			t.Fatal("no checkpoint")
+		}
+		testenv.WaitFor(t, time.Minute, "the reaper", func() bool { j, _ := s.Job(idIsland); return j.Stage == coord.StageQueued })
+		j, _ := s.Job(idIsland)
+		if j.LeaseEpoch != 2 || j.Holder != "" || j.Reason != string(job.ReasonLeaseLost) {
+			t.Fatalf("reaped job %+v", j)
+		}
+		// The network comes back: the spooled fail carries the old epoch and is
+		// fenced; the spool empties and the record says so.
+		p.Heal()
+		r, err := f.Agent.Reporter.Drain(ctxT(t))
+		if err != nil || r.Fenced != 1 || r.Delivered != 0 {
+			t.Fatalf("drain %+v %v", r, err)
+		}
+		if f.Agent.Reporter.Spool.Depth() != 0 || len(f.Agent.Reporter.Spool.Dead()) != 0 {
+			t.Fatal("spool not empty")
+		}
+		rec, _ := f.Agent.Jobs.Records.Get(idIsland)
+		if !rec.Fenced {
+			t.Fatalf("record %+v", rec)
+		}
+		if j2, _ := s.Job(idIsland); j2.Stage != coord.StageQueued || j2.LeaseEpoch != 2 {
+			t.Fatalf("the late fail changed the job: %+v", j2)
+		}
 	})
-	done := make(chan *Result, 1)
-	go func() {
-		res, _ := f.runOnce(t, ctxT(t))
-		done <- res
-	}()
-	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
-	p.Blackhole()
-	res := <-done
-	if res.Outcome.Reason != job.ReasonLeaseLost || res.Report != "spooled" || res.Stage != job.Failed {
-		t.Fatalf("result %+v", res)
-	}
-	// Nothing pushed as a result; the engine's work is checkpointed.
-	if refs := testenv.RemoteRefs(t, w.origins["app"], "refs/heads/aq/job/"); len(refs) != 0 {
-		t.Fatalf("pushed %v", refs)
-	}
-	if res.Outcome.Checkpoint == "" {
-		t.Fatal("no checkpoint")
-	}
-	testenv.WaitFor(t, time.Minute, "the reaper", func() bool { j, _ := s.Job(idIsland); return j.Stage == coord.StageQueued })
-	j, _ := s.Job(idIsland)
-	if j.LeaseEpoch != 2 || j.Holder != "" || j.Reason != string(job.ReasonLeaseLost) {
-		t.Fatalf("reaped job %+v", j)
-	}
-	// The network comes back: the spooled fail carries the old epoch and is
-	// fenced; the spool empties and the record says so.
-	p.Heal()
-	r, err := f.Agent.Reporter.Drain(ctxT(t))
-	if err != nil || r.Fenced != 1 || r.Delivered != 0 {
-		t.Fatalf("drain %+v %v", r, err)
-	}
-	if f.Agent.Reporter.Spool.Depth() != 0 || len(f.Agent.Reporter.Spool.Dead()) != 0 {
-		t.Fatal("spool not empty")
-	}
-	rec, _ := f.Agent.Jobs.Records.Get(idIsland)
-	if !rec.Fenced {
-		t.Fatalf("record %+v", rec)
-	}
-	if j2, _ := s.Job(idIsland); j2.Stage != coord.StageQueued || j2.LeaseEpoch != 2 {
-		t.Fatalf("the late fail changed the job: %+v", j2)
-	}
 }
 
 // TestFailFreesLeaseImmediately: a failed job is reported with /fleet/fail
 // and its lease is free the moment the call returns — no reaper involved
 // (its TTL is an hour, the reaper never runs) — so another factory can claim
-// it at once.
+// it at once. Against today's coordinator (legacy: no /fleet/fail) the
+// failure goes out as a fenced PATCH (queued: a retry is left; then failed:
+// none) followed by lease/release: the lease is just as free, nothing is
+// parked in spool/dead, and each factory tried /fleet/fail once.
 func TestFailFreesLeaseImmediately(t *testing.T) {
-	s := startStub(t, coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond})
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond}))
+		w := newWorld(t, "app")
+		s.submit(t, idFlaky, "app", "script: exit 3\nretry: { max: 1 }")
+		f1 := newFactory(t, s, w, "first")
+		res, err := f1.runOnce(t, ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome.Reason != job.ReasonEngineFailed || res.Report != "delivered" || res.Stage != job.Inbox {
+			t.Fatalf("result %+v", res)
+		}
+		j, _ := s.Job(idFlaky)
+		if j.Stage != coord.StageQueued || j.Holder != "" || !j.LeaseExpiresAt.IsZero() || j.Attempts != 1 {
+			t.Fatalf("after fail: %+v", j)
+		}
+		// Another factory takes it right away (epoch 2), fails it again: retries
+		// exhausted → dead_letter.
+		time.Sleep(5 * time.Millisecond) // the 1 ms backoff cap
+		f2 := newFactory(t, s, w, "second")
+		res2, err := f2.runOnce(t, ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Full: the coordinator applies the policy (dead_letter). Legacy:
+		// aq does, and PATCHes failed.
+		if res2.LeaseEpoch != 2 || res2.Attempt != 2 || res2.Stage != pick(rs, job.DeadLetter, job.Failed) || res2.Report != "delivered" {
+			t.Fatalf("second run %+v", res2)
+		}
+		if j, _ := s.Job(idFlaky); j.Holder != "" || !j.LeaseExpiresAt.IsZero() {
+			t.Fatalf("after the second fail the lease is held: %+v", j)
+		}
+		if n := s.Reap(time.Now()); n != 0 {
+			t.Fatalf("the reaper found %d leases to reap", n)
+		}
+		for _, f := range []*factory{f1, f2} {
+			if d := f.Agent.Reporter.Spool.Dead(); len(d) != 0 || f.Agent.Reporter.Spool.Depth() != 0 {
+				t.Fatalf("%s: spool/dead %v, depth %d", f.ID, d, f.Agent.Reporter.Spool.Depth())
+			}
+		}
+		want := []string{"submitted", "claimed", "stage:building", "fail:queued", "claimed", "stage:building", "fail:dead_letter"}
+		if rs.legacy() {
+			want = []string{"submitted", "claimed", "stage:building", "stage:queued", "released", "claimed", "stage:building", "stage:failed", "released"}
+			st := s.Stats()
+			if n := st.Routes["unmatched"].Status["404"]; n != 2 {
+				t.Fatalf("/fleet/fail tried %d times, want once per factory (2)", n)
+			}
+			if f1.Agent.Client.Has(RouteFail) || !strings.Contains(f1.Logs.String(), "the coordinator has no POST /fleet/fail route") {
+				t.Fatalf("the absence was not learnt or not said:\n%s", f1.Logs)
+			}
+		}
+		if got := kinds(s.Events(idFlaky)); !slices.Equal(got, want) {
+			t.Fatalf("events %v, want %v", got, want)
+		}
+	})
+}
+
+// TestLegacyFencedFailPatchSendsNothingMore: against today's coordinator, a
+// failure whose fallback PATCH is refused (409: an operator requeued the job
+// meanwhile) is fenced — no lease/release follows, nothing is parked.
+func TestLegacyFencedFailPatchSendsNothingMore(t *testing.T) {
+	s := startStub(t, coord.Options{Routes: coord.RoutesLegacy, LeaseTTL: time.Hour})
 	w := newWorld(t, "app")
-	s.submit(t, idFlaky, "app", "script: exit 3\nretry: { max: 1 }")
-	f1 := newFactory(t, s, w, "first")
-	res, err := f1.runOnce(t, ctxT(t))
-	if err != nil {
+	id := testenv.ID("requeued-failure")
+	s.submit(t, id, "app", "script: true")
+	f := newFactory(t, s, w, "late")
+	c := f.Agent.Client
+	c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
+	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "late"}}); err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome.Reason != job.ReasonEngineFailed || res.Report != "delivered" || res.Stage != job.Inbox {
-		t.Fatalf("result %+v", res)
+	cl, err := c.Claim(ctxT(t), false)
+	if err != nil || cl == nil {
+		t.Fatal(cl, err)
 	}
-	j, _ := s.Job(idFlaky)
-	if j.Stage != coord.StageQueued || j.Holder != "" || !j.LeaseExpiresAt.IsZero() || j.Attempts != 1 {
-		t.Fatalf("after fail: %+v", j)
-	}
-	// Another factory takes it right away (epoch 2), fails it again: retries
-	// exhausted → dead_letter.
-	time.Sleep(5 * time.Millisecond) // the 1 ms backoff cap
-	f2 := newFactory(t, s, w, "second")
-	res2, err := f2.runOnce(t, ctxT(t))
-	if err != nil {
+	if _, err := s.Action(id, "requeue"); err != nil {
 		t.Fatal(err)
 	}
-	if res2.LeaseEpoch != 2 || res2.Attempt != 2 || res2.Stage != job.DeadLetter {
-		t.Fatalf("second run %+v", res2)
+	s.ResetStats()
+	d := f.Agent.Reporter.Send(ctxT(t), FailReport(FailRequest{JobID: id, LeaseEpoch: cl.LeaseEpoch, Reason: job.ReasonEngineFailed, Retryable: true}))
+	if !d.Fenced {
+		t.Fatalf("delivery %+v", d)
 	}
-	if n := s.Reap(time.Now()); n != 0 {
-		t.Fatalf("the reaper found %d leases to reap", n)
+	st := s.Stats()
+	if st.Count(coord.RoutePatch) != 1 || st.Count(coord.RouteRelease) != 0 || st.Total() != 2 {
+		t.Fatalf("after the 409 more was sent: %s", statsText(st))
 	}
+	if len(f.Agent.Reporter.Spool.Dead()) != 0 || f.Agent.Reporter.Spool.Depth() != 0 {
+		t.Fatal("the fenced report was kept")
+	}
+	if j, _ := s.Job(id); j.Stage != coord.StageQueued || j.LeaseEpoch != 2 || j.Holder != "" {
+		t.Fatalf("job %+v", j)
+	}
+}
+
+// TestGateOffWithoutQueueState: a coordinator without GET
+// /fleet/queue-state (older than the gate) — the gated poll path reads it
+// once, learns it is absent, and claims on every tick from then on (the
+// plain poll with backoff), saying so once.
+func TestGateOffWithoutQueueState(t *testing.T) {
+	s := startStub(t, coord.Options{Routes: coord.RoutesLegacy, Without: []string{coord.RouteQueueState}})
+	w := newWorld(t, "app")
+	f := newFactory(t, s, w, "ungated")
+	c := f.Agent.Client
+	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "ungated"}}); err != nil {
+		t.Fatal(err)
+	}
+	c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
+	p := &Poller{Client: c, Base: time.Second, Gate: true, Log: f.Agent.Log}
+	s.ResetStats()
+	for range 5 {
+		if cl, err := p.Tick(ctxT(t)); cl != nil || err != nil {
+			t.Fatal(cl, err)
+		}
+	}
+	st := s.Stats()
+	if st.Routes["unmatched"].Requests != 1 || st.Count(coord.RouteClaim) != 5 {
+		t.Fatalf("queue-state tried %d times (want 1), claims %d (want 5)", st.Routes["unmatched"].Requests, st.Count(coord.RouteClaim))
+	}
+	if n := strings.Count(f.Logs.String(), "the coordinator has no GET /fleet/queue-state route"); n != 1 {
+		t.Fatalf("said %d times:\n%s", n, f.Logs)
+	}
+	s.submit(t, idFresh+"-ungated", "app", "script: true")
+	if cl, err := p.Tick(ctxT(t)); err != nil || cl == nil {
+		t.Fatalf("the plain poll did not claim the new job: %v %v", cl, err)
+	}
+	if p.idle = 100; p.Wait() < 6*time.Second {
+		t.Fatalf("no idle backoff: %v", p.Wait())
+	}
+}
+
+func statsText(st coord.Stats) string {
+	var b strings.Builder
+	for r, rs := range st.Routes {
+		fmt.Fprintf(&b, "%s: %d %v; ", r, rs.Requests, rs.Status)
+	}
+	return b.String()
 }
 
 // TestInvalidManifestFailsWithoutRetry: the bodyMd is parsed and validated
 // locally like a local manifest; an invalid one fails as invalid_manifest,
 // not retryable.
 func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
-	s := startStub(t, coord.Options{})
-	w := newWorld(t, "app")
-	bad := "---\nid: broken\nrepo: app\nengine: script\nscript: true\nnosuchkey: 1\n---\n# broken\n"
-	c := s.operator(t)
-	if _, err := c.Submit(ctxT(t), &job.Job{ID: idBroken, Repo: "app", Engine: "script", Capabilities: []string{}}, []byte(bad)); err != nil {
-		t.Fatal(err)
-	}
-	f := newFactory(t, s, w, "f1")
-	res, err := f.runOnce(t, ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Outcome.Reason != job.ReasonInvalidManifest || !strings.Contains(res.Outcome.Detail, "nosuchkey") || res.Stage != job.Failed {
-		t.Fatalf("result %+v", res)
-	}
-	if j, _ := s.Job(idBroken); j.Stage != coord.StageFailed {
-		t.Fatalf("stub stage %s", j.Stage)
-	}
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{}))
+		w := newWorld(t, "app")
+		bad := "---\nid: broken\nrepo: app\nengine: script\nscript: true\nnosuchkey: 1\n---\n# broken\n"
+		c := s.operator(t)
+		if _, err := c.Submit(ctxT(t), &job.Job{ID: idBroken, Repo: "app", Engine: "script", Capabilities: []string{}}, []byte(bad)); err != nil {
+			t.Fatal(err)
+		}
+		f := newFactory(t, s, w, "f1")
+		res, err := f.runOnce(t, ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome.Reason != job.ReasonInvalidManifest || !strings.Contains(res.Outcome.Detail, "nosuchkey") || res.Stage != job.Failed {
+			t.Fatalf("result %+v", res)
+		}
+		if j, _ := s.Job(idBroken); j.Stage != coord.StageFailed {
+			t.Fatalf("stub stage %s", j.Stage)
+		}
+	})
 }
 
 // TestStubKilledMidJobSpoolDeliversInOrder: the coordinator refuses the
@@ -425,46 +544,48 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 // within its budgets and every job still ends where it should, with every
 // report delivered.
 func Test503Storm(t *testing.T) {
-	s := startStub(t, coord.Options{FailRate: 0.3, Seed: 42})
-	w := newWorld(t, "app")
-	ids := []string{idStormA, idStormB, idStormC, idStormD}
-	for _, id := range ids {
-		s.SetFaults(0, 0)
-		s.submit(t, id, "app", fmt.Sprintf("script: echo %s > %s.txt\nship: branch", id, id))
-	}
-	s.SetFaults(0.3, 0)
-	f := newFactory(t, s, w, "stormy", func(_ *config.Config, p *Parts) {
-		p.Budgets.Report, p.Budgets.FinalReport, p.Budgets.Drain = 5*time.Second, 10*time.Second, 5*time.Second
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{FailRate: 0.3, Seed: 42}))
+		w := newWorld(t, "app")
+		ids := []string{idStormA, idStormB, idStormC, idStormD}
+		for _, id := range ids {
+			s.SetFaults(0, 0)
+			s.submit(t, id, "app", fmt.Sprintf("script: echo %s > %s.txt\nship: branch", id, id))
+		}
+		s.SetFaults(0.3, 0)
+		f := newFactory(t, s, w, "stormy", func(_ *config.Config, p *Parts) {
+			p.Budgets.Report, p.Budgets.FinalReport, p.Budgets.Drain = 5*time.Second, 10*time.Second, 5*time.Second
+		})
+		var results []*Result
+		err := f.Agent.Run(ctxT(t), RunOptions{Drain: true}, func(r *Result) { results = append(results, r) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(results) != len(ids) {
+			t.Fatalf("%d results", len(results))
+		}
+		for _, r := range results {
+			if r.Outcome.Failed() || r.Report != "delivered" {
+				t.Errorf("%s: %+v", r.JobID, r)
+			}
+		}
+		for _, id := range ids {
+			if j, _ := s.Job(id); j.Stage != coord.StageShipped || j.LeaseEpoch != 1 {
+				t.Errorf("%s: %s epoch %d", id, j.Stage, j.LeaseEpoch)
+			}
+		}
+		st := s.Stats()
+		var n503 int64
+		for _, rs := range st.Routes {
+			n503 += rs.Status["503"]
+		}
+		if n503 == 0 {
+			t.Fatal("no 503 was injected")
+		}
+		if f.Agent.Reporter.Spool.Depth() != 0 {
+			t.Fatal("reports left in the spool")
+		}
 	})
-	var results []*Result
-	err := f.Agent.Run(ctxT(t), RunOptions{Drain: true}, func(r *Result) { results = append(results, r) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(results) != len(ids) {
-		t.Fatalf("%d results", len(results))
-	}
-	for _, r := range results {
-		if r.Outcome.Failed() || r.Report != "delivered" {
-			t.Errorf("%s: %+v", r.JobID, r)
-		}
-	}
-	for _, id := range ids {
-		if j, _ := s.Job(id); j.Stage != coord.StageShipped || j.LeaseEpoch != 1 {
-			t.Errorf("%s: %s epoch %d", id, j.Stage, j.LeaseEpoch)
-		}
-	}
-	st := s.Stats()
-	var n503 int64
-	for _, rs := range st.Routes {
-		n503 += rs.Status["503"]
-	}
-	if n503 == 0 {
-		t.Fatal("no 503 was injected")
-	}
-	if f.Agent.Reporter.Spool.Depth() != 0 {
-		t.Fatal("reports left in the spool")
-	}
 }
 
 // TestRenewalFailingAfterSuccessesIsRetried: renewals succeed, then fail for
@@ -529,44 +650,46 @@ func TestHeartbeat401Stops(t *testing.T) {
 // TestGateMakesNoClaimWhileVersionUnchanged: with the gate, an idle factory
 // reads the queue-state and makes no claim until the version moves.
 func TestGateMakesNoClaimWhileVersionUnchanged(t *testing.T) {
-	s := startStub(t, coord.Options{})
-	w := newWorld(t, "app")
-	f := newFactory(t, s, w, "gated")
-	c := f.Agent.Client
-	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "gated"}}); err != nil {
-		t.Fatal(err)
-	}
-	c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
-	p := &Poller{Client: c, Base: time.Second, Gate: true}
-	s.ResetStats()
-	for range 20 {
-		cl, err := p.Tick(ctxT(t))
-		if cl != nil || err != nil {
-			t.Fatal(cl, err)
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{}))
+		w := newWorld(t, "app")
+		f := newFactory(t, s, w, "gated")
+		c := f.Agent.Client
+		if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "gated"}}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	st := s.Stats()
-	if st.Count(coord.RouteQueueState) != 20 || st.Count(coord.RouteClaim) != 1 {
-		t.Fatalf("queue-state %d (want 20), claims %d (want 1: the first tick)", st.Count(coord.RouteQueueState), st.Count(coord.RouteClaim))
-	}
-	// A new job moves the version: the next tick claims it.
-	s.submit(t, idFresh, "app", "script: true")
-	cl, err := p.Tick(ctxT(t))
-	if err != nil || cl == nil || cl.Job.ID != idFresh {
-		t.Fatalf("after submit: %v %v", cl, err)
-	}
-	if n := s.Stats().Count(coord.RouteClaim); n != 2 {
-		t.Fatalf("%d claims", n)
-	}
-	// Idle backoff: waits grow (with jitter) up to 8× the base.
-	p.idle = 100
-	if d := p.Wait(); d < 6*time.Second || d > 10*time.Second {
-		t.Fatalf("idle wait %v", d)
-	}
-	p.idle = 0
-	if d := p.Wait(); d > 1200*time.Millisecond {
-		t.Fatalf("busy wait %v", d)
-	}
+		c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
+		p := &Poller{Client: c, Base: time.Second, Gate: true}
+		s.ResetStats()
+		for range 20 {
+			cl, err := p.Tick(ctxT(t))
+			if cl != nil || err != nil {
+				t.Fatal(cl, err)
+			}
+		}
+		st := s.Stats()
+		if st.Count(coord.RouteQueueState) != 20 || st.Count(coord.RouteClaim) != 1 {
+			t.Fatalf("queue-state %d (want 20), claims %d (want 1: the first tick)", st.Count(coord.RouteQueueState), st.Count(coord.RouteClaim))
+		}
+		// A new job moves the version: the next tick claims it.
+		s.submit(t, idFresh, "app", "script: true")
+		cl, err := p.Tick(ctxT(t))
+		if err != nil || cl == nil || cl.Job.ID != idFresh {
+			t.Fatalf("after submit: %v %v", cl, err)
+		}
+		if n := s.Stats().Count(coord.RouteClaim); n != 2 {
+			t.Fatalf("%d claims", n)
+		}
+		// Idle backoff: waits grow (with jitter) up to 8× the base.
+		p.idle = 100
+		if d := p.Wait(); d < 6*time.Second || d > 10*time.Second {
+			t.Fatalf("idle wait %v", d)
+		}
+		p.idle = 0
+		if d := p.Wait(); d > 1200*time.Millisecond {
+			t.Fatalf("busy wait %v", d)
+		}
+	})
 }
 
 // TestEnrollmentCredentials: the first start enrolls and writes the factory
@@ -712,28 +835,30 @@ func TestShadowAgreeAndDiverge(t *testing.T) {
 // context is already cancelled is released (not failed): the job goes back
 // to queued at once, no attempt counted.
 func TestStoppedBeforeStartReleasesLease(t *testing.T) {
-	s := startStub(t, coord.Options{LeaseTTL: time.Hour})
-	w := newWorld(t, "app")
-	s.submit(t, idUnstarted, "app", "script: true")
-	f := newFactory(t, s, w, "stopping")
-	c := f.Agent.Client
-	c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
-	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "stopping"}}); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := c.Claim(ctxT(t), false)
-	if err != nil || cl == nil {
-		t.Fatal(cl, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	res := f.Agent.Jobs.Run(ctx, cl)
-	if res.Report != "released" || res.Outcome.Reason != job.ReasonInterrupted || res.Stage != job.Inbox {
-		t.Fatalf("result %+v", res)
-	}
-	if j, _ := s.Job(idUnstarted); j.Stage != coord.StageQueued || j.Holder != "" || j.Attempts != 0 {
-		t.Fatalf("stub job %+v", j)
-	}
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour}))
+		w := newWorld(t, "app")
+		s.submit(t, idUnstarted, "app", "script: true")
+		f := newFactory(t, s, w, "stopping")
+		c := f.Agent.Client
+		c.SetOffer([]string{"os:linux", "engine:script"}, []string{"app"})
+		if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: f.Cfg.CredentialsFile(), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "stopping"}}); err != nil {
+			t.Fatal(err)
+		}
+		cl, err := c.Claim(ctxT(t), false)
+		if err != nil || cl == nil {
+			t.Fatal(cl, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res := f.Agent.Jobs.Run(ctx, cl)
+		if res.Report != "released" || res.Outcome.Reason != job.ReasonInterrupted || res.Stage != job.Inbox {
+			t.Fatalf("result %+v", res)
+		}
+		if j, _ := s.Job(idUnstarted); j.Stage != coord.StageQueued || j.Holder != "" || j.Attempts != 0 {
+			t.Fatalf("stub job %+v", j)
+		}
+	})
 }
 
 // TestLeaseHeldWhileTheFinalReportIsRetried: found by the chaos harness. The

@@ -24,14 +24,37 @@ type Heartbeater struct {
 	Clock Clock
 	Log   *slog.Logger
 	Rand  func() float64
+	// Refresher, when set, is checked before each beat: the beat carries
+	// what the host offers now (a new clone, a removed repo).
+	Refresher *Refresher
 
 	mu       sync.Mutex
 	lastOK   time.Time
 	failures int
+	kickMu   sync.Mutex
+	kick     chan struct{}
+}
+
+// Kick asks Run for a beat now (the offer changed).
+func (h *Heartbeater) Kick() {
+	select {
+	case h.kickChan() <- struct{}{}:
+	default:
+	}
+}
+
+func (h *Heartbeater) kickChan() chan struct{} {
+	h.kickMu.Lock()
+	defer h.kickMu.Unlock()
+	if h.kick == nil {
+		h.kick = make(chan struct{}, 1)
+	}
+	return h.kick
 }
 
 // Beat sends one heartbeat.
 func (h *Heartbeater) Beat(ctx context.Context) error {
+	h.Refresher.Check(ctx)
 	caps, repos := h.Client.Offer()
 	seats := h.SeatLimit
 	if seats <= 0 {
@@ -117,9 +140,37 @@ func (h *Heartbeater) Run(ctx context.Context) error {
 			// Retry sooner than the cadence, backing off up to it.
 			wait = min(Backoff(time.Second, h.Interval, fails-1, nil, h.rand()), wait)
 		}
-		if h.clock().Sleep(ctx, wait) != nil {
+		if h.sleep(ctx, wait) != nil {
 			return nil
 		}
+	}
+}
+
+// sleep waits d, or until Kick (nil); an error when ctx is done, or the
+// clock's own (a simulation's end).
+func (h *Heartbeater) sleep(ctx context.Context, d time.Duration) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kick := h.kickChan()
+	kicked := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-kick:
+			close(kicked)
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	err := h.clock().Sleep(sctx, d)
+	cancel()
+	<-done
+	select {
+	case <-kicked:
+		return ctx.Err()
+	default:
+		return err
 	}
 }
 

@@ -8,9 +8,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -45,6 +51,14 @@ type JobRunner struct {
 	// (aq_lease_renew_failures_total); a renewal refused because the final
 	// report ended the lease is not one.
 	RenewFailed func()
+	// Tracer records one trace per job: a root span from the claim to the
+	// final report (internal/telemetry); nil: none.
+	Tracer trace.Tracer
+	// Notifier is told of each job's end once its report settled (nil: off).
+	Notifier *notify.Notifier
+	// Artifacts, when set, uploads the job's logs after each terminal
+	// report (never before it, never holding it up).
+	Artifacts *Artifacts
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -64,10 +78,23 @@ type Result struct {
 	// Err is a refusal of this factory's credentials seen while the job ran
 	// (the fleet path must stop).
 	Err error `json:"-"`
+
+	parsed *job.Job // the job's manifest, once parsed
 }
 
-// Run runs the job of claim c. It always returns a Result.
+// Run runs the job of claim c in its trace (one per job, from the claim to
+// the final report) and tells the notifier how it ended. It always returns
+// a Result.
 func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
+	ctx, span := telemetry.StartJob(ctx, r.tracer(), telemetry.JobStart{ID: c.Job.ID, Repo: c.Job.Repo, Attempt: c.Attempt(),
+		Mode: "fleet", Source: c.Source, Epoch: c.LeaseEpoch})
+	res := r.run(ctx, c)
+	r.ended(ctx, span, c, res)
+	return res
+}
+
+// run runs the job of claim c.
+func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 	id := c.Job.ID
 	log := r.log().With("job", id, "repo", c.Job.Repo, "epoch", c.LeaseEpoch)
 	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}
@@ -101,12 +128,14 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 	// report still holds the lease), and ends the moment the report settles
 	// (JobLease.End: a renewal refused after the terminal report is no loss).
 	lease.Start(context.WithoutCancel(jobCtx))
+	var policy *job.Retry // the manifest's, once parsed
 	end := func() {
-		r.finish(ctx, log, c, lease, res)
+		r.finish(ctx, log, c, lease, res, policy)
 		lease.End()
 		if res.Err == nil {
 			res.Err = lease.AuthErr()
 		}
+		r.upload(ctx, log, c, res)
 	}
 
 	j, err := r.parse(c)
@@ -116,7 +145,9 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 		end()
 		return res
 	}
+	policy = &j.Retry
 	r.record(log, id, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
+	res.parsed = j
 
 	// assigned → building, fenced: a 409 here means the job is already
 	// someone else's, before any work.
@@ -171,7 +202,8 @@ func (r *JobRunner) release(ctx context.Context, log *slog.Logger, c *Claim, res
 }
 
 // finish sends the final report (unless fenced) and records the end.
-func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, lease *JobLease, res *Result) {
+// policy is the job's retry policy (nil: the manifest did not parse).
+func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, lease *JobLease, res *Result, policy *job.Retry) {
 	out := &res.Outcome
 	if lease.Fenced() && out.Reason != job.ReasonFenced {
 		// Fenced after the pipeline's last check: whatever it did, it must
@@ -184,20 +216,42 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	}
 	rctx, cancel := r.reportContext(ctx)
 	defer cancel()
+	rctx, rspan := telemetry.Step(rctx, r.tracer(), telemetry.SpanReport)
+	defer func() { endReport(rspan, res) }()
 	lease.Reporting()
 	var d Delivery
 	switch {
 	case out.Reason == job.ReasonFenced:
 		res.Fenced, res.Stage, res.Report = true, job.Failed, "none"
 		log.Warn("job fenced: another factory owns it; nothing is reported or shipped", "stage", job.Failed, "reason", job.ReasonFenced, "checkpoint", out.Checkpoint)
+	case out.IsParked():
+		// The engine's account hit a limit: release the lease with the
+		// reset, so the job waits (on this factory or another) without a
+		// retry spent. A coordinator without /fleet/fail gets the same
+		// through the route fallback (PATCH queued + release).
+		d = r.Reporter.Send(rctx, FailReport(FailRequest{
+			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
+			Retryable: true, Checkpoint: out.Checkpoint, Detail: out.Detail, NotBefore: out.ParkedUntil,
+		}))
+		res.Stage = job.Inbox
+		if d.Delivered && d.Stage != "" {
+			res.Stage = job.StageFromFleet(d.Stage)
+		}
+		log.Warn("job parked: lease released until the engine's limit resets", "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339),
+			"detail", out.Detail, "stage", res.Stage, "report", d.String(), "checkpoint", out.Checkpoint)
 	case out.Failed():
 		// Also for lease_lost: the fail carries our epoch, so it is fenced
 		// (409) if the coordinator reaped the lease, and frees the lease at
 		// once if it did not.
-		d = r.Reporter.Send(rctx, FailReport(FailRequest{
+		in := out.Insights
+		rep := FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
-			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail,
-		}))
+			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail, Insights: &in,
+		})
+		// For a coordinator without /fleet/fail, which leaves the retry
+		// decision to the factory (failpatch.go).
+		rep.Exhausted = policy == nil || !job.Retryable(out.Reason, c.Attempt(), *policy)
+		d = r.Reporter.Send(rctx, rep)
 		res.Stage = job.Failed
 		if d.Delivered && d.Stage != "" {
 			res.Stage = job.StageFromFleet(d.Stage)
@@ -239,6 +293,27 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	})
 }
 
+// upload sends the job's logs as artifacts once its terminal report is
+// settled: tried within the upload budget when the report went through,
+// spooled at once when the report itself was spooled (the coordinator is
+// away), not at all for a fenced job (this factory reports nothing for it).
+func (r *JobRunner) upload(ctx context.Context, log *slog.Logger, c *Claim, res *Result) {
+	if r.Artifacts == nil {
+		return
+	}
+	switch res.Report {
+	case "delivered", "spooled", "rejected":
+	default:
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.Artifacts.uploadBudget()+time.Second)
+	defer cancel()
+	ds := r.Artifacts.Upload(actx, c.Job.ID, c.LeaseEpoch, res.Attempt, res.Report == "spooled")
+	for name, d := range ds {
+		log.Debug("artifact", "name", name, "upload", d.String())
+	}
+}
+
 // reportContext is the final report's context: it outlives the job's (a
 // stopped aq still reports), bounded by the report's own budget; when aq is
 // being stopped, the short drain budget applies, and the spool keeps the
@@ -250,6 +325,45 @@ func (r *JobRunner) reportContext(ctx context.Context) (context.Context, context
 		limit = b.Drain
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), limit+time.Second)
+}
+
+// ended closes the job's trace and tells the notifier where the job went:
+// a failure is for good when the coordinator said so (failed, dead_letter)
+// or, its answer unknown (spooled), when the job's retry policy says so.
+func (r *JobRunner) ended(ctx context.Context, span trace.Span, c *Claim, res *Result) {
+	o := res.Outcome
+	telemetry.EndJob(span, telemetry.JobEnd{Stage: res.Stage, Reason: o.Reason, Fenced: res.Fenced, Insights: o.Insights,
+		Branch: o.Branch, PRURL: o.PRURL, Report: res.Report})
+	if res.Report == "released" || res.Report == "none" {
+		return // never started here, or fenced: nothing of this factory's to announce
+	}
+	var title string
+	final := res.Stage == job.Failed || res.Stage == job.DeadLetter
+	if j := res.parsed; j != nil {
+		title = j.Title
+		if res.Report != "delivered" && o.Failed() {
+			final = !job.Retryable(o.Reason, res.Attempt, j.Retry)
+		}
+	}
+	r.Notifier.Notify(notify.End{JobID: res.JobID, Title: title, Repo: c.Job.Repo, Attempt: res.Attempt, Stage: res.Stage, Reason: o.Reason,
+		Detail: o.Detail, Fenced: res.Fenced, Final: final, Branch: o.Branch, PRURL: o.PRURL, Insights: o.Insights, Mode: "fleet",
+		TraceID: telemetry.TraceID(ctx)})
+}
+
+// endReport ends the final report's span with what became of it.
+func endReport(span trace.Span, res *Result) {
+	span.SetAttributes(attribute.String(telemetry.AttrReport, res.Report))
+	if res.Report != "delivered" && res.Report != "none" {
+		span.SetStatus(codes.Error, "report "+res.Report) // spooled, rejected, fenced: not taken now
+	}
+	span.End()
+}
+
+func (r *JobRunner) tracer() trace.Tracer {
+	if r.Tracer != nil {
+		return r.Tracer
+	}
+	return telemetry.Off().Tracer()
 }
 
 func (r *JobRunner) parse(c *Claim) (*job.Job, error) {

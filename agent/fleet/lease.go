@@ -8,7 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -243,6 +246,7 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 			l.failures = 0
 			l.mu.Unlock()
 			l.setExpiry(le.LocalExpiry)
+			telemetry.Event(ctx, telemetry.EventLeaseRenew, attribute.Int64(telemetry.AttrEpoch, l.epoch), attribute.String("aq.lease.expires_at", le.ExpiresAt.UTC().Format(time.RFC3339)))
 			return nil
 		case IsFenced(err), errors.Is(err, ErrGone):
 			l.mu.Lock()
@@ -253,6 +257,7 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 				return &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report ended the lease"}
 			}
 			l.failedOnce()
+			telemetry.Event(ctx, telemetry.EventLeaseRenewFailed, attribute.String(telemetry.AttrError, "fenced"))
 			return l.stop(job.ReasonFenced, err.Error())
 		case IsAuth(err):
 			l.failedOnce()
@@ -267,12 +272,28 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 		l.failures++
 		l.mu.Unlock()
 		l.failedOnce()
+		telemetry.Event(ctx, telemetry.EventLeaseRenewFailed, attribute.String(telemetry.AttrError, errKind(err)), attribute.Int(telemetry.AttrAttemptN, attempt+1))
 		l.log.Warn("lease renewal failed; retrying until the lease's expiry is near", "err", err, "deadline", deadline.Format(time.RFC3339))
 		wait := min(Backoff(200*time.Millisecond, 5*time.Second, attempt, nil, l.rnd), deadline.Sub(l.clock.Now()))
 		if wait > 0 && l.clock.Sleep(ctx, wait) != nil {
 			return stopCause(ctx)
 		}
 	}
+}
+
+// errKind names a failed call for a span event: the error's kind, never
+// its text (which may quote the coordinator's answer).
+func errKind(err error) string {
+	var te *TransientError
+	switch {
+	case errors.As(err, &te) && te.Status != 0:
+		return fmt.Sprintf("http %d", te.Status)
+	case errors.As(err, &te):
+		return "network"
+	case IsAuth(err):
+		return "auth"
+	}
+	return "error"
 }
 
 func (l *JobLease) failedOnce() {

@@ -36,6 +36,35 @@ func fastBudgets() Budgets {
 	}
 }
 
+// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// and legacy (the coordinator in service today: no /fleet/fail, accept,
+// deregister) — so the fleet pipeline is held to both (a table over route
+// sets, not copies of tests).
+func eachRouteSet(t *testing.T, fn func(t *testing.T, rs routeSet)) {
+	for _, name := range coord.RouteSets {
+		t.Run(name, func(t *testing.T) { fn(t, routeSet(name)) })
+	}
+}
+
+// routeSet is one of coord.RouteSets.
+type routeSet string
+
+// opts is o with the route set.
+func (rs routeSet) opts(o coord.Options) coord.Options {
+	o.Routes = string(rs)
+	return o
+}
+
+func (rs routeSet) legacy() bool { return rs == coord.RoutesLegacy }
+
+// pick is full's value or legacy's.
+func pick[T any](rs routeSet, full, legacy T) T {
+	if rs.legacy() {
+		return legacy
+	}
+	return full
+}
+
 // stub is a coordinator stub on a real 127.0.0.1 listener.
 type stub struct {
 	*coord.Server

@@ -32,6 +32,9 @@ type Poller struct {
 	// With the gate, a repo that came back into the list since the last
 	// claim counts as a change (a job for it may have waited meanwhile).
 	Repos func() []string
+	// Refresher, when set, is checked before each look: a claim offers
+	// what the host has now (a repo removed a moment ago is not offered).
+	Refresher *Refresher
 
 	idle        int
 	haveVersion bool
@@ -70,6 +73,7 @@ func (p *Poller) Next(ctx context.Context) (*Claim, error) {
 // gate says nothing changed, one claim. A nil claim and nil error mean no
 // job now; the idle counter grows. A claim resets it.
 func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
+	p.Refresher.Check(ctx)
 	now := p.clock().Now()
 	var repos []string
 	if p.Repos != nil {
@@ -78,15 +82,26 @@ func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
 			repos = []string{}
 		}
 	}
-	if p.Gate {
-		qs, err := p.Client.QueueState(ctx)
-		if err != nil {
+	// Without GET /fleet/queue-state (a coordinator older than the gate)
+	// the gate is off: the plain poll with idle backoff. The client says so
+	// once, when it learns it.
+	gate := p.Gate && p.Client.Has(RouteQueueState)
+	var qs QueueState
+	if gate {
+		var err error
+		qs, err = p.Client.QueueState(ctx)
+		switch {
+		case IsRouteAbsent(err):
+			gate, p.haveVersion = false, false
+		case err != nil:
 			if IsAuth(err) {
 				return nil, err
 			}
 			p.idle++
 			return nil, err
 		}
+	}
+	if gate {
 		safety := p.SafetyInterval
 		if safety == 0 {
 			safety = DefaultSafetyInterval
@@ -105,7 +120,7 @@ func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
 	c, err := p.Client.ClaimRepos(ctx, false, repos)
 	if err != nil {
 		p.idle++
-		if p.Gate {
+		if gate {
 			p.haveVersion = false // claim again next tick
 		}
 		return nil, err

@@ -7,7 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -17,6 +20,7 @@ type Delivery struct {
 	Spooled   bool   `json:"spooled,omitempty"`  // kept in the spool; the drain re-sends it
 	Fenced    bool   `json:"fenced,omitempty"`   // 409: this factory no longer owns the job
 	Rejected  bool   `json:"rejected,omitempty"` // refused for good (4xx): kept in spool/dead
+	Skipped   bool   `json:"skipped,omitempty"`  // an artifact the coordinator has no route for: dropped
 	Stage     string `json:"stage,omitempty"`    // /fleet/fail's answer; the patched stage
 	Err       error  `json:"-"`
 
@@ -34,6 +38,8 @@ func (d Delivery) String() string {
 		return "rejected"
 	case d.Spooled:
 		return "spooled"
+	case d.Skipped:
+		return "skipped"
 	}
 	return "none"
 }
@@ -101,6 +107,9 @@ func (r *Reporter) Send(ctx context.Context, rep Report) Delivery {
 		stage, err := r.deliver(ctx, rep, 0)
 		d := r.settle(log, rep, stage, err, false)
 		unlock()
+		if d.Spooled {
+			telemetry.Event(ctx, telemetry.EventSpooled, attribute.String("aq.report", rep.stage()))
+		}
 		return d
 	}
 	// Earlier reports of this job wait: this one goes behind them.
@@ -134,7 +143,14 @@ func (r *Reporter) deliver(ctx context.Context, rep Report, budget time.Duration
 		if b == 0 {
 			b = r.Client.Budgets().FinalReport
 		}
-		return r.Client.fail(ctx, *rep.Fail, b)
+		return r.Client.fail(ctx, *rep.Fail, rep.Exhausted, b)
+	case KindArtifact:
+		b := budget
+		if b == 0 {
+			b = r.Client.Budgets().Report
+		}
+		_, err := r.Client.UploadArtifact(ctx, rep.JobID, *rep.Artifact, b)
+		return "", err
 	}
 	return "", errors.New("unknown report kind " + rep.Kind)
 }
@@ -149,6 +165,12 @@ func (r *Reporter) settle(log *slog.Logger, rep Report, stage string, err error,
 		}
 		log.Info("report delivered", "stage", stage)
 		return Delivery{Delivered: true, Stage: stage}
+	case errors.Is(err, ErrNoArtifacts):
+		// Warned once by the client; not kept: the coordinator cannot take it.
+		if spooled {
+			_ = r.Spool.Remove(rep)
+		}
+		return Delivery{Skipped: true, Err: err}
 	case IsFenced(err):
 		log.Warn("report fenced: this factory no longer owns the job", "err", err)
 		if spooled {
@@ -247,6 +269,7 @@ func (r *Reporter) drain(ctx context.Context, upTo int64) (DrainResult, map[int6
 			r.record(rep, d)
 		case d.Rejected:
 			res.Rejected++
+		case d.Skipped:
 		default:
 			res.Left = len(reps) - i
 			return res, got, d.Err

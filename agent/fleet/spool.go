@@ -22,6 +22,10 @@ import (
 const (
 	KindPatch = "patch" // PATCH /fleet/jobs/:id
 	KindFail  = "fail"  // POST /fleet/fail
+	// KindArtifact is an upload (POST /fleet/jobs/:id/artifacts). Artifacts
+	// wait in a spool of their own ($AQ_HOME/spool/artifacts), drained by a
+	// Reporter of their own: they never hold up a stage report.
+	KindArtifact = "artifact"
 )
 
 // Report is one stage report for the coordinator, as the spool keeps it
@@ -34,7 +38,14 @@ type Report struct {
 	LeaseEpoch int64         `json:"leaseEpoch"`
 	Patch      *PatchRequest `json:"patch,omitempty"`
 	Fail       *FailRequest  `json:"fail,omitempty"`
-	CreatedAt  time.Time     `json:"createdAt"`
+	// Artifact is an upload, its content already masked, capped and
+	// gzipped.
+	Artifact  *ArtifactUpload `json:"artifact,omitempty"`
+	CreatedAt time.Time       `json:"createdAt"`
+	// Exhausted: a failure of a job with no retries left (its manifest's
+	// policy at this attempt). /fleet/fail leaves that to the coordinator;
+	// without the route, the fallback PATCH says failed rather than queued.
+	Exhausted bool `json:"exhausted,omitempty"`
 	// Why is the error that sent it to the spool (or, under dead/, why the
 	// coordinator refused it).
 	Why string `json:"why,omitempty"`
@@ -53,9 +64,17 @@ func FailReport(f FailRequest) Report {
 // Final reports whether the report ends this factory's run of the job.
 func (r Report) Final() bool { return r.Kind == KindFail || (r.Patch != nil && r.Patch.Terminal()) }
 
+// ArtifactReport builds an upload for the artifact spool.
+func ArtifactReport(jobID string, a ArtifactUpload) Report {
+	return Report{V: 1, Kind: KindArtifact, JobID: jobID, LeaseEpoch: a.LeaseEpoch, Artifact: &a}
+}
+
 func (r Report) stage() string {
 	if r.Patch != nil {
 		return r.Patch.Stage
+	}
+	if r.Artifact != nil {
+		return "artifact:" + r.Artifact.Name
 	}
 	return "fail:" + string(r.Fail.Reason)
 }
@@ -146,7 +165,8 @@ func (s *Spool) Pending() (reports []Report, errs []error) {
 		if err == nil {
 			err = json.Unmarshal(b, &r)
 		}
-		if err == nil && (r.Kind == KindPatch && r.Patch == nil || r.Kind == KindFail && r.Fail == nil || r.Kind != KindPatch && r.Kind != KindFail) {
+		if err == nil && (r.Kind == KindPatch && r.Patch == nil || r.Kind == KindFail && r.Fail == nil || r.Kind == KindArtifact && r.Artifact == nil ||
+			r.Kind != KindPatch && r.Kind != KindFail && r.Kind != KindArtifact) {
 			err = errors.New("not a report")
 		}
 		if err != nil {

@@ -132,6 +132,9 @@ type PatchRequest struct {
 	Insights   *job.Insights `json:"insights,omitempty"`
 	Branch     string        `json:"branch,omitempty"`
 	PRURL      string        `json:"prUrl,omitempty"`
+	// Detail says what went wrong, in words (a failure reported without
+	// /fleet/fail: failPatch).
+	Detail string `json:"detail,omitempty"`
 }
 
 // Terminal reports whether the patch ends this factory's run of the job.
@@ -154,6 +157,17 @@ type FailRequest struct {
 	Retryable  bool   `json:"retryable"`
 	Checkpoint string `json:"checkpoint,omitempty"`
 	Detail     string `json:"detail,omitempty"`
+	// Insights are the failed run's usage (tokens, cost, turns, wall), so
+	// the coordinator's budgets count the spend of failures too, not only
+	// that of successes. Nil for a failure no run measured (an orphan).
+	Insights *job.Insights `json:"insights,omitempty"`
+	// NotBefore (reason rate_limited: the engine's account hit a rate or
+	// usage limit, or ran out of credit) is when the limit resets: the
+	// coordinator must not hand the job out before it, and must not count
+	// the run as an attempt. Another factory, on another account, may take
+	// it at once only if the coordinator knows the accounts differ; the
+	// stub simply waits.
+	NotBefore time.Time `json:"notBefore,omitzero"`
 }
 
 // FailAnswer is /fleet/fail's answer: where the job went.

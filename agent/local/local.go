@@ -14,10 +14,15 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/agent/holds"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 	"github.com/aqfleet/aq/worktree"
@@ -41,6 +46,10 @@ type Agent struct {
 	// OnEvent, if set, receives each running job's progress (started, usage,
 	// checkpoint).
 	OnEvent func(jobID string, e runner.Event)
+	// Tracer records one trace per job (internal/telemetry); nil: none.
+	Tracer trace.Tracer
+	// Notifier is told of each job's end once it is recorded (nil: off).
+	Notifier *notify.Notifier
 
 	hostOnce sync.Once
 	host     *caps.Host
@@ -114,7 +123,10 @@ func (a *Agent) log() *slog.Logger {
 
 // HostCaps returns this host's capabilities, detected once.
 func (a *Agent) HostCaps(ctx context.Context) (*caps.Host, error) {
-	a.hostOnce.Do(func() { a.host, a.hostErr = a.Host(ctx) })
+	a.hostOnce.Do(func() {
+		a.host, a.hostErr = a.Host(ctx)
+		caps.LogEngines(a.log(), a.host)
+	})
 	return a.host, a.hostErr
 }
 
@@ -136,7 +148,7 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	if s.Engine == "any" || s.Engine == "" {
 		found := false
 		for _, e := range h.Engines {
-			if e.Name != caps.ScriptEngine {
+			if e.Name != caps.ScriptEngine && e.Refused == "" {
 				found = true
 			}
 		}
@@ -150,17 +162,53 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	return false, caps.Explain(missing)
 }
 
+// HeldFor reports the hold that keeps job s from running now: its engine's
+// (held until its limit resets), or for `engine: any` the earliest of the
+// holds when every coding engine h has is held. active is holds.Store.Active.
+func HeldFor(h *caps.Host, active map[string]holds.Hold, s queue.State) (holds.Hold, bool) {
+	if len(active) == 0 {
+		return holds.Hold{}, false
+	}
+	switch s.Engine {
+	case "claude", "codex", "devin":
+		hold, ok := active[s.Engine]
+		return hold, ok
+	case "", "any":
+		var first *holds.Hold
+		for _, e := range h.Engines {
+			if e.Name == caps.ScriptEngine || e.Refused != "" {
+				continue
+			}
+			hold, ok := active[e.Name]
+			if !ok {
+				return holds.Hold{}, false // a coding engine that is free
+			}
+			if first == nil || hold.Until.Before(first.Until) {
+				first = &hold
+			}
+		}
+		if first != nil {
+			return *first, true
+		}
+	}
+	return holds.Hold{}, false
+}
+
 // RunOne takes the best runnable job and runs it. It returns queue.ErrNoJob
 // when nothing can run now.
-func (a *Agent) RunOne(ctx context.Context) (*Result, error) {
+func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 	host, err := a.HostCaps(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var jobLock *worktree.Lock
+	active, _ := a.Runner.Holds.Active()
 	entry, err := a.Queue.Next(func(s queue.State) bool {
 		if ok, _ := Runnable(host, s); !ok {
 			return false
+		}
+		if _, held := HeldFor(host, active, s); held {
+			return false // its engine's limit has not reset: it would only park
 		}
 		// Take the job's lock before the queue moves it to building, so that
 		// no other aq can mistake it for an orphan in between.
@@ -181,6 +229,9 @@ func (a *Agent) RunOne(ctx context.Context) (*Result, error) {
 	st := entry.State
 	log := a.log().With("job", st.ID, "repo", st.Repo)
 	log.Info("job taken", "stage", job.Building, "attempt", st.Attempts)
+	ctx, span := telemetry.StartJob(ctx, a.tracer(), telemetry.JobStart{ID: st.ID, Repo: st.Repo, Attempt: st.Attempts, Mode: "local"})
+	var title string
+	defer func() { a.ended(ctx, span, st.Repo, title, res) }()
 
 	j, err := a.Parse(entry.ManifestPath)
 	if err != nil {
@@ -188,8 +239,11 @@ func (a *Agent) RunOne(ctx context.Context) (*Result, error) {
 		log.Error("manifest no longer valid", "err", err, "stage", stage)
 		return &Result{JobID: st.ID, Attempt: st.Attempts, Stage: stage, Outcome: runner.Outcome{Stage: job.Failed, Reason: job.ReasonInvalidManifest, Detail: err.Error()}}, ferr
 	}
+	title = j.Title
 	out := a.Runner.Run(ctx, j, runner.Options{Attempt: st.Attempts, Checkpoint: st.Checkpoint, OnEvent: a.onEvent(st.ID)})
-	res := &Result{JobID: st.ID, Attempt: st.Attempts, Outcome: out}
+	res = &Result{JobID: st.ID, Attempt: st.Attempts, Outcome: out}
+	_, report := telemetry.Step(ctx, a.tracer(), telemetry.SpanReport)
+	defer func() { telemetry.EndStep(report, errReason(err)) }()
 	record := func(s *queue.State) {
 		in := out.Insights
 		s.Insights = &in
@@ -206,6 +260,11 @@ func (a *Agent) RunOne(ctx context.Context) (*Result, error) {
 			s.Reason, s.Detail = "", out.Detail
 		}
 	}
+	if out.IsParked() {
+		res.Stage, err = job.Inbox, a.Queue.Park(st.ID, out.Reason, out.Parked, out.Detail, out.ParkedUntil, record)
+		log.Warn("job parked", "stage", job.Inbox, "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339), "detail", out.Detail, "checkpoint", out.Checkpoint)
+		return res, err
+	}
 	if out.Failed() {
 		res.Stage, err = a.Queue.Fail(st.ID, out.Reason, out.Detail, record)
 		log.Warn("job failed", "stage", res.Stage, "reason", out.Reason, "detail", out.Detail, "checkpoint", out.Checkpoint)
@@ -215,6 +274,35 @@ func (a *Agent) RunOne(ctx context.Context) (*Result, error) {
 	err = a.Queue.Finish(st.ID, out.Stage, record)
 	log.Info("job done", "stage", out.Stage, "branch", out.Branch, "files", out.Insights.FilesChanged, "checkpoint", out.Checkpoint)
 	return res, err
+}
+
+// ended closes the job's trace and tells the notifier (after the queue
+// recorded where the job went).
+func (a *Agent) ended(ctx context.Context, span trace.Span, repo, title string, res *Result) {
+	if res == nil {
+		telemetry.EndJob(span, telemetry.JobEnd{Stage: job.Failed, Reason: job.ReasonCrash})
+		return
+	}
+	o := res.Outcome
+	telemetry.EndJob(span, telemetry.JobEnd{Stage: res.Stage, Reason: o.Reason, Fenced: o.Fenced, Insights: o.Insights, Branch: o.Branch, PRURL: o.PRURL})
+	a.Notifier.Notify(notify.End{JobID: res.JobID, Title: title, Repo: repo, Attempt: res.Attempt, Stage: res.Stage, Reason: o.Reason,
+		Detail: o.Detail, Fenced: o.Fenced, Final: res.Stage == job.Failed || res.Stage == job.DeadLetter, Branch: o.Branch, PRURL: o.PRURL,
+		Insights: o.Insights, Mode: "local", TraceID: telemetry.TraceID(ctx)})
+}
+
+func (a *Agent) tracer() trace.Tracer {
+	if a.Tracer != nil {
+		return a.Tracer
+	}
+	return telemetry.Off().Tracer()
+}
+
+// errReason marks a report span whose queue write failed.
+func errReason(err error) job.Reason {
+	if err != nil {
+		return job.ReasonCrash
+	}
+	return ""
 }
 
 func oneLine(s string) string {

@@ -5,13 +5,17 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -23,6 +27,10 @@ type Parts struct {
 	Catalog *profiles.Catalog
 	Engines runner.Engines
 	Shipper runner.Shipper
+	// Tracer records a trace per job (nil: none); Notifier is told of each
+	// job's end (nil: off).
+	Tracer   trace.Tracer
+	Notifier *notify.Notifier
 }
 
 // New builds the local agent from configuration: the queue under
@@ -45,7 +53,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	if shipper == nil {
 		shipper = &ship.GH{}
 	}
-	r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red})
+	r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, Tracer: parts.Tracer})
 	if err != nil {
 		return nil, err
 	}
@@ -57,8 +65,16 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Parse:        parse,
 		Catalog:      cat,
 		Host: func(ctx context.Context) (*caps.Host, error) {
-			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs)})
+			// Version probes of unchanged engine binaries come from the
+			// cache: `aq run --once` after `aq run --once` runs none.
+			cache := caps.OpenProbeCache(filepath.Join(cfg.StateDir(), caps.ProbeCacheFile))
+			h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Cache: cache,
+				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
+			_ = cache.Save() // a cache: a failed write only costs probes
+			return h, err
 		},
-		Log: log,
+		Log:      log,
+		Tracer:   parts.Tracer,
+		Notifier: parts.Notifier,
 	}, nil
 }

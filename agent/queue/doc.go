@@ -57,7 +57,9 @@
 //	retry           {max int, backoff duration-string}  the job's retry policy
 //	attempts        int       runs started (incremented when Next takes it)
 //	createdAt, updatedAt  RFC 3339 time
-//	notBefore       RFC 3339 time, omitted when unset: retry backoff
+//	notBefore       RFC 3339 time, omitted when unset: retry backoff, or the end of a park
+//	parked          string    what a parked job waits for ("claude usage limit"); omitted when not parked
+//	parks           int       times the job was parked (rate or usage limit, exhausted credit)
 //	startedAt, endedAt    RFC 3339 time, omitted when unset: the last run
 //	host, pid       string, int   the process that took the job last
 //	reason          string    job.Reason of the last failure (failed, dead_letter, inbox after a retry)

@@ -193,7 +193,7 @@ func (q *Queue) Next(accept func(State) bool) (*Entry, error) {
 				continue
 			}
 			st.Attempts++
-			st.StartedAt, st.EndedAt, st.NotBefore = now, time.Time{}, time.Time{}
+			st.StartedAt, st.EndedAt, st.NotBefore, st.Parked = now, time.Time{}, time.Time{}, ""
 			st.Host, st.PID = q.host, q.pid
 			st.Reason, st.Detail = "", ""
 			tr := Transition{At: now, Detail: fmt.Sprintf("attempt %d on %s (pid %d)", st.Attempts, q.host, q.pid)}
@@ -357,6 +357,9 @@ func (q *Queue) Fail(id string, reason job.Reason, detail string, fn func(*State
 	if !slices.Contains(job.Reasons, reason) {
 		return "", fmt.Errorf("fail job %s: unknown reason %q", id, reason)
 	}
+	if reason.Parks() {
+		return "", fmt.Errorf("fail job %s: %s parks a job, it does not fail it (use Park)", id, reason)
+	}
 	var to job.Stage
 	err := q.locked(func() error {
 		st, err := q.runningLocked(id, "fail")
@@ -380,6 +383,43 @@ func (q *Queue) Fail(id string, reason job.Reason, detail string, fn func(*State
 		return q.commitMoveLocked(&st, to, Transition{At: now, Reason: reason, Detail: detail})
 	})
 	return to, err
+}
+
+// Park ends a run that the engine's account stopped (a rate or usage
+// limit, exhausted credit: reason.Parks()): building → inbox, runnable
+// again at until, with Parked saying what it waits for (e.g. "claude usage
+// limit") and Reason and Detail set. It is not a failed attempt: the
+// Attempts that Next added is taken back, so the job's retries are not
+// spent however often it parks (Parks counts that). fn runs first (record
+// Checkpoint, Insights). Only the process that took the job may park it.
+func (q *Queue) Park(id string, reason job.Reason, parked, detail string, until time.Time, fn func(*State)) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if !reason.Parks() {
+		return fmt.Errorf("park job %s: %q does not park a job (failures go through Fail)", id, reason)
+	}
+	if until.IsZero() {
+		return fmt.Errorf("park job %s: no time to park it until", id)
+	}
+	return q.locked(func() error {
+		st, err := q.runningLocked(id, "park")
+		if err != nil {
+			return err
+		}
+		if err := apply(&st, fn); err != nil {
+			return err
+		}
+		now := q.clock()
+		if st.Attempts > 0 {
+			st.Attempts--
+		}
+		st.Parks++
+		st.Reason, st.Detail, st.Parked, st.EndedAt = reason, detail, parked, now
+		st.NotBefore = until.UTC().Round(0)
+		tr := Transition{At: now, Reason: reason, Detail: fmt.Sprintf("parked until %s: %s", st.NotBefore.Format(time.RFC3339), detail)}
+		return q.commitMoveLocked(&st, job.Inbox, tr)
+	})
 }
 
 // requeueFrom are the stages an operator may requeue from.
@@ -408,7 +448,7 @@ func (q *Queue) Requeue(id string) error {
 		if !q.depsShipped(st.Deps, st.DepsMode) {
 			to = job.Blocked
 		}
-		st.NotBefore, st.Reason, st.Detail = time.Time{}, "", ""
+		st.NotBefore, st.Reason, st.Detail, st.Parked = time.Time{}, "", "", ""
 		return q.commitMoveLocked(&st, to, Transition{At: now, Detail: "requeued by an operator"})
 	})
 }

@@ -26,8 +26,14 @@ type State struct {
 	Attempts  int       `json:"attempts"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
-	// NotBefore holds a retried job in the inbox until its backoff ends.
+	// NotBefore holds a retried job in the inbox until its backoff ends,
+	// and a parked job until its engine's limit resets.
 	NotBefore time.Time `json:"notBefore,omitzero"`
+	// Parked says what a parked job waits for ("claude usage limit"); set
+	// by Park, cleared when the job is taken or requeued. Parks counts the
+	// times the job was parked.
+	Parked string `json:"parked,omitempty"`
+	Parks  int    `json:"parks,omitempty"`
 	// StartedAt and EndedAt bound the last run.
 	StartedAt time.Time `json:"startedAt,omitzero"`
 	EndedAt   time.Time `json:"endedAt,omitzero"`

@@ -9,6 +9,10 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -31,6 +35,16 @@ func (ru *run) checkpoint(parent context.Context) {
 	ru.cpOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Minute)
 		defer cancel()
+		ctx, span := ru.step(ctx, telemetry.SpanCheckpoint, attribute.String(telemetry.AttrCheckpointKind, "final"))
+		var taken string
+		pushed := false
+		defer func() {
+			span.SetAttributes(attribute.String(telemetry.AttrCheckpoint, taken), attribute.Bool(telemetry.AttrCheckpointPush, pushed))
+			if taken == "" {
+				span.SetStatus(codes.Error, "checkpoint failed")
+			}
+			span.End()
+		}()
 		ru.cpMu.Lock()
 		defer ru.cpMu.Unlock()
 		wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
@@ -46,7 +60,7 @@ func (ru *run) checkpoint(parent context.Context) {
 			}
 			return
 		}
-		ru.out.Checkpoint, ru.cpAfter = sha, sha
+		ru.out.Checkpoint, ru.cpAfter, taken = sha, sha, sha
 		ru.log.Info("checkpointed", "checkpoint", sha, "ref", job.WIPBranch(ru.j.ID))
 		ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
 		if ru.fencedNow(parent) || !ru.hasOrigin(ctx) {
@@ -64,7 +78,7 @@ func (ru *run) checkpoint(parent context.Context) {
 			return
 		}
 		ru.wipOnOrigin = sha
-		ru.out.WIPPushed = true
+		ru.out.WIPPushed, pushed = true, true
 	})
 }
 
@@ -114,11 +128,22 @@ func (ru *run) startPeriodic(ctx context.Context) (stop func()) {
 // compare-and-swap, in fleet mode only while the lease is held. Nothing
 // changed since the last push: no commit, no push.
 func (ru *run) periodicCheckpoint(ctx context.Context) {
+	ctx, span := ru.step(ctx, telemetry.SpanCheckpoint, attribute.String(telemetry.AttrCheckpointKind, "periodic"))
+	var sha string
+	pushed, ok := false, true
+	defer func() {
+		span.SetAttributes(attribute.String(telemetry.AttrCheckpoint, sha), attribute.Bool(telemetry.AttrCheckpointPush, pushed))
+		if !ok {
+			span.SetStatus(codes.Error, "periodic checkpoint failed")
+		}
+		span.End()
+	}()
 	ru.cpMu.Lock()
 	defer ru.cpMu.Unlock()
 	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
 	sha, _, err := ru.snapshot(ctx, wip, "periodic", ru.cpr)
 	if err != nil || sha == "" {
+		ok = ctx.Err() != nil
 		if ctx.Err() == nil {
 			ru.log.Warn("periodic checkpoint failed; the next one tries again", "err", err)
 		}
@@ -147,7 +172,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 		}
 		return
 	}
-	ru.wipOnOrigin = sha
+	ru.wipOnOrigin, pushed = sha, true
 	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
 }
 

@@ -11,8 +11,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -21,6 +27,10 @@ func (ru *run) spec() engines.Spec {
 	withPersona := true
 	if ru.eng != nil && ru.eng.Name() == "claude" {
 		withPersona = false // claude takes it through --append-system-prompt
+	}
+	env := secrets.EngineEnv(ru.r.env())
+	if ru.r.Cfg.ClaudeTelemetry && ru.eng != nil && ru.eng.Name() == "claude" {
+		env = telemetry.ClaudeEnv(env, j.ID)
 	}
 	return engines.Spec{
 		JobID:          j.ID,
@@ -34,11 +44,12 @@ func (ru *run) spec() engines.Spec {
 		PermissionMode: ru.r.Cfg.PermissionMode,
 		LogDir:         ru.logDir,
 		Attempt:        ru.o.Attempt,
-		Env:            secrets.EngineEnv(ru.r.env()),
+		Env:            env,
 		Grace:          ru.r.Cfg.Grace,
 		Supervisor:     ru.r.Cfg.Supervisor,
 		Redactor:       ru.r.Redactor,
 		Prices:         ru.r.Cfg.Prices,
+		Flags:          ru.info.Flags,
 	}
 }
 
@@ -57,8 +68,14 @@ func (ru *run) wall() time.Duration {
 	return job.DefaultWall
 }
 
-// runEngine runs the engine under the wall, USD and token budgets.
-func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
+// runEngine runs the engine under the wall, USD and token budgets, in the
+// engine's span: the engine gets its trace context (TRACEPARENT), and the
+// span ends when the engine is gone, with its usage.
+func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
+	// Periodic checkpoints are the job's steps, beside the engine's span.
+	jobSpan := trace.SpanFromContext(ctx)
+	ctx, span := ru.step(ctx, telemetry.SpanEngine, attribute.String(telemetry.AttrEngine, ru.eng.Name()))
+	defer func() { ru.endEngineSpan(span, res, err) }()
 	j, wall := ru.j, ru.wall()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -66,6 +83,7 @@ func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
 	defer cancelT()
 
 	spec := ru.spec()
+	spec.Env = telemetry.EngineEnv(ctx, spec.Env)
 	var (
 		mu   sync.Mutex
 		last engines.Usage
@@ -83,8 +101,8 @@ func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
 		}
 	})
 	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "worktree", ru.wtPath)
-	stopPeriodic := ru.startPeriodic(runCtx)
-	res, err := ru.eng.Run(runCtx, spec)
+	stopPeriodic := ru.startPeriodic(trace.ContextWithSpan(runCtx, jobSpan))
+	res, err = ru.eng.Run(runCtx, spec)
 	stopPeriodic()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {
@@ -98,6 +116,60 @@ func (ru *run) runEngine(ctx context.Context) (engines.Result, error) {
 		}
 	}
 	return res, err
+}
+
+// endEngineSpan ends the engine's span with its usage; a run that did not
+// succeed (an error, an outcome other than success, a budget or a stop) is
+// an error span.
+func (ru *run) endEngineSpan(span trace.Span, res engines.Result, err error) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	in := job.Insights{Engine: ru.eng.Name(), EngineVersion: firstNonEmpty(res.Version, ru.info.Version), Model: firstNonEmpty(res.Model, ru.j.Model),
+		TokensIn: res.Usage.TokensIn, TokensOut: res.Usage.TokensOut, TokensCached: res.Usage.TokensCached, CostUSD: res.Usage.CostUSD, Turns: res.Usage.Turns}
+	span.SetAttributes(telemetry.EngineAttrs(in)...)
+	span.SetAttributes(attribute.Int("aq.engine.exit_code", res.ExitCode), attribute.String("aq.engine.result", outcomeName(res.Outcome)))
+	switch {
+	case ru.out.Reason != "":
+		span.SetAttributes(attribute.String(telemetry.AttrReason, string(ru.out.Reason)))
+		span.SetStatus(codes.Error, string(ru.out.Reason))
+	case err != nil:
+		span.SetStatus(codes.Error, "the engine did not run")
+	case res.Outcome != engines.Succeeded:
+		span.SetStatus(codes.Error, outcomeName(res.Outcome))
+	}
+	span.End()
+}
+
+func outcomeName(o engines.Outcome) string {
+	if o == "" {
+		return "none"
+	}
+	return string(o)
+}
+
+// limited parks a run its engine's account stopped, until the limit resets
+// (job.ParkUntil: the engine's reset time, or a default), and holds the
+// engine until then so that no other job is started on it. The work is
+// already checkpointed.
+func (ru *run) limited(res engines.Result) {
+	lim := res.Limit
+	if lim == nil {
+		lim = &engines.Limit{Kind: engines.LimitRate}
+	}
+	name := ru.eng.Name()
+	until, note := job.ParkUntil(ru.r.now(), lim.ResetAt)
+	detail := firstNonEmpty(res.Detail, name+" "+lim.Kind)
+	for _, n := range []string{lim.Note, note} {
+		if n != "" {
+			detail += " (" + n + ")"
+		}
+	}
+	if err := ru.r.Holds.Hold(holds.Hold{Engine: name, Until: until, Why: lim.Kind, Job: ru.j.ID}); err != nil {
+		ru.log.Warn("cannot hold the engine; other jobs may meet the same limit", "engine", name, "err", err)
+	}
+	ru.park(name+" "+lim.Kind, until, detail)
 }
 
 // judgeEngine records the engine's result and decides whether to go on.
@@ -117,9 +189,14 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 		return false
 	}
 	if err != nil {
-		if errors.Is(err, engines.ErrNotInstalled) {
+		var ue *engines.UnavailableError
+		switch {
+		case errors.Is(err, engines.ErrNotInstalled):
 			ru.fail(job.ReasonNoEngine, err.Error())
-		} else if !ru.stopped(ctx, "engine") {
+		case ru.stopped(ctx, "engine"):
+		case errors.As(err, &ue): // its --help changed under aq: a flag it needs is gone
+			ru.fail(job.ReasonEngineUnavailable, err.Error())
+		default:
 			ru.fail(job.ReasonCrash, "engine did not run: "+err.Error())
 		}
 		return false
@@ -134,6 +211,8 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 		return true
 	case engines.Unavailable:
 		ru.fail(job.ReasonEngineUnavailable, firstNonEmpty(res.Detail, "the engine is unavailable"))
+	case engines.Limited:
+		ru.limited(res)
 	case engines.Stopped:
 		if res.BudgetExceeded { // the engine stopped itself at the budget aq gave it
 			ru.fail(job.ReasonBudgetExceeded, firstNonEmpty(res.Detail, "the engine stopped at its budget"))

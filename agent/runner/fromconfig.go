@@ -2,8 +2,12 @@ package runner
 
 import (
 	"log/slog"
+	"path/filepath"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
@@ -18,6 +22,8 @@ type Parts struct {
 	Redactor *secrets.Redactor
 	// FetchBase: fleet mode starts from origin/<base> (see Config).
 	FetchBase bool
+	// Tracer records the runs' steps (nil: none).
+	Tracer trace.Tracer
 }
 
 // FromConfig builds the runner local and fleet mode share: its paths, kill
@@ -39,18 +45,28 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 	}
 	eng := p.Engines
 	if eng == nil {
-		eng = engines.Default()
+		eng = engines.DefaultWith(engines.NewProbeCache(ProbeCachePath(cfg.Home)))
 	}
 	return &Runner{
 		Cfg: Config{
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
-			Repos: rr, Mirror: cfg.RepoMirror, PoolSize: max(cfg.WorktreePool, 0),
+			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
+			PoolSize: max(cfg.WorktreePool, 0),
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,
 		Log:      p.Log,
 		Redactor: p.Redactor,
+		Tracer:   p.Tracer,
+		Holds:    holds.Open(HoldsPath(cfg.Home), nil),
 	}, nil
 }
+
+// HoldsPath is the file of the engines held until their limit resets
+// (agent/holds), shared by every aq process of the home.
+func HoldsPath(home string) string { return filepath.Join(home, "engines", "holds.json") }
+
+// ProbeCachePath is the cache of the engines' --help probes.
+func ProbeCachePath(home string) string { return filepath.Join(home, "engines", "probes.json") }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/process"
@@ -21,6 +22,9 @@ import (
 func (ru *run) preflight(ctx context.Context) bool {
 	j := ru.j
 	eng, info, reason, detail := ru.pickEngine(ctx)
+	if reason.Parks() {
+		return false // pickEngine parked the run: its engine is held
+	}
 	if reason != "" {
 		ru.fail(reason, detail)
 		return false
@@ -50,12 +54,14 @@ func (ru *run) preflight(ctx context.Context) bool {
 			url = u
 		}
 		ru.log.Info("cloning the repository on demand (blobless)", "repo", j.Repo, "url", url, "mirror", ru.r.Cfg.Mirror)
+		start := time.Now()
 		if err := repos.Clone(ctx, &ru.r.Git, url, repoDir, ru.r.Cfg.Mirror); err != nil {
 			if !ru.stopped(ctx, "cloning the repo") {
 				ru.fail(job.ReasonRepoUnavailable, err.Error())
 			}
 			return false
 		}
+		ru.log.Info("cloned", "repo", j.Repo, "took", time.Since(start).Round(time.Millisecond))
 	}
 	ru.repoDir = repoDir
 	if j.Ship == "pr" || j.Ship == "merge" {
@@ -75,10 +81,21 @@ func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, jo
 		names = ru.r.Engines.Names()
 	}
 	spec := ru.spec()
-	var firstErr error
+	var (
+		firstErr error
+		held     *holds.Hold
+	)
 	for _, name := range names {
 		eng, ok := ru.r.Engines.Get(name)
 		if !ok {
+			continue
+		}
+		if h, ok := ru.r.Holds.Held(name); ok {
+			// Its account hit a limit that has not reset: running it would
+			// only meet the limit again.
+			if held == nil || h.Until.Before(held.Until) {
+				held = &h
+			}
 			continue
 		}
 		info, err := eng.Preflight(ctx, spec)
@@ -92,6 +109,11 @@ func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, jo
 		if firstErr == nil {
 			firstErr = err
 		}
+	}
+	if held != nil {
+		detail := fmt.Sprintf("%s is held until %s: its account hit its %s (met by job %s)", held.Engine, held.Until.UTC().Format(time.RFC3339), held.Why, held.Job)
+		ru.park(held.Engine+" "+held.Why, held.Until, detail)
+		return nil, engines.Info{}, job.ReasonRateLimited, detail
 	}
 	if firstErr == nil {
 		firstErr = fmt.Errorf("engine %q is not available on this host", ru.j.Engine)

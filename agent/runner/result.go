@@ -14,6 +14,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -193,11 +194,13 @@ func isExit(err error, code int) bool {
 }
 
 // verify runs the manifest's verify: command in the worktree.
-func (ru *run) verify(ctx context.Context) bool {
+func (ru *run) verify(ctx context.Context) (ok bool) {
 	cmd := strings.TrimSpace(ru.j.Verify)
 	if cmd == "" {
 		return true
 	}
+	ctx, span := ru.step(ctx, telemetry.SpanVerify)
+	defer func() { ru.endStep(span, ok) }()
 	f, err := os.OpenFile(filepath.Join(ru.logDir, "verify.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		ru.fail(job.ReasonCrash, "cannot open the verify log: "+err.Error())
@@ -211,7 +214,7 @@ func (ru *run) verify(ctx context.Context) bool {
 	defer cancel()
 	res, err := process.Run(vctx, process.Spec{
 		Path: "/bin/sh", Args: []string{"-c", cmd}, Dir: ru.wtPath,
-		Env: secrets.EngineEnv(ru.r.env()), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
+		Env: telemetry.EngineEnv(vctx, secrets.EngineEnv(ru.r.env())), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
 		Supervisor: ru.r.Cfg.Supervisor,
 	})
 	if err != nil {

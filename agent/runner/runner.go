@@ -25,9 +25,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -60,6 +65,10 @@ type Config struct {
 	// checking out every file. 0: none; a finished job's worktree stays
 	// where it ran until aq gc removes it.
 	PoolSize int
+	// ClaudeTelemetry (AQ_CLAUDE_TELEMETRY) switches Claude Code's own
+	// OpenTelemetry export on in the claude engine's environment
+	// (telemetry.ClaudeEnv).
+	ClaudeTelemetry bool
 }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
@@ -166,10 +175,21 @@ type Outcome struct {
 	Worktree  string `json:"worktree,omitempty"`
 	WarmStart bool   `json:"warmStart,omitempty"`
 	Pooled    bool   `json:"pooled,omitempty"`
+	// Parked (Reason rate_limited) says what the job waits for, e.g.
+	// "claude usage limit", and ParkedUntil until when: the limit's reset
+	// as the engine reported it, or job.ParkUntil's default.
+	Parked      string    `json:"parked,omitempty"`
+	ParkedUntil time.Time `json:"parkedUntil,omitzero"`
 }
 
-// Failed reports whether the outcome is a failure.
+// Failed reports whether the run did not succeed: a failure, or a park
+// (see Parked).
 func (o Outcome) Failed() bool { return o.Reason != "" }
+
+// IsParked reports whether the run was parked (an engine's rate or usage
+// limit, exhausted credit) rather than failed: not an attempt, the job
+// waits until ParkedUntil.
+func (o Outcome) IsParked() bool { return o.Reason.Parks() }
 
 // Runner runs jobs. Its fields are set once; Run may be called concurrently
 // for jobs on different repos (the repo lock serialises the same repo).
@@ -182,6 +202,13 @@ type Runner struct {
 	Redactor *secrets.Redactor
 	Env      []string // the host environment engines inherit (minus aq's secrets)
 	Now      func() time.Time
+	// Tracer records the run's steps as children of the job's span in the
+	// context Run is given (internal/telemetry); nil: no spans.
+	Tracer trace.Tracer
+	// Holds are the engines held until their limit resets: a run whose
+	// engine hits a limit holds it, and a run for a held engine parks at
+	// once. nil: nothing is held across runs.
+	Holds *holds.Store
 }
 
 func (r *Runner) now() time.Time {
@@ -253,6 +280,31 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 	return ru.out
 }
 
+func (r *Runner) tracer() trace.Tracer {
+	if r.Tracer != nil {
+		return r.Tracer
+	}
+	return telemetry.Off().Tracer()
+}
+
+// step begins a child span of the job's span for one step of the run.
+func (ru *run) step(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	return telemetry.Step(ctx, ru.r.tracer(), name, attrs...)
+}
+
+// endStep ends a step's span, an error when ok is false (with the run's
+// failure reason).
+func (ru *run) endStep(span trace.Span, ok bool) {
+	var reason job.Reason
+	if !ok {
+		reason = ru.out.Reason
+		if reason == "" {
+			reason = job.ReasonCrash
+		}
+	}
+	telemetry.EndStep(span, reason)
+}
+
 func (r *Runner) logger() *slog.Logger {
 	if r.Log != nil {
 		return r.Log
@@ -268,6 +320,17 @@ func (ru *run) fail(reason job.Reason, detail string) {
 	if reason == job.ReasonFenced {
 		ru.out.Fenced = true
 	}
+}
+
+// park ends the run as parked: not a failure, the job waits until until
+// for what (e.g. "claude usage limit").
+func (ru *run) park(what string, until time.Time, detail string) {
+	if ru.out.Reason != "" {
+		return
+	}
+	ru.out.Stage, ru.out.Reason, ru.out.Detail = job.Failed, job.ReasonRateLimited, detail
+	ru.out.Parked, ru.out.ParkedUntil = what, until.UTC()
+	ru.log.Warn("job parked: the engine's account hit a limit", "parked", what, "until", until.UTC().Format(time.RFC3339), "detail", detail)
 }
 
 func (ru *run) event(e Event) {
@@ -298,28 +361,39 @@ func (ru *run) stopped(ctx context.Context, during string) bool {
 func (ru *run) do(ctx context.Context) {
 	j := ru.j
 	// 1. Pre-flight, before any worktree: engine, shipping tools, repo.
-	if !ru.preflight(ctx) {
+	pctx, span := ru.step(ctx, telemetry.SpanPreflight)
+	ok := ru.preflight(pctx)
+	ru.endStep(span, ok)
+	if !ok {
 		return
 	}
 	// 2. The per-(host, repo) lock: same-repo jobs run one after another.
-	lock, err := worktree.LockRepo(ctx, ru.r.Cfg.locksDir(), j.Repo)
+	wctx, wspan := ru.step(ctx, telemetry.SpanWorktree)
+	lock, err := worktree.LockRepo(wctx, ru.r.Cfg.locksDir(), j.Repo)
 	if err != nil {
 		if !ru.stopped(ctx, "waiting for the repo lock") {
 			ru.fail(job.ReasonRepoUnavailable, "cannot take the repo lock: "+err.Error())
 		}
+		ru.endStep(wspan, false)
 		return
 	}
 	defer lock.Unlock()
+	telemetry.Event(wctx, "repo.locked")
 
 	// An earlier attempt's result already on origin is reported, not made
 	// again: the engine runs at most once for a delivered result.
-	if sha, ok := ru.deliveredOnOrigin(ctx); ok {
-		ru.redeliver(ctx, sha)
+	if sha, ok := ru.deliveredOnOrigin(wctx); ok {
+		ru.endStep(wspan, true)
+		sctx, sspan := ru.step(ctx, telemetry.SpanShip, attribute.Bool("aq.redelivered", true))
+		ru.redeliver(sctx, sha)
+		ru.endStep(sspan, !ru.out.Failed())
 		return
 	}
 
 	// 3. The worktree, from the WIP checkpoint if there is one, else base.
-	if !ru.prepareWorktree(ctx) {
+	ok = ru.prepareWorktree(wctx)
+	ru.endStep(wspan, ok)
+	if !ok {
 		return
 	}
 	// Last of all (after the checkpoint deferred below), the worktree goes
@@ -336,12 +410,16 @@ func (ru *run) do(ctx context.Context) {
 	}
 
 	// 5. The result commit on the job branch, then verify, then ship.
-	prBody, ok := ru.commitResult(ctx)
+	cctx, cspan := ru.step(ctx, telemetry.SpanCommit)
+	prBody, ok := ru.commitResult(cctx)
+	ru.endStep(cspan, ok)
 	if !ok {
 		return
 	}
 	if !ru.verify(ctx) {
 		return
 	}
-	ru.ship(ctx, prBody)
+	sctx, sspan := ru.step(ctx, telemetry.SpanShip, attribute.String("aq.ship", j.Ship))
+	ru.ship(sctx, prBody)
+	ru.endStep(sspan, !ru.out.Failed())
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -314,6 +315,17 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 		if l := j.Last; l != nil && l.Kind == "release" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
 			return http.StatusOK, "", nil // already released
 		}
+		if l := j.Last; l != nil && l.Kind == "patch" && (l.Stage == StageFailed || l.Stage == StageQueued) && l.Factory == c.factory &&
+			l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch && j.Holder == "" && !j.held() {
+			return http.StatusOK, "", nil // the release that follows a failure's PATCH, which ended the lease already
+		}
+		if !j.held() && j.Holder == c.factory && j.LeaseEpoch == req.LeaseEpoch {
+			// The lease a legacy PATCH to failed or queued left held: the
+			// release frees it, the reported stage stays.
+			j.Holder, j.LeaseExpiresAt = "", time.Time{}
+			j.Last = &LastReport{Kind: "release", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: j.Stage}
+			return 0, "", []Event{{JobID: j.ID, Kind: "released", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
+		}
 		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
 			return http.StatusConflict, why, nil
 		}
@@ -336,16 +348,21 @@ type patchReq struct {
 	LeaseEpoch int64           `json:"leaseEpoch"`
 	Checkpoint string          `json:"checkpoint"`
 	Reason     string          `json:"reason"`
+	Detail     string          `json:"detail"`
 	Insights   json.RawMessage `json:"insights"`
 	Branch     string          `json:"branch"`
 	PRURL      string          `json:"prUrl"`
 }
 
-var patchStages = []string{StageBuilding, StageReview, StageTesting, StageShipped, StageFailed}
+var patchStages = []string{StageBuilding, StageReview, StageTesting, StageShipped, StageFailed, StageQueued}
 
 // handlePatch is the fenced stage report: only the holder at the current
 // epoch may move the job (assigned|building → building|review|testing|
-// shipped|failed); a repeat of the last accepted report is answered 200.
+// shipped|failed|queued); a repeat of the last accepted report is answered
+// 200. A report other than building ends the lease — except, in the legacy
+// route set, a failed or queued one: today's coordinator records the stage
+// and leaves the lease to lease/release (or the reaper), which is why aq
+// follows such a PATCH with a release.
 func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 	var req patchReq
 	if !decode(w, r, &req) {
@@ -376,9 +393,7 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		if req.Checkpoint != "" {
 			j.Checkpoint = req.Checkpoint
 		}
-		if len(req.Insights) > 0 && string(req.Insights) != "null" {
-			j.Insights = req.Insights
-		}
+		j.record(req.Insights)
 		if req.Branch != "" {
 			j.Branch = req.Branch
 		}
@@ -386,7 +401,11 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 			j.PRURL = req.PRURL
 		}
 		j.Reason = req.Reason
-		if req.Stage != StageBuilding {
+		if req.Detail != "" {
+			j.Detail = req.Detail
+		}
+		keep := s.legacy() && (req.Stage == StageFailed || req.Stage == StageQueued)
+		if req.Stage != StageBuilding && !keep {
 			j.Holder, j.LeaseExpiresAt = "", time.Time{} // the run is over: the lease ends
 		}
 		shipped = req.Stage == StageShipped
@@ -410,11 +429,18 @@ type failReq struct {
 	Retryable  bool   `json:"retryable"`
 	Checkpoint string `json:"checkpoint"`
 	Detail     string `json:"detail"`
+	// Insights: the failed run's usage (tokens, cost), recorded on the job
+	// and added to its spend like a success's.
+	Insights json.RawMessage `json:"insights"`
+	// NotBefore: a parked run (reason rate_limited) — the job is not handed
+	// out again before it (the engine's reset).
+	NotBefore time.Time `json:"notBefore"`
 }
 
 // handleFail ends the holder's run with a failure and releases the lease at
 // once: retryable with retries left → queued (after the job's backoff),
-// retries exhausted → dead_letter, not retryable → failed.
+// retries exhausted → dead_letter, not retryable → failed. A parked run
+// (rate_limited) → queued until its notBefore, the attempt not counted.
 func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 	var req failReq
 	if !decode(w, r, &req) || !sameFactory(w, c, req.FactoryID) {
@@ -433,12 +459,16 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 			return http.StatusConflict, why, nil
 		}
 		stage, nb := afterFail(j, job.Reason(req.Reason), req.Retryable, now, s.o.MaxBackoff)
+		if job.Reason(req.Reason).Parks() {
+			stage, nb = afterPark(j, req.NotBefore, now)
+		}
 		j.Stage, j.NotBefore, j.Waiting = stage, nb, stage == StageQueued && nb.After(now)
 		j.Holder, j.LeaseExpiresAt = "", time.Time{}
 		j.Reason, j.Detail = req.Reason, req.Detail
 		if req.Checkpoint != "" {
 			j.Checkpoint = req.Checkpoint
 		}
+		j.record(req.Insights)
 		j.Last = &LastReport{Kind: "fail", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "fail", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: stage, Detail: req.Reason}}
 	})
@@ -563,9 +593,23 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, _ who) {
 	writeJSON(w, http.StatusOK, map[string]any{"events": ev})
 }
 
+// actionReq is an action's optional body: the reason recorded on the job
+// (reject).
+type actionReq struct {
+	Detail string `json:"detail"`
+}
+
 // handleAction is an operator's action on a job: requeue, ship or reject.
+// The body is optional ({"detail": "why"}).
 func (s *Server) handleAction(w http.ResponseWriter, r *http.Request, _ who) {
-	j, err := s.Action(r.PathValue("id"), r.PathValue("action"))
+	var req actionReq
+	if b, err := io.ReadAll(io.LimitReader(r.Body, 64<<10)); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		if err := json.Unmarshal(b, &req); err != nil {
+			writeErr(w, http.StatusBadRequest, "the body is not valid JSON: "+err.Error())
+			return
+		}
+	}
+	j, err := s.ActionWith(r.PathValue("id"), r.PathValue("action"), req.Detail)
 	if err != nil {
 		var ae *ActionError
 		if errors.As(err, &ae) {
@@ -588,9 +632,16 @@ func (e *ActionError) Error() string { return e.Msg }
 
 // Action applies an operator action: requeue (back to queued — or blocked —
 // with the epoch bumped, which fences the current holder; checkpoint kept),
-// ship (review|testing → shipped) or reject (→ failed, fencing a holder).
-func (s *Server) Action(id, action string) (Job, error) {
+// ship (review|testing → shipped) or reject (→ failed, fencing a holder). A
+// shipped job can be neither requeued nor rejected (409).
+func (s *Server) Action(id, action string) (Job, error) { return s.ActionWith(id, action, "") }
+
+// ActionWith is Action with the reason an operator gave (reject's detail).
+func (s *Server) ActionWith(id, action, detail string) (Job, error) {
 	var fn func(j *Job, now time.Time) (int, string, []Event)
+	shipped := func(j *Job) (int, string, []Event) {
+		return http.StatusConflict, fmt.Sprintf("job %s is shipped; a shipped job cannot be %sed (submit a new job instead)", j.ID, strings.TrimSuffix(action, "e")), nil
+	}
 	switch action {
 	case "requeue":
 		stageOf := func(d string) (string, bool) {
@@ -598,6 +649,9 @@ func (s *Server) Action(id, action string) (Job, error) {
 			return o.Stage, ok
 		}
 		fn = func(j *Job, now time.Time) (int, string, []Event) {
+			if j.Stage == StageShipped {
+				return shipped(j)
+			}
 			holder := j.Holder
 			j.LeaseEpoch++
 			j.Holder, j.LeaseExpiresAt, j.NotBefore, j.Waiting, j.Last = "", time.Time{}, time.Time{}, false, nil
@@ -618,11 +672,18 @@ func (s *Server) Action(id, action string) (Job, error) {
 		}
 	case "reject":
 		fn = func(j *Job, now time.Time) (int, string, []Event) {
+			if j.Stage == StageShipped {
+				return shipped(j)
+			}
 			if j.held() {
 				j.LeaseEpoch++
 			}
+			why := "rejected by an operator"
+			if d := strings.TrimSpace(detail); d != "" {
+				why = d
+			}
 			j.Holder, j.LeaseExpiresAt = "", time.Time{}
-			j.Stage, j.Reason, j.Detail = StageFailed, string(job.ReasonRejected), "rejected by an operator"
+			j.Stage, j.Reason, j.Detail = StageFailed, string(job.ReasonRejected), why
 			return 0, "", []Event{{JobID: j.ID, Kind: "rejected", Epoch: j.LeaseEpoch, Stage: j.Stage}}
 		}
 	default:

@@ -144,6 +144,9 @@ func (p *Publisher) Notify(Event) {
 // Topic is the topic the publisher sends to.
 func (p *Publisher) Topic() string { return p.o.Topic }
 
+// Sessions reports whether messages carry SessionId = repo.
+func (p *Publisher) Sessions() bool { return p.o.Sessions }
+
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
@@ -262,7 +265,7 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 		overdue := false
 		if seen && last.epoch == j.LeaseEpoch {
 			overdue = p.o.Redispatch > 0 && now.Sub(last.at) >= p.o.Redispatch
-			if live[last.target] && !overdue {
+			if live[last.target] && !overdue && stillFits(j, last.target, cands) {
 				continue // its message waits in a live factory's subscription
 			}
 			retarget = last.retarget + 1
@@ -274,6 +277,14 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 		if !ok {
 			p.mu.Lock()
 			p.stats.Unplaced++
+			if seen && last.epoch == j.LeaseEpoch && last.target != "" && !stillFits(j, last.target, cands) {
+				// Its target dropped what it needs (and dead-lettered the
+				// message): forget the target, so that whichever factory
+				// fits next — that one again, once it has it back — gets a
+				// message at once.
+				last.target = ""
+				p.sent[j.ID] = last
+			}
 			p.mu.Unlock()
 			continue // no factory fits now: a later scan looks again
 		}
@@ -314,6 +325,20 @@ func (p *Publisher) scan(ctx context.Context, s *Server, sender func() (*azservi
 		}
 	}
 	return nil
+}
+
+// stillFits reports whether target, as its last heartbeat describes it,
+// can still run j: a factory that dropped the job's repo or a capability
+// since its message went out (it dead-letters such a message) is not waited
+// for — the job is re-targeted at once.
+func stillFits(j *Job, target string, cands []Candidate) bool {
+	for _, c := range cands {
+		if c.Factory.ID == target {
+			ok, _ := Eligible(j, Offer{Capabilities: c.Factory.Capabilities, Repos: c.Factory.Repos})
+			return ok
+		}
+	}
+	return true // not a candidate now (stale, left): live[] decides
 }
 
 // targets are what the publisher may target: the registered factories that

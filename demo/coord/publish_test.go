@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -141,5 +142,59 @@ func TestPublisherTargetsAndRedispatches(t *testing.T) {
 	}
 	if st := pub.Stats(); st.Sent != 6 || st.Redispatched != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// With sessions on, each dispatch message carries SessionId = the job's repo,
+// which a subscription that requires sessions needs: without it the broker
+// dead-letters the message there ("Session id is null.").
+func TestPublisherSessions(t *testing.T) {
+	for _, sessions := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sessions=%v", sessions), func(t *testing.T) {
+			peer := sbpeertest.Start(t, sbpeertest.Options{Subs: []string{"fleet-dispatch/fa"}, Sessions: []string{"fleet-dispatch/fa"}})
+			sent := make(chan Sent, 20)
+			pub, err := NewPublisher(PublisherOptions{ConnectionString: peer.ConnectionString(), Rescan: 20 * time.Millisecond,
+				Sessions: sessions, OnSent: func(s Sent) { sent <- s }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := newRig(t, Options{Publisher: pub})
+			ctx, cancel := context.WithCancel(context.Background())
+			r.s.Start(ctx)
+			t.Cleanup(func() { cancel(); r.s.Close() })
+			fa := r.enroll("fa")
+			if code, m := r.call("POST", "/fleet/factories/heartbeat", fa, map[string]any{"factoryId": "fa",
+				"capabilities": []string{"os:linux", "engine:script"}, "repos": []string{"lib"}, "seatLimit": 1}); code != 200 {
+				t.Fatalf("heartbeat: %d %v", code, m)
+			}
+			r.submit("j", func(j *job.Job) { j.Repo = "lib" })
+			select {
+			case s := <-sent:
+				if s.JobID != "j" {
+					t.Fatalf("sent %+v", s)
+				}
+			case <-time.After(time.Minute): // a deadlock guard
+				t.Fatal("nothing published")
+			}
+			evs, err := peer.Events()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var send, dl *sbpeertest.Event
+			for i, e := range evs {
+				switch e.Event {
+				case "send":
+					send = &evs[i]
+				case "dead-letter":
+					dl = &evs[i]
+				}
+			}
+			if sessions && (send == nil || send.Session != "lib" || dl != nil) {
+				t.Fatalf("with sessions: send %+v, dead-letter %+v; want SessionId lib, delivered", send, dl)
+			}
+			if !sessions && (dl == nil || dl.Reason != "Session id is null.") {
+				t.Fatalf("without sessions: dead-letter %+v, want the broker's 'Session id is null.'", dl)
+			}
+		})
 	}
 }

@@ -56,9 +56,10 @@ func Eligible(j *Job, o Offer) (bool, string) {
 }
 
 // Runnable reports whether j may be handed out now: queued, past its retry
-// backoff.
+// backoff, its lease free (a legacy PATCH to queued leaves the lease held
+// until lease/release or the reaper).
 func Runnable(j *Job, now time.Time) bool {
-	return j.Stage == StageQueued && !now.Before(j.NotBefore)
+	return j.Stage == StageQueued && !now.Before(j.NotBefore) && j.Holder == ""
 }
 
 // Pick chooses the job a factory offering o gets: among runnable, eligible
@@ -105,6 +106,19 @@ func depsShipped(j *Job, stageOf func(id string) (string, bool)) bool {
 		return shipped > 0
 	}
 	return shipped == len(j.Deps)
+}
+
+// afterPark is where a parked run (rate_limited: the engine's account hit
+// a limit) sends a job: queued, not handed out before notBefore (the
+// engine's reset; job.ParkUntil's rules when it is missing, past or too
+// far), and the run is not an attempt: the claim's count is taken back, so
+// parking never spends the job's retries.
+func afterPark(j *Job, notBefore, now time.Time) (stage string, nb time.Time) {
+	if j.Attempts > 0 {
+		j.Attempts--
+	}
+	nb, _ = job.ParkUntil(now, notBefore)
+	return StageQueued, nb
 }
 
 // afterFail is where a failed run sends a job: not retryable → failed;

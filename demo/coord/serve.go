@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -29,6 +30,9 @@ func Serve(ctx context.Context, addr string, o Options, out io.Writer) error {
 	fmt.Fprintf(out, "aq coordinator stub (a test and demo double, not the coordinator) listening on %s\n", api)
 	fmt.Fprintf(out, "enrollment token: %s\n", s.EnrollToken())
 	fmt.Fprintf(out, "lease TTL %s; factories stale after %s", s.o.LeaseTTL, s.o.StaleAfter)
+	if s.legacy() {
+		fmt.Fprintf(out, "; route set legacy (the coordinator in service today: no %s)", strings.Join(ProposedRoutes, ", "))
+	}
 	if o.StateFile != "" {
 		fmt.Fprintf(out, "; state kept in %s", o.StateFile)
 	}

@@ -65,6 +65,13 @@ type Options struct {
 	// release, PATCH, fail) before its answer is written: an audit of
 	// fencing (audit.go).
 	OnCall func(Call)
+	// Routes is the route set served: RoutesFull (default) or RoutesLegacy
+	// (the coordinator in service today: routes.go).
+	Routes string
+	// Without are routes left out besides (e.g. "GET /fleet/factories"),
+	// answered as unknown routes: a coordinator older or smaller still.
+	// SetWithout changes them at run time.
+	Without []string
 }
 
 // Server is the stub: an http.Handler over the store.
@@ -80,6 +87,9 @@ type Server struct {
 	faultMu sync.Mutex
 	faults  faultConfig
 	rnd     *mrand.Rand
+	without []string // guarded by faultMu
+
+	arts artifactStore
 
 	bg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -108,6 +118,9 @@ func New(o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if err := checkRoutes(&o); err != nil {
+		return nil, err
+	}
 	st, err := newStore(o.StateFile)
 	if err != nil {
 		return nil, err
@@ -129,6 +142,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.rnd = mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	s.faults = faultConfig{Rate: o.FailRate, Latency: o.Latency, Routes: o.FaultRoutes}
+	s.without = slices.Clone(o.Without)
 	s.stats = Stats{Since: o.Now().UTC(), Routes: map[string]RouteStats{}}
 
 	s.st.mu.Lock()
@@ -194,6 +208,21 @@ func (s *Server) SetFaults(rate float64, latency time.Duration, routes ...string
 	s.faultMu.Lock()
 	defer s.faultMu.Unlock()
 	s.faults = faultConfig{Rate: rate, Latency: latency, Routes: routes}
+}
+
+// SetWithout makes the stub answer 404 on routes, as a coordinator without
+// them would (none: every route is served again).
+func (s *Server) SetWithout(routes ...string) {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	s.without = slices.Clone(routes)
+}
+
+// lacks reports whether route is one the stub pretends not to have.
+func (s *Server) lacks(route string) bool {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	return slices.Contains(s.without, route)
 }
 
 // Stats returns a copy of the request counters.
@@ -301,6 +330,7 @@ func (s *Server) stale(f *Factory, now time.Time) bool {
 // ServeHTTP implements http.Handler. Routes live under /fleet/ (and, so
 // that AQ_FLEET_API may end in /api like the real service's, /api/fleet/).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	asSent := r.URL.Path
 	if p, ok := strings.CutPrefix(r.URL.Path, "/api/"); ok {
 		r2 := r.Clone(r.Context())
 		r2.URL.Path = "/" + p
@@ -313,6 +343,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := &StatusRecorder{ResponseWriter: w}
 	defer func() { s.count(route, rec.Status()) }()
+	if s.lacks(route) || (route == "unmatched" && s.legacy()) { // what a server without the route answers
+		if s.legacy() {
+			expressNotFound(rec, r, asSent)
+		} else {
+			http.NotFound(rec, r)
+		}
+		return
+	}
 	if s.injectFault(r.Context(), rec, route) {
 		return
 	}
@@ -393,7 +431,7 @@ func (s *Server) injectFault(ctx context.Context, w http.ResponseWriter, route s
 }
 
 func (s *Server) routes() {
-	m := s.mux
+	m := routeMux{s}
 	m.HandleFunc(RouteEnroll, s.handleEnroll)
 	m.HandleFunc(RouteHeartbeat, s.factoryOnly(s.handleHeartbeat))
 	m.HandleFunc(RouteFactories, s.anyToken(s.handleFactories))
@@ -411,8 +449,22 @@ func (s *Server) routes() {
 	m.HandleFunc(RouteJob, s.anyToken(s.handleJob))
 	m.HandleFunc(RouteEvents, s.anyToken(s.handleEvents))
 	m.HandleFunc(RouteAction, s.anyToken(s.handleAction))
+	m.HandleFunc(RouteArtifactUpload, s.anyToken(s.handleArtifactUpload))
+	m.HandleFunc(RouteArtifactList, s.anyToken(s.handleArtifactList))
+	m.HandleFunc(RouteArtifactGet, s.anyToken(s.handleArtifactGet))
+	m.HandleFunc(RouteArtifactDelete, s.anyToken(s.handleArtifactDelete))
 	m.HandleFunc(RouteGetStats, s.handleStats)
 	m.HandleFunc(RouteFaults, s.anyToken(s.handleFaults))
+}
+
+// routeMux registers only the routes of the stub's route set; those it is
+// told to lack (Without, SetWithout) are answered 404 by ServeHTTP.
+type routeMux struct{ s *Server }
+
+func (m routeMux) HandleFunc(pattern string, h http.HandlerFunc) {
+	if m.s.inSet(pattern) {
+		m.s.mux.HandleFunc(pattern, h)
+	}
 }
 
 // ---- authentication ----
@@ -605,6 +657,17 @@ func (s *Server) Reap(now time.Time) int {
 			if code == 0 {
 				n++
 			}
+		case !j.held() && j.Holder != "" && !j.LeaseExpiresAt.IsZero() && now.After(j.LeaseExpiresAt):
+			// A lease a legacy PATCH to failed or queued left held, never
+			// released: it expires; the reported stage stays.
+			s.mutate(j.ID, func(x *Job, _ time.Time) (int, string, []Event) {
+				if x.held() || x.Holder == "" || !now.After(x.LeaseExpiresAt) {
+					return http.StatusConflict, "", nil
+				}
+				holder := x.Holder
+				x.Holder, x.LeaseExpiresAt = "", time.Time{}
+				return 0, "", []Event{{JobID: x.ID, Kind: "expired", Factory: holder, Epoch: x.LeaseEpoch, Stage: x.Stage, Detail: "lease of " + holder + " expired; never released"}}
+			})
 		case j.Waiting && !now.Before(j.NotBefore):
 			s.mutate(j.ID, func(x *Job, _ time.Time) (int, string, []Event) {
 				if !x.Waiting {

@@ -140,8 +140,8 @@ func (s *store) cas(j Job, now time.Time, evs ...Event) (Job, error) {
 	}
 	j.Rev++
 	j.UpdatedAt = now
-	if !exists || old.Stage != j.Stage {
-		s.st.Version++
+	if !exists || old.Stage != j.Stage || (old.Holder != "" && j.Holder == "" && j.Stage == StageQueued) {
+		s.st.Version++ // a lease freed on a queued job makes it claimable too
 	}
 	nj := cloneJob(&j)
 	s.st.Jobs[j.ID] = &nj

@@ -76,6 +76,38 @@ type Job struct {
 	// Last is the last accepted report of the holder, so a report re-sent
 	// after a lost answer (a spool) is idempotent rather than fenced.
 	Last *LastReport `json:"last,omitempty"`
+	// Spent sums the insights of every run reported (failed runs through
+	// /fleet/fail included): what the job cost across its attempts.
+	Spent Spend `json:"spent"`
+}
+
+// Spend is what a job's runs cost, as their reports said.
+type Spend struct {
+	Runs      int     `json:"runs"` // reports that carried insights
+	CostUSD   float64 `json:"costUsd"`
+	TokensIn  int64   `json:"tokensIn"`
+	TokensOut int64   `json:"tokensOut"`
+	Turns     int     `json:"turns"`
+	WallMS    int64   `json:"wallMs"`
+}
+
+// record keeps a report's insights on the job and adds them to its spend.
+// Callers skip re-sent reports (their spend is counted already).
+func (j *Job) record(insights json.RawMessage) {
+	if len(insights) == 0 || string(insights) == "null" {
+		return
+	}
+	j.Insights = insights
+	var in job.Insights
+	if json.Unmarshal(insights, &in) != nil {
+		return
+	}
+	j.Spent.Runs++
+	j.Spent.CostUSD += in.CostUSD
+	j.Spent.TokensIn += in.TokensIn
+	j.Spent.TokensOut += in.TokensOut
+	j.Spent.Turns += in.Turns
+	j.Spent.WallMS += in.WallMS
 }
 
 // LastReport identifies the last accepted holder report.
@@ -144,7 +176,7 @@ type Event struct {
 	Seq     int64     `json:"seq"`
 	At      time.Time `json:"at"`
 	JobID   string    `json:"jobId"`
-	Kind    string    `json:"kind"` // submitted|claimed|accepted|stage|fail|released|reaped|requeued|shipped|rejected|unblocked|due|fenced
+	Kind    string    `json:"kind"` // submitted|claimed|accepted|stage|fail|released|reaped|expired|requeued|shipped|rejected|unblocked|due|fenced
 	Factory string    `json:"factory,omitempty"`
 	Epoch   int64     `json:"epoch"`
 	Stage   string    `json:"stage"`
@@ -167,6 +199,10 @@ type RouteStats struct {
 
 // Count is the number of requests on route (e.g. "POST /fleet/claim").
 func (s Stats) Count(route string) int64 { return s.Routes[route].Requests }
+
+// Took is the number of requests on route answered 200: for accept, the
+// leases it gave (a factory's start-up probe of the route is answered 404).
+func (s Stats) Took(route string) int64 { return s.Routes[route].Status["200"] }
 
 // Total is the number of requests on every route but _stats.
 func (s Stats) Total() int64 {

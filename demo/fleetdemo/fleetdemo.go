@@ -86,6 +86,13 @@ type Options struct {
 	PeerDir string
 	// NoBroker runs the gated poll path even when Node is present.
 	NoBroker bool
+	// Routes is the stub's route set: coord.RoutesFull (default) or
+	// coord.RoutesLegacy — the coordinator in service today, without POST
+	// /fleet/accept and /fleet/fail: the factories are still given the
+	// broker (when Node is there), refuse it at start and take jobs over the
+	// gated poll path, and a failure goes out as a fenced PATCH followed by
+	// lease/release.
+	Routes string
 	// Log receives the in-process stub's logs (nil: coordinator.log in the
 	// workspace).
 	Log *slog.Logger
@@ -99,6 +106,7 @@ type Summary struct {
 	// poll (the gated poll path); PathNote says why poll.
 	Path       string       `json:"path"`
 	PathNote   string       `json:"pathNote,omitempty"`
+	Routes     string       `json:"routes"` // the stub's route set: full or legacy
 	API        string       `json:"api"`
 	Factories  []FactoryRow `json:"factories"`
 	Jobs       []JobRow     `json:"jobs"`
@@ -176,6 +184,9 @@ type run struct {
 	peer   *sbpeerproc.Peer
 	broker bool
 	why    string
+	// refuse: legacy routes with the peer up — the factories are given the
+	// broker and must refuse it (no POST /fleet/accept).
+	refuse bool
 
 	facs  map[string]*factory
 	order []string
@@ -228,7 +239,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	defer r.teardown(ctx) // whatever happens: no child outlives Run
 	err = r.setup(ctx)
 	if err == nil {
-		sum.Path, sum.PathNote, sum.API = r.path(), r.why, r.api
+		sum.Path, sum.PathNote, sum.API, sum.Routes = r.path(), r.why, r.api, r.routes()
 		err = r.phases(ctx)
 	}
 	if err != nil {
@@ -275,6 +286,17 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 }
 
 func (r *run) say(format string, a ...any) { fmt.Fprintf(r.out, format+"\n", a...) }
+
+// routes is the stub's route set.
+func (r *run) routes() string {
+	if r.o.Routes == "" {
+		return coord.RoutesFull
+	}
+	return r.o.Routes
+}
+
+// legacy reports whether the stub serves today's coordinator's routes.
+func (r *run) legacy() bool { return r.routes() == coord.RoutesLegacy }
 
 func (r *run) path() string {
 	if r.broker {
@@ -338,6 +360,12 @@ func (r *run) setup(ctx context.Context) (err error) {
 			r.peer, r.broker = p, true
 		}
 	}
+	if r.legacy() {
+		// Today's coordinator publishes nothing and has no POST
+		// /fleet/accept: a factory given the broker must refuse it.
+		r.refuse, r.broker = r.broker, false
+		r.why = "the coordinator has no POST /fleet/accept (--routes legacy: the coordinator in service today)"
+	}
 	r.log = r.o.Log
 	if r.log == nil {
 		lf, err := os.Create(filepath.Join(r.ws, "coordinator.log"))
@@ -361,7 +389,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 	}
 
 	// The coordinator stub, in this process.
-	stub, err := coord.New(coord.Options{LeaseTTL: leaseTTL, StaleAfter: staleAfter, ReapEvery: reapEvery, Publisher: r.pub, Log: r.log})
+	stub, err := coord.New(coord.Options{LeaseTTL: leaseTTL, StaleAfter: staleAfter, ReapEvery: reapEvery, Publisher: r.pub, Log: r.log, Routes: r.routes()})
 	if err != nil {
 		return err
 	}
@@ -383,6 +411,13 @@ func (r *run) setup(ctx context.Context) (err error) {
 	} else {
 		r.say("   no Service Bus:   %s — the factories take jobs over the gated poll path (AQ_FLEET_GATE=1) instead", r.why)
 	}
+	if r.legacy() {
+		r.say("   route set legacy: the stub serves exactly the coordinator in service today (GIGAFACTORY_SYSTEM_OVERVIEW §9): no %s",
+			strings.Join(coord.ProposedRoutes, ", "))
+		if r.refuse {
+			r.say("                     each factory is still given the Service Bus peer (AQ_SB_CONNECTION_STRING) and must refuse it at start")
+		}
+	}
 
 	// The factories.
 	for _, id := range factoryIDs {
@@ -397,7 +432,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 			fmt.Sprintf("AQ_SLOTS=%d", slots), fmt.Sprintf("AQ_HEARTBEAT_SEC=%d", heartbeat),
 			fmt.Sprintf("AQ_FLEET_LEASE_RENEW_SEC=%d", renewEvery), "AQ_POLL_SECONDS=1", "AQ_FLEET_GATE=1",
 			"AQ_KILL_GRACE=500ms", "AQ_DEMO_SIGNALS="+r.sig)
-		if r.broker {
+		if r.broker || r.refuse {
 			f.env = append(f.env, "AQ_SB_CONNECTION_STRING="+r.peer.ConnectionString())
 		}
 		r.facs[id] = f
@@ -424,6 +459,15 @@ func (r *run) setup(ctx context.Context) (err error) {
 		}
 		r.say("   %-17s aq daemon pid %d, AQ_HOME %s; enrolled (token in AQ_HOME/credentials), %d slots, heartbeat every %ds, jobs from: %s",
 			id, f.pid(), f.home, st.Slots, heartbeat, st.Source)
+		if r.refuse {
+			if st.Broker != nil && st.Broker.Refused != "" {
+				if r.ob.refused == nil {
+					r.ob.refused = map[string]string{}
+				}
+				r.ob.refused[id] = st.Broker.Refused
+				r.say("   %-17s broker refused at start: %s (its status file; the log says it once)", "", st.Broker.Refused)
+			}
+		}
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/demo"
+	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
@@ -58,6 +59,32 @@ func TestFleetDemo(t *testing.T) {
 	}
 	if len(sum.Checks) < 15 {
 		t.Errorf("only %d checks", len(sum.Checks))
+	}
+}
+
+// TestFleetDemoLegacyRoutes runs the act against today's coordinator (the
+// stub with --routes legacy: no POST /fleet/accept, no /fleet/fail): the
+// factories, given the broker, refuse it at start and take jobs over the
+// gated poll path, and say so; the failing job's lease is released at once
+// by a fenced PATCH and lease/release; every other check holds as on the
+// full route set.
+func TestFleetDemoLegacyRoutes(t *testing.T) {
+	sum, out := runDemo(t, Options{Routes: coord.RoutesLegacy})
+	if sum.Path != "poll" || sum.Routes != coord.RoutesLegacy || !strings.Contains(sum.PathNote, "POST /fleet/accept") {
+		t.Fatalf("path %q (%s), routes %q", sum.Path, sum.PathNote, sum.Routes)
+	}
+	for _, want := range []string{"route set legacy", "gated poll path", "lease/release (the coordinator has no /fleet/fail)", "kill -9", "the reaper:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("narration lacks %q:\n%s", want, out)
+		}
+	}
+	if demo.PeerMissing(os.Environ(), demo.FindPeerDir("")) == "" && !strings.Contains(out, "broker refused at start") {
+		t.Errorf("the peer is installed, but the narration does not show the factories refusing it:\n%s", out)
+	}
+	for _, r := range sum.Requests {
+		if r.Route == coord.RouteFail || r.Route == coord.RouteAccept {
+			t.Errorf("the legacy stub counted %s", r.Route)
+		}
 	}
 }
 

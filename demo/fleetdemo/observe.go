@@ -32,6 +32,9 @@ type observations struct {
 	serialNote string
 	serialOK   bool
 
+	// setup (legacy routes): why each factory refused the broker.
+	refused map[string]string
+
 	// phase 3.
 	failJob string
 
@@ -258,6 +261,54 @@ func (r *run) lastEvent(id string, kinds ...string) (coord.Event, bool) {
 		}
 	}
 	return coord.Event{}, false
+}
+
+// failures are the events that report a failed run: /fleet/fail's "fail",
+// or — legacy routes, no /fleet/fail — the fallback PATCH's "stage" to
+// failed or queued (its Detail set to the job's reason, as fail's carries
+// it). The lease release that follows the PATCH is its own event.
+func (r *run) failures(id string) []coord.Event {
+	var out []coord.Event
+	for _, e := range r.stub.Events(id) {
+		switch {
+		case e.Kind == "fail":
+			out = append(out, e)
+		case r.legacy() && e.Kind == "stage" && (e.Stage == coord.StageFailed || e.Stage == coord.StageQueued):
+			if e.Detail == "" {
+				e.Detail = r.job(id).Reason
+			}
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// lastFailure is the last of failures, and whether there is one.
+func (r *run) lastFailure(id string) (coord.Event, bool) {
+	fs := r.failures(id)
+	if len(fs) == 0 {
+		return coord.Event{}, false
+	}
+	return fs[len(fs)-1], true
+}
+
+// released is the release of id's lease at epoch after a fallback PATCH.
+func (r *run) released(id string, epoch int64) (coord.Event, bool) {
+	for _, e := range r.stub.Events(id) {
+		if e.Kind == "released" && e.Epoch == epoch {
+			return e, true
+		}
+	}
+	return coord.Event{}, false
+}
+
+// failCall narrates how a failure was reported.
+func (r *run) failCall(id string, fail coord.Event, extra string) string {
+	if r.legacy() {
+		return fmt.Sprintf("PATCH /fleet/jobs/%s {stage: %s, reason: %s%s} + POST /fleet/jobs/%s/lease/release (the coordinator has no /fleet/fail)",
+			id, fail.Stage, fail.Detail, extra, id)
+	}
+	return fmt.Sprintf("POST /fleet/fail {reason: %s%s}", fail.Detail, extra)
 }
 
 // takeEvent is the claim or accept that started epoch.

@@ -126,7 +126,7 @@ func (r *run) parallel(ctx context.Context) error {
 // outcome narrates where a finished job went.
 func (r *run) outcome(ctx context.Context, id string) string {
 	j := r.job(id)
-	ev, _ := r.lastEvent(id, "stage", "fail")
+	ev, _ := r.lastEvent(id, "stage", "fail", "released")
 	switch j.Stage {
 	case coord.StageShipped, coord.StageReview, coord.StageTesting:
 		ref := r.originRef(ctx, j.Repo, "aq/job/"+id)
@@ -281,12 +281,21 @@ func (r *run) failing(ctx context.Context) error {
 	if err := r.waitStage(ctx, id, coord.StageDeadLetter, coord.StageFailed, coord.StageQueued, coord.StageShipped); err != nil {
 		return err
 	}
+	if r.legacy() { // the release follows the PATCH
+		if err := r.waitFor(ctx, id+"'s lease to be released", func() bool { _, ok := r.released(id, epoch); return ok }); err != nil {
+			return err
+		}
+	}
 	take, _ := r.takeEvent(id, epoch)
-	fail, ok := r.lastEvent(id, "fail")
+	fail, ok := r.lastFailure(id)
 	if ok {
+		free := fail
+		if rel, ok := r.released(id, epoch); ok {
+			free = rel
+		}
 		r.say("   the engine left the typo in, so verify failed (%s)", r.job(id).Detail)
-		r.say("   → POST /fleet/fail {reason: %s} → %s (no retries left), %s after %s took the lease",
-			fail.Detail, fail.Stage, fail.At.Sub(take.At).Round(time.Millisecond), holder)
+		r.say("   → %s → %s (no retries left), %s after %s took the lease",
+			r.failCall(id, fail, ""), fail.Stage, free.At.Sub(take.At).Round(time.Millisecond), holder)
 		r.say("   the lease was released with the report — no wait for the reaper (the lease had %s to live)", leaseTTL)
 	}
 	r.ob.failJob = id
@@ -310,7 +319,7 @@ func (r *run) killAndResume(ctx context.Context) error {
 	var fail coord.Event
 	err := r.waitFor(ctx, id+"'s first attempt to fail", func() bool {
 		var ok bool
-		fail, ok = r.lastEvent(id, "fail")
+		fail, ok = r.lastFailure(id)
 		return ok
 	})
 	if err != nil {
@@ -323,7 +332,11 @@ func (r *run) killAndResume(ctx context.Context) error {
 	r.say("   attempt 1: %s", r.took(id, fail.Epoch, fail.Factory))
 	r.say("      the engine wrote step-1.txt and failed; %s checkpointed the worktree and pushed it to origin as aq/wip/%s (%s) while it held the lease",
 		fail.Factory, id, short(r.ob.originAfter1))
-	r.say("      → POST /fleet/fail {reason: %s, retryable: true, checkpoint: %s} → %s at once; retry in 3s (retry.backoff)", fail.Detail, short(j.Checkpoint), fail.Stage)
+	if r.legacy() {
+		r.say("      → %s → %s at once (aq applied the retry policy: a retry is left)", r.failCall(id, fail, ", checkpoint: "+short(j.Checkpoint)), fail.Stage)
+	} else {
+		r.say("      → POST /fleet/fail {reason: %s, retryable: true, checkpoint: %s} → %s at once; retry in 3s (retry.backoff)", fail.Detail, short(j.Checkpoint), fail.Stage)
+	}
 
 	// Attempt 2: resumes, does part of step 2, hangs.
 	var hangOn string

@@ -104,6 +104,9 @@ type run struct {
 	sig   string
 	env   []string // the replicas' environment, but for their own dirs and id
 	start time.Time
+	// seedHistory, when set, fills the origin's seed before its first push
+	// (the benchmarks' big repository).
+	seedHistory func(ctx context.Context, seed string) error
 
 	stub    *coord.Server
 	srv     *http.Server
@@ -283,17 +286,25 @@ func (r *run) makeOrigin(ctx context.Context) (string, error) {
 	if err := os.WriteFile(filepath.Join(seed, "README.md"), []byte("# svc\n\nA service the pool works on.\n"), 0o644); err != nil {
 		return "", err
 	}
-	for _, step := range [][]string{
+	steps := [][]string{
 		{"init", "-q", "--bare", "-b", "main", bare},
 		{"-C", bare, "config", "uploadpack.allowFilter", "true"},
 		{"-C", seed, "init", "-q", "-b", "main"},
 		{"-C", seed, "add", "-A"},
 		{"-C", seed, "commit", "-q", "-m", "initial commit"},
-		{"-C", seed, "push", "-q", bare, "main"},
-	} {
+	}
+	for _, step := range steps {
 		if _, err := r.git(ctx, step...); err != nil {
 			return "", err
 		}
+	}
+	if r.seedHistory != nil {
+		if err := r.seedHistory(ctx, seed); err != nil {
+			return "", err
+		}
+	}
+	if _, err := r.git(ctx, "-C", seed, "push", "-q", bare, "main"); err != nil {
+		return "", err
 	}
 	return bare, os.RemoveAll(seed)
 }

@@ -34,6 +34,17 @@ var aqSecretEnv = map[string]bool{
 	"AZURE_FEDERATED_TOKEN_FILE":        true,
 	"IDENTITY_HEADER":                   true,
 	"MSI_SECRET":                        true,
+	// The notification webhook often carries its token in the URL.
+	"AQ_NOTIFY_URL": true,
+	// The OTLP exporter's credentials (headers such as Authorization, the
+	// client key for mTLS) are aq's: an engine exporting telemetry of its
+	// own (AQ_CLAUDE_TELEMETRY) gets the endpoint, never these.
+	"OTEL_EXPORTER_OTLP_HEADERS":           true,
+	"OTEL_EXPORTER_OTLP_TRACES_HEADERS":    true,
+	"OTEL_EXPORTER_OTLP_METRICS_HEADERS":   true,
+	"OTEL_EXPORTER_OTLP_LOGS_HEADERS":      true,
+	"OTEL_EXPORTER_OTLP_CLIENT_KEY":        true,
+	"OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": true,
 }
 
 // secretSuffixes mark any environment variable as secret by name (DESIGN §11).

@@ -8,15 +8,17 @@ import (
 
 func TestIsSecretName(t *testing.T) {
 	for name, want := range map[string]bool{
-		"AQ_FLEET_TOKEN":          true,
-		"AQ_SB_CONNECTION_STRING": true,
-		"GITHUB_TOKEN":            true,
-		"ANTHROPIC_API_KEY":       true,
-		"DB_PASSWORD":             true,
-		"MY_SECRET":               true,
-		"AQ_HOME":                 false,
-		"PATH":                    false,
-		"KEYBOARD":                false,
+		"AQ_FLEET_TOKEN":             true,
+		"AQ_SB_CONNECTION_STRING":    true,
+		"GITHUB_TOKEN":               true,
+		"ANTHROPIC_API_KEY":          true,
+		"DB_PASSWORD":                true,
+		"MY_SECRET":                  true,
+		"AQ_NOTIFY_URL":              true,
+		"OTEL_EXPORTER_OTLP_HEADERS": true,
+		"AQ_HOME":                    false,
+		"PATH":                       false,
+		"KEYBOARD":                   false,
 	} {
 		if got := IsSecretName(name); got != want {
 			t.Errorf("IsSecretName(%q) = %v, want %v", name, got, want)
@@ -31,15 +33,18 @@ func TestEngineEnvDropsAQSecretsAndMarkers(t *testing.T) {
 		"AQ_OTHER_SECRET=zzzzzz", "EXTRA=1",
 		"AZURE_CLIENT_ID=app-id", "AZURE_TENANT_ID=tenant", "AZURE_CLIENT_SECRET=azs-secret", "AZURE_FEDERATED_TOKEN_FILE=/var/run/token",
 		"AZURE_CLIENT_CERTIFICATE_PATH=/etc/cert.pem", "AZURE_CLIENT_CERTIFICATE_PASSWORD=certpw", "AZURE_PASSWORD=pw123", "IDENTITY_HEADER=hdr", "MSI_SECRET=msi",
+		"AQ_NOTIFY_URL=https://hooks.example/T0/B0/xyz", "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer otlp-tok",
+		"OTEL_EXPORTER_OTLP_TRACES_HEADERS=x-api-key=k", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318",
 	}
 	got := strings.Join(EngineEnv(env, "EXTRA"), " ")
 	for _, gone := range []string{"AQ_FLEET_TOKEN", "AQ_SB_CONNECTION_STRING", "AQ_ENROLL_TOKEN", "CLAUDECODE", "AQ_OTHER_SECRET", "EXTRA",
-		"AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_CLIENT_CERTIFICATE_PASSWORD", "AZURE_PASSWORD", "IDENTITY_HEADER", "MSI_SECRET"} {
+		"AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_CLIENT_CERTIFICATE_PASSWORD", "AZURE_PASSWORD", "IDENTITY_HEADER", "MSI_SECRET",
+		"AQ_NOTIFY_URL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
 		if strings.Contains(got, gone+"=") {
 			t.Errorf("EngineEnv kept %s: %s", gone, got)
 		}
 	}
-	for _, kept := range []string{"PATH=/bin", "AQ_HOME=/h", "ANTHROPIC_API_KEY=sk-keep", "AZURE_CLIENT_ID=app-id", "AZURE_TENANT_ID=tenant"} {
+	for _, kept := range []string{"PATH=/bin", "AQ_HOME=/h", "ANTHROPIC_API_KEY=sk-keep", "AZURE_CLIENT_ID=app-id", "AZURE_TENANT_ID=tenant", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318"} {
 		if !strings.Contains(got, kept) {
 			t.Errorf("EngineEnv dropped %s: %s", kept, got)
 		}

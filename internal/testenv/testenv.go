@@ -84,6 +84,7 @@ func Main(m *testing.M) int {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
 		case strings.HasPrefix(k, "AQ_"), k == "POLL_SECONDS",
+			strings.HasPrefix(k, "OTEL_"), k == "TRACEPARENT", k == "TRACESTATE", k == "CLAUDE_CODE_ENABLE_TELEMETRY",
 			strings.HasPrefix(k, "GIT_AUTHOR_"), strings.HasPrefix(k, "GIT_COMMITTER_"), k == "EMAIL",
 			k == "GIT_DIR", k == "GIT_WORK_TREE", k == "GIT_INDEX_FILE":
 			os.Unsetenv(k)

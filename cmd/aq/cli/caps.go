@@ -14,7 +14,10 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
+	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -23,6 +26,7 @@ func init() { register(newCapsCmd) }
 type capsOptions struct {
 	JSON         bool
 	ProbeTimeout time.Duration
+	HelpTimeout  time.Duration // 0: engines.DefaultHelpTimeout
 }
 
 func newCapsCmd(f *Factory) *cobra.Command {
@@ -34,7 +38,8 @@ func newCapsCmd(f *Factory) *cobra.Command {
 
   os:<goos> arch:<goarch>   this build's platform
   engine:<name>             claude, codex, devin when their binary is on PATH
-                            (version from '<bin> --version'); engine:script always
+                            (version from '<bin> --version') and its --help
+                            has every flag aq needs; engine:script always
   node:<major>              from 'node --version'
   has:<tool>                a tool on PATH (presence only); aq looks for:
                             ` + wrapWords(caps.DefaultTools(), 50, "\n                            ") + `
@@ -43,19 +48,29 @@ func newCapsCmd(f *Factory) *cobra.Command {
 A job runs here only if every capability it requires is offered.
 Version probes run at once, each bounded by --probe-timeout; a probe that
 fails or hangs leaves the engine listed without a version, and a note.
+Each engine's --help is probed for the flags aq passes (docs/engines.md
+lists them), bounded by 10s (or --probe-timeout when given) and cached per binary in
+$AQ_HOME/engines/probes.json: flags lists those found, dropped the
+optional ones the CLI lacks (aq runs without them), and refused says why
+an engine is not offered (a required flag missing, a --help that fails or
+hangs). Engines held until their rate or usage limit resets are listed.
 
 --json prints one object:
-  {tokens[], os, arch, engines:[{name, path, version, builtin?}], node,
-   tools:{tool: path}, toolsProbed[], repos[], repoBase, notes[]}
+  {tokens[], os, arch, engines:[{name, path, version, builtin?, flags[],
+   dropped[], refused?}], node, tools:{tool: path}, toolsProbed[], repos[],
+   repoBase, notes[], holds:[{engine, until, why, job, since}]}
 node is null when node is absent or its version unreadable; path and version
 are "" when unknown; lists are [] (never null).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("probe-timeout") {
+				opts.HelpTimeout = opts.ProbeTimeout
+			}
 			return runCaps(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: {tokens, os, arch, engines, node, tools, toolsProbed, repos, repoBase, notes}")
-	cmd.Flags().DurationVar(&opts.ProbeTimeout, "probe-timeout", caps.DefaultProbeTimeout, "time each '<bin> --version' probe may take")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: {tokens, os, arch, engines, node, tools, toolsProbed, repos, repoBase, notes, holds}")
+	cmd.Flags().DurationVar(&opts.ProbeTimeout, "probe-timeout", caps.DefaultProbeTimeout, "time each '<bin> --version' probe may take (and, when given, each --help probe: 10s otherwise)")
 	return configFlags(cmd, config.GroupRepo)
 }
 
@@ -71,6 +86,8 @@ type capsReport struct {
 	Repos       []string          `json:"repos"`
 	RepoBase    string            `json:"repoBase"`
 	Notes       []string          `json:"notes"`
+	// Holds are the engines held until their limit resets (agent/holds).
+	Holds []holds.Hold `json:"holds"`
 }
 
 func newCapsReport(h *caps.Host) capsReport {
@@ -84,6 +101,7 @@ func newCapsReport(h *caps.Host) capsReport {
 		Repos:       nonNil(h.Repos),
 		RepoBase:    h.RepoBase,
 		Notes:       nonNil(h.Notes),
+		Holds:       []holds.Hold{},
 	}
 	if r.Tools == nil {
 		r.Tools = map[string]string{}
@@ -110,7 +128,7 @@ func runCaps(ctx context.Context, f *Factory, opts *capsOptions) error {
 	if err != nil {
 		return err
 	}
-	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, Clonable: repos.Clonable(cfg.RepoURLs)})
+	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, HelpTimeout: opts.HelpTimeout, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
 	if err != nil {
 		var typed *aqerr.Error
 		switch {
@@ -121,10 +139,22 @@ func runCaps(ctx context.Context, f *Factory, opts *capsOptions) error {
 		}
 		return aqerr.Wrap(aqerr.Failed, err, "capability detection failed: "+err.Error(), "")
 	}
+	held := holds.Open(runner.HoldsPath(cfg.Home), nil).List()
 	if opts.JSON {
-		return writeJSON(f.IO.Out, newCapsReport(h))
+		r := newCapsReport(h)
+		r.Holds = held
+		return writeJSON(f.IO.Out, r)
 	}
-	return printCaps(f.IO.Out, h)
+	if err := printCaps(f.IO.Out, h); err != nil {
+		return err
+	}
+	if len(held) > 0 {
+		fmt.Fprintln(f.IO.Out, "\nheld (not run until their limit resets):")
+		for _, x := range held {
+			fmt.Fprintf(f.IO.Out, "  %s (met by job %s)\n", x, orDash(x.Job))
+		}
+	}
+	return nil
 }
 
 func printCaps(w io.Writer, h *caps.Host) error {
@@ -144,6 +174,15 @@ func printCaps(w io.Writer, h *caps.Host) error {
 			fmt.Fprintf(tw, "  %s\t(built in)\n", e.Name)
 		default:
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.Name, orDash(e.Version), e.Path)
+			if e.Refused != "" {
+				fmt.Fprintf(tw, "  \trefused:\t%s\n", e.Refused)
+			}
+			if len(e.Flags) > 0 {
+				fmt.Fprintf(tw, "  \tflags:\t%s\n", strings.Join(e.Flags, " "))
+			}
+			if len(e.Dropped) > 0 {
+				fmt.Fprintf(tw, "  \tdropped:\t%s\n", strings.Join(e.Dropped, " "))
+			}
 		}
 	}
 

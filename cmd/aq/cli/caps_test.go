@@ -59,6 +59,30 @@ func (h *capsHost) exe(t *testing.T, name, body string) string {
 	return p
 }
 
+// engine writes a fake engine CLI: --help prints the real CLI's recorded
+// help (engines/testdata), the hidden-flag probe is answered as commander
+// does, anything else runs body.
+func (h *capsHost) engine(t *testing.T, name, body string) string {
+	t.Helper()
+	base := "help.txt"
+	if name == "codex" {
+		base = "exec-help.txt"
+	}
+	help, err := filepath.Abs(filepath.Join("..", "..", "..", "engines", "testdata", name, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		t.Skip("cat not found")
+	}
+	return h.exe(t, name, fmt.Sprintf(`case "$*" in
+*--help) %q %q; exit 0;;
+*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
+esac
+%s`, cat, help, body))
+}
+
 func (h *capsHost) repo(t *testing.T, name string) {
 	t.Helper()
 	if out, err := exec.Command(h.git, "init", "-q", filepath.Join(h.base, name)).CombinedOutput(); err != nil {
@@ -71,8 +95,8 @@ func (h *capsHost) repo(t *testing.T, name string) {
 func standardHost(t *testing.T) (*capsHost, map[string]string) {
 	h := newCapsHost(t)
 	paths := map[string]string{
-		"claude": h.exe(t, "claude", `echo "2.0.14 (Claude Code)"`),
-		"codex":  h.exe(t, "codex", `echo "codex-cli 0.46.0"`),
+		"claude": h.engine(t, "claude", `echo "2.0.14 (Claude Code)"`),
+		"codex":  h.engine(t, "codex", `echo "codex-cli 0.46.0"`),
 		"node":   h.exe(t, "node", `echo "v20.20.2"`),
 		"gh":     h.exe(t, "gh", `echo "gh version 2.81.0 (2025-10-01)"`),
 	}
@@ -104,7 +128,7 @@ func TestCapsJSON(t *testing.T) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	wantKeys := []string{"arch", "engines", "node", "notes", "os", "repoBase", "repos", "tokens", "tools", "toolsProbed"}
+	wantKeys := []string{"arch", "engines", "holds", "node", "notes", "os", "repoBase", "repos", "tokens", "tools", "toolsProbed"}
 	if !reflect.DeepEqual(keys, wantKeys) {
 		t.Errorf("JSON keys = %q, want %q", keys, wantKeys)
 	}
@@ -114,10 +138,12 @@ func TestCapsJSON(t *testing.T) {
 		OS      string   `json:"os"`
 		Arch    string   `json:"arch"`
 		Engines []struct {
-			Name    string `json:"name"`
-			Path    string `json:"path"`
-			Version string `json:"version"`
-			Builtin bool   `json:"builtin"`
+			Name    string   `json:"name"`
+			Path    string   `json:"path"`
+			Version string   `json:"version"`
+			Builtin bool     `json:"builtin"`
+			Flags   []string `json:"flags"`
+			Dropped []string `json:"dropped"`
 		} `json:"engines"`
 		Node        *int              `json:"node"`
 		Tools       map[string]string `json:"tools"`
@@ -140,7 +166,8 @@ func TestCapsJSON(t *testing.T) {
 		t.Errorf("os/arch = %s/%s", got.OS, got.Arch)
 	}
 	engines := fmt.Sprintf("%+v", got.Engines)
-	wantEngines := fmt.Sprintf("[{Name:claude Path:%s Version:2.0.14 (Claude Code) Builtin:false} {Name:codex Path:%s Version:codex-cli 0.46.0 Builtin:false} {Name:script Path: Version: Builtin:true}]", paths["claude"], paths["codex"])
+	wantEngines := fmt.Sprintf("[{Name:claude Path:%s Version:2.0.14 (Claude Code) Builtin:false Flags:[-p --output-format --verbose --permission-mode --model --session-id --max-turns --max-budget-usd --append-system-prompt] Dropped:[]} "+
+		"{Name:codex Path:%s Version:codex-cli 0.46.0 Builtin:false Flags:[--json -m --sandbox -c] Dropped:[]} {Name:script Path: Version: Builtin:true Flags:[] Dropped:[]}]", paths["claude"], paths["codex"])
 	if engines != wantEngines {
 		t.Errorf("engines\n got %s\nwant %s", engines, wantEngines)
 	}
@@ -156,8 +183,8 @@ func TestCapsJSON(t *testing.T) {
 	if !reflect.DeepEqual(got.Repos, []string{"notes", "web"}) || got.RepoBase != h.base {
 		t.Errorf("repos = %q under %q, want [notes web] under %q", got.Repos, got.RepoBase, h.base)
 	}
-	if string(raw["notes"]) != "[]" {
-		t.Errorf("notes = %s, want []", raw["notes"])
+	if string(raw["notes"]) != "[]" || string(raw["holds"]) != "[]" {
+		t.Errorf("notes = %s, holds = %s, want [] and []", raw["notes"], raw["holds"])
 	}
 }
 
@@ -201,13 +228,16 @@ func TestCapsHuman(t *testing.T) {
 		"repo base:  " + h.base + "\n",
 		"  claude  2.0.14 (Claude Code)  " + paths["claude"] + "\n",
 		"  codex   codex-cli 0.46.0      " + paths["codex"] + "\n",
+		"          flags:   -p --output-format --verbose --permission-mode --model --session-id --max-turns --max-budget-usd --append-system-prompt\n",
 		"  devin   -                     " + devin + "\n",
+		"          refused: devin is unavailable: `devin --help` exited 2: devin: not logged in\n",
 		"  script  (built in)\n",
 		"  gh          " + paths["gh"] + "\n",
 		"repos (2):\n  notes\n  web\n",
-		"engine:devin",
+		"engine:codex engine:script",
 		"repo:notes repo:web\n",
 		"notes:\n  - engine devin: " + devin + " --version failed (exit status 2: devin: not logged in); listed without a version\n",
+		"  - engine devin refused, not offered: devin is unavailable: `devin --help` exited 2: devin: not logged in\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -242,12 +272,52 @@ func TestCapsProbeTimeout(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(got.Tokens, "engine:claude") || got.Engines[0]["name"] != "claude" || got.Engines[0]["version"] != "" || got.Engines[0]["path"] != claude {
-		t.Errorf("hung claude must be listed without a version: %+v", got)
+	if slices.Contains(got.Tokens, "engine:claude") || got.Engines[0]["name"] != "claude" || got.Engines[0]["version"] != "" || got.Engines[0]["path"] != claude {
+		t.Errorf("hung claude must be listed without a version, and not offered: %+v", got)
+	}
+	refused := "claude is unavailable: `claude --help` did not answer within 200ms"
+	if got.Engines[0]["refused"] != refused {
+		t.Errorf("refused = %v, want %q", got.Engines[0]["refused"], refused)
 	}
 	want := "engine claude: " + claude + " --version did not finish within 200ms; listed without a version"
-	if !slices.Contains(got.Notes, want) {
-		t.Errorf("notes = %q, want %q", got.Notes, want)
+	if !slices.Contains(got.Notes, want) || !slices.Contains(got.Notes, "engine claude refused, not offered: "+refused) {
+		t.Errorf("notes = %q, want %q and the refusal", got.Notes, want)
+	}
+}
+
+// TestCapsRequiredFlagMissing: a claude whose --help lacks --output-format
+// (an old or a future CLI) is listed, refused with one line naming the
+// flag and what to do, and not offered; the probe is cached per binary.
+func TestCapsRequiredFlagMissing(t *testing.T) {
+	h := newCapsHost(t)
+	claude := h.exe(t, "claude", `case "$*" in
+*--help) echo "Usage: claude [options]"; echo "  -p, --print  print"; echo "  --verbose"; echo "  --model <m>"; echo "  --permission-mode <m>"; exit 0;;
+*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
+esac
+echo "0.2.9 (Claude Code)"`)
+	out, errOut, code := runAQ(t, "caps", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	var got struct {
+		Tokens  []string         `json:"tokens"`
+		Engines []map[string]any `json:"engines"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	refused, _ := got.Engines[0]["refused"].(string)
+	if slices.Contains(got.Tokens, "engine:claude") || !strings.Contains(refused, "claude at "+claude+" lacks --output-format") ||
+		!strings.Contains(refused, "upgrade") || strings.Contains(refused, "\n") {
+		t.Errorf("tokens %q, refused %q; want claude refused, naming --output-format and saying to upgrade", got.Tokens, refused)
+	}
+	dropped := fmt.Sprint(got.Engines[0]["dropped"])
+	if dropped != "[--session-id --max-budget-usd --append-system-prompt]" {
+		t.Errorf("dropped = %s, want the optional flags the help lacks (--max-turns answers the hidden-flag probe)", dropped)
+	}
+	cache, err := os.ReadFile(filepath.Join(os.Getenv("AQ_HOME"), "engines", "probes.json"))
+	if err != nil || !strings.Contains(string(cache), claude) {
+		t.Errorf("the probe was not cached in $AQ_HOME/engines/probes.json: %v\n%s", err, cache)
 	}
 }
 

@@ -25,7 +25,7 @@ Precedence: flag > environment > config file > default.`,
 		},
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: [{key, value, source, origin, env, flag, secret}]")
-	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon, config.GroupGC)
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon, config.GroupObserve, config.GroupGC)
 }
 
 func runConfig(f *Factory, opts *configOptions) error {

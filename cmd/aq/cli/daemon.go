@@ -13,6 +13,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/daemon"
+	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -72,7 +73,7 @@ heartbeat); 1 otherwise.`,
 	fl.DurationVar(&opts.limits.IdleTimeout, "idle-timeout", 0, "drain and exit 0 once nothing has run or arrived for this long (0: never)")
 	fl.IntVar(&opts.limits.MaxJobs, "max-jobs", 0, "drain and exit 0 once this many jobs have started (0: no limit)")
 	fl.DurationVar(&opts.limits.MaxUptime, "max-uptime", 0, "drain and exit 0 this long after the start (0: no limit)")
-	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon)
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon, config.GroupObserve)
 }
 
 func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {
@@ -80,7 +81,12 @@ func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {
 	if err != nil {
 		return err
 	}
-	d, err := daemon.New(daemon.Options{Config: cfg, Log: f.Logger(), Redactor: f.Redactor(), Limits: opts.limits})
+	obs, err := f.Observe()
+	if err != nil {
+		return err
+	}
+	d, err := daemon.New(daemon.Options{Config: cfg, Log: f.Logger(), Redactor: f.Redactor(), Limits: opts.limits,
+		Parts: fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier}})
 	if err != nil {
 		return daemonError(err)
 	}
@@ -177,7 +183,10 @@ func printDaemonStatus(f *Factory, st *DaemonStatus, now time.Time) {
 	fmt.Fprintf(w, "\ndaemon: %s, pid %d, factory %s; slots %d/%d busy; source %s", st.Stage, st.PID, st.FactoryID, st.Busy, st.Slots, st.Source)
 	if b := st.Broker; b != nil {
 		state := "healthy"
-		if !b.Healthy {
+		switch {
+		case b.Refused != "":
+			state = "refused: " + b.Refused
+		case !b.Healthy:
 			state = "unhealthy"
 			if b.Error != "" {
 				state += " (" + b.Error + ")"
@@ -199,6 +208,9 @@ func printDaemonStatus(f *Factory, st *DaemonStatus, now time.Time) {
 		fmt.Fprintf(w, "; metrics http://%s/metrics", st.MetricsAddr)
 	}
 	fmt.Fprintln(w)
+	for _, r := range st.AbsentRoutes {
+		fmt.Fprintf(w, "  the coordinator has no %s: %s\n", r.Route, r.Fallback)
+	}
 	if len(st.Running) > 0 {
 		tw := table(w)
 		fmt.Fprintln(tw, "  JOB\tREPO\tEPOCH\tSOURCE\tPHASE\tAGE")

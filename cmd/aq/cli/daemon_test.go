@@ -54,12 +54,21 @@ func newDaemonEnv(t testing.TB, broker bool, env ...string) *daemonEnv {
 // subscriptions (none: no broker).
 func newDaemonEnvSubs(t testing.TB, subs []string, env ...string) *daemonEnv {
 	t.Helper()
+	return newDaemonEnvRoutes(t, coord.RoutesFull, subs, env...)
+}
+
+// newDaemonEnvRoutes is newDaemonEnvSubs with the stub serving a route set
+// (legacy: the coordinator in service today, which publishes nothing).
+func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...string) *daemonEnv {
+	t.Helper()
 	broker := len(subs) > 0
 	e := &daemonEnv{t: t, h: testenv.NewHome(t), dir: t.TempDir()}
 	e.origin = testenv.AddOrigin(t, e.h.Repo(t, "app", nil))
-	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond}
+	co := coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, Routes: routes}
 	if broker {
 		e.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: subs})
+	}
+	if broker && routes != coord.RoutesLegacy {
 		pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: e.peer.ConnectionString(), Rescan: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -434,7 +443,7 @@ func TestDaemonBrokerPath(t *testing.T) {
 	e.submit(id, "echo hi > hi.txt\n")
 	e.waitFor(p, id+" shipped", func() bool { return e.jobStage(id) == coord.StageShipped })
 	st := e.stub.Stats()
-	if st.Count(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 || st.Count(coord.RouteQueueState) != 0 {
+	if st.Took(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 || st.Count(coord.RouteQueueState) != 0 {
 		t.Fatalf("stub counters %+v", st.Routes)
 	}
 	if strings.Contains(p.err.String(), "SharedAccessKey=") {
@@ -455,7 +464,6 @@ func TestDaemonConfigErrorsExit2(t *testing.T) {
 	}{
 		{map[string]string{}, "fleet mode is off"},
 		{map[string]string{"AQ_FLEET": "1"}, "needs AQ_FLEET_API"},
-		{map[string]string{"AQ_FLEET": "1", "AQ_FLEET_API": "http://127.0.0.1:9/api", "AQ_SB_SESSIONS": "1", "AQ_SB_CONNECTION_STRING": "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"}, "AQ_SB_SESSIONS"},
 		{map[string]string{"AQ_FLEET": "1", "AQ_FLEET_API": "http://127.0.0.1:9/api", "AQ_DRAIN_TIMEOUT": "soon"}, "AQ_DRAIN_TIMEOUT"},
 	} {
 		for k, v := range tc.env {
@@ -485,6 +493,8 @@ func TestDemoCoordinatorBrokerFlags(t *testing.T) {
 	}{
 		{[]string{"--broker-connection-string-file", filepath.Join(dir, "missing")}, "cannot read"},
 		{[]string{"--broker-connection-string-file", remote}, "not loopback"},
+		{[]string{"--routes", "newest"}, "--routes \"newest\" is not a route set"},
+		{[]string{"--routes", "legacy", "--broker-connection-string-file", remote}, "publishes no dispatch messages"},
 	} {
 		_, errOut, code := runAQ(t, append([]string{"demo", "coordinator", "--listen", "127.0.0.1:0"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "c2VjcmV0") {

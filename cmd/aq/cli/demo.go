@@ -97,6 +97,8 @@ type demoOptions struct {
 	LocalOnly bool
 	ScaleOnly bool
 	JSON      bool
+	// Routes is the coordinator stub's route set in act 2 (full or legacy).
+	Routes string
 }
 
 func (o *demoOptions) flags(cmd *cobra.Command, full bool) {
@@ -106,6 +108,7 @@ func (o *demoOptions) flags(cmd *cobra.Command, full bool) {
 	fl.BoolVar(&o.JSON, "json", false, "print the summary as JSON on stdout (the narration goes to stderr)")
 	if full {
 		fl.BoolVar(&o.LocalOnly, "local-only", false, "run act 1 (local mode) only")
+		fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "act 2's coordinator: full (DESIGN §9) or legacy (the coordinator in service today: no /fleet/accept, /fleet/fail)")
 	}
 }
 
@@ -122,6 +125,9 @@ type DemoSummary struct {
 }
 
 func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
+	if o.Routes != "" && o.Routes != coord.RoutesFull && o.Routes != coord.RoutesLegacy {
+		return aqerr.Usagef("use --routes full (DESIGN §9) or --routes legacy (the coordinator in service today)", "--routes %q is not a route set", o.Routes)
+	}
 	start := time.Now()
 	out := f.IO.Out
 	if o.JSON {
@@ -170,7 +176,7 @@ func runDemo(ctx context.Context, f *Factory, o *demoOptions) error {
 	}
 	if !o.LocalOnly && !o.ScaleOnly {
 		fmt.Fprintf(out, "\n━━ Act 2 of 3: the fleet on one machine ━━\n\n")
-		fs, err := fleetdemo.Run(ctx, fleetdemo.Options{Dir: actDir("fleet"), Out: out})
+		fs, err := fleetdemo.Run(ctx, fleetdemo.Options{Dir: actDir("fleet"), Out: out, Routes: o.Routes})
 		sum.Fleet = fs
 		if err != nil {
 			return demoError(ctx, err)
@@ -256,6 +262,9 @@ type demoCoordinatorOptions struct {
 	// AQ_SB_CONNECTION_STRING, the one the factories receive with.
 	BrokerFile  string
 	BrokerTopic string
+	// Routes is the route set: full (DESIGN §9) or legacy (the coordinator
+	// in service today).
+	Routes string
 }
 
 func newDemoCoordinatorCmd(f *Factory) *cobra.Command {
@@ -282,7 +291,16 @@ With a broker (--broker-connection-string-file F, or AQ_SB_CONNECTION_STRING)
 the stub also publishes a targeted Service Bus message per queued job
 (MessageID jobId:epoch, application property targetFactoryId) to the factory
 it picks, as the coordinator's dispatcher does; the factories' subscriptions
-must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).`,
+must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).
+With --sb-sessions (AQ_SB_SESSIONS=1) each message carries SessionId = the
+job's repo, for subscriptions that require sessions (docs/servicebus.md).
+
+--routes legacy serves exactly the routes of the coordinator in service
+today (no POST /fleet/accept, POST /fleet/fail, deregister or GET
+/fleet/factories) and answers the others as it does (404 "Cannot POST
+/path"): factories then fail jobs with a fenced PATCH and lease/release,
+and take work over the poll path (docs/fleet.md). It publishes no dispatch
+messages.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDemoCoordinator(cmd.Context(), f, o)
@@ -301,6 +319,7 @@ must exist (the local peer: node demo/sbpeer/sbpeer.js --sub fleet-dispatch/ID).
 	fl.StringVar(&o.TokenFile, "enroll-token-file", "", "file holding the enrollment token to use (default: the state file's, else a new one)")
 	fl.StringVar(&o.BrokerFile, "broker-connection-string-file", "", "file holding a Service Bus connection string: publish a dispatch message per queued job (default: AQ_SB_CONNECTION_STRING, if set)")
 	fl.StringVar(&o.BrokerTopic, "broker-topic", "", "topic to publish to (default: AQ_SB_TOPIC, fleet-dispatch)")
+	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (DESIGN §9) or legacy (the coordinator in service today: no accept, fail, deregister, factories list)")
 	return configFlags(cmd, config.GroupBroker)
 }
 
@@ -308,9 +327,13 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 	if o.FailRate < 0 || o.FailRate > 1 {
 		return aqerr.Usagef("use a share from 0 to 1", "--fail-rate %v is out of range", o.FailRate)
 	}
+	if o.Routes != coord.RoutesFull && o.Routes != coord.RoutesLegacy {
+		return aqerr.Usagef("use --routes full (DESIGN §9) or --routes legacy (the coordinator in service today)", "--routes %q is not a route set", o.Routes)
+	}
 	opts := coord.Options{
 		LeaseTTL: o.LeaseTTL, StaleAfter: o.StaleAfter, ReapEvery: o.ReapEvery, MaxBackoff: o.MaxBackoff,
 		FailRate: o.FailRate, Latency: o.Latency, FaultRoutes: o.FaultRoutes, StateFile: o.State, Log: f.Logger(),
+		Routes: o.Routes,
 	}
 	if o.TokenFile != "" {
 		b, err := os.ReadFile(o.TokenFile)
@@ -319,11 +342,17 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 		}
 		opts.EnrollToken = strings.TrimSpace(string(b))
 	}
-	pub, err := demoPublisher(f, o)
-	if err != nil {
-		return err
+	if o.Routes == coord.RoutesLegacy {
+		if o.BrokerFile != "" {
+			return aqerr.Usagef("drop --broker-connection-string-file, or use --routes full", "--routes legacy models a coordinator without a broker: it publishes no dispatch messages")
+		}
+	} else {
+		pub, err := demoPublisher(f, o)
+		if err != nil {
+			return err
+		}
+		opts.Publisher = pub
 	}
-	opts.Publisher = pub
 	if err := coord.Serve(ctx, o.Listen, opts, f.IO.Out); err != nil {
 		return aqerr.Wrap(aqerr.Failed, err, err.Error(), "pick another --listen address")
 	}
@@ -334,12 +363,13 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 // (the connection string never on the command line: a file, or the
 // environment).
 func demoPublisher(f *Factory, o *demoCoordinatorOptions) (*coord.Publisher, error) {
-	cs, topic := "", o.BrokerTopic
-	if cfg, err := f.Config(); err == nil {
-		cs = cfg.SBConnectionString
-		if topic == "" {
-			topic = cfg.SBTopic
-		}
+	cfg, err := f.Config()
+	if err != nil {
+		return nil, err // e.g. AQ_SB_SESSIONS=maybe: one line, not a publisher without sessions
+	}
+	cs, topic := cfg.SBConnectionString, o.BrokerTopic
+	if topic == "" {
+		topic = cfg.SBTopic
 	}
 	if o.BrokerFile != "" {
 		b, err := os.ReadFile(o.BrokerFile)
@@ -352,7 +382,7 @@ func demoPublisher(f *Factory, o *demoCoordinatorOptions) (*coord.Publisher, err
 		return nil, nil
 	}
 	f.Redactor().Add(dispatch.ConnectionStringSecrets(cs)...)
-	pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: cs, Topic: topic, Log: f.Logger()})
+	pub, err := coord.NewPublisher(coord.PublisherOptions{ConnectionString: cs, Topic: topic, Sessions: cfg.SBSessions, Log: f.Logger()})
 	if err != nil {
 		var ae *aqerr.Error
 		if errors.As(err, &ae) {

@@ -49,7 +49,11 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 	if opts.JobID == "" && (cfg.SBNamespace != "" || cfg.SBConnectionString != "") {
 		return runFleetBroker(ctx, f, cfg, opts)
 	}
-	a, err := fleet.New(cfg, f.Logger(), f.Redactor(), fleet.Parts{})
+	obs, err := f.Observe()
+	if err != nil {
+		return err
+	}
+	a, err := fleet.New(cfg, f.Logger(), f.Redactor(), fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier})
 	if err != nil {
 		return err
 	}
@@ -69,7 +73,9 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 // first job starts, --once and --drain drain once no message arrived within
 // --wait — with the daemon's stopping stages on signals. Nothing received
 // within --wait is exit 3: a replica started for a message another replica
-// took exits promptly and cleanly.
+// took exits promptly and cleanly. A coordinator without POST /fleet/accept
+// (today's) makes the daemon refuse the broker path at start (one warning):
+// the same replica then claims over the poll path, within the same --wait.
 func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *runOptions) error {
 	one := *cfg
 	one.Slots = 1
@@ -84,7 +90,13 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		mu sync.Mutex
 		t  fleetTally
 	)
+	obs, err := f.Observe()
+	if err != nil {
+		return err
+	}
 	d, err := daemon.New(daemon.Options{Config: &one, Log: f.Logger(), Redactor: f.Redactor(), Limits: lim,
+		Parts:               fleet.Parts{Tracer: obs.Tracer(), Notifier: obs.notifier},
+		RequireSubscription: opts.Once || opts.Drain,
 		OnResult: func(r *fleet.Result) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -99,6 +111,10 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 	mu.Lock()
 	defer mu.Unlock()
 	if t.ran == 0 && (opts.Once || opts.Drain) && ctx.Err() == nil {
+		if d.BrokerRefused() {
+			return aqerr.New(aqerr.NoJob, fmt.Sprintf("no job was claimed within --wait %s (the coordinator has no POST /fleet/accept: the poll path ran instead of the broker)", opts.Wait),
+				"`aq status` shows this factory's fleet state; the coordinator decides what it may run")
+		}
 		return aqerr.New(aqerr.NoJob, fmt.Sprintf("no job arrived from the broker within --wait %s", opts.Wait),
 			"nothing is lost: a message another replica took is that replica's; `aq status` shows this factory's fleet state")
 	}
@@ -114,7 +130,7 @@ type fleetTally struct {
 func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
 	t.ran++
 	t.last = r
-	if r.Outcome.Failed() {
+	if r.Outcome.Failed() && !r.Outcome.IsParked() {
 		t.failed++
 	}
 	printFleetResult(f, opts, r)
@@ -135,8 +151,17 @@ func acceptError(id string, err error) error {
 	case errors.Is(err, fleet.ErrGone):
 		return aqerr.Wrap(aqerr.NoJob, err, fmt.Sprintf("the coordinator has no job %s to accept (404)", id),
 			"check the id with the coordinator; a job that already finished cannot be accepted again")
+	case routeAbsent(err, fleet.RouteAccept):
+		return aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("aq run --job %s needs POST /fleet/accept, which this coordinator does not have (today's coordinator)", id),
+			"nothing was run; use aq run --once to claim the next job this factory can run")
 	}
 	return fleetError(err)
+}
+
+// routeAbsent reports whether err says the coordinator lacks route.
+func routeAbsent(err error, route string) bool {
+	var ra *fleet.RouteAbsentError
+	return errors.As(err, &ra) && ra.Call == route
 }
 
 func (t *fleetTally) exit() error {
@@ -147,6 +172,8 @@ func (t *fleetTally) exit() error {
 		return &aqerr.Silent{Code: aqerr.Fenced}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
+	case last != nil && last.Outcome.IsParked():
+		return &aqerr.Silent{Code: aqerr.NoJob} // released until the limit resets: not a failure
 	}
 	return nil
 }
@@ -157,6 +184,7 @@ func fleetError(err error) error {
 		ae *fleet.AuthError
 		ce *fleet.CredentialsError
 		te *fleet.TransientError
+		ra *fleet.RouteAbsentError
 	)
 	switch {
 	case errors.Is(err, fleet.ErrNoJob):
@@ -167,6 +195,9 @@ func fleetError(err error) error {
 		return aqerr.Wrap(aqerr.Usage, err, ce.Error(), ce.Fix)
 	case errors.As(err, &te):
 		return aqerr.Wrap(aqerr.Failed, err, te.Error(), "check AQ_FLEET_API and that the coordinator is up; reports are kept in $AQ_HOME/spool and re-sent")
+	case errors.As(err, &ra) && !ra.Optional():
+		return aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("the coordinator at AQ_FLEET_API has no %s route", ra.Call),
+			"check AQ_FLEET_API: it is the coordinator's base URL, e.g. https://host/api (aq demo coordinator prints one)")
 	}
 	return err
 }
@@ -180,6 +211,9 @@ func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	switch {
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:
 		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", r.JobID, o.Reason, o.Detail, r.JobID)
+	case o.IsParked():
+		fmt.Fprintf(f.IO.Err, "aq: job %s parked: %s until %s (not a failure: its lease is released for that long, report %s): %s\n",
+			r.JobID, o.Parked, clockText(o.ParkedUntil, time.Now()), r.Report, o.Detail)
 	case o.Failed():
 		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.Report)
 	default:

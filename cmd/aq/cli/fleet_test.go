@@ -32,8 +32,22 @@ var (
 // environment at it, with a repo (and bare origin) under AQ_REPO_BASE.
 func fleetEnv(t *testing.T) (s *coord.Server, dir, origin string) {
 	t.Helper()
+	return fleetEnvRoutes(t, coord.RoutesFull)
+}
+
+// eachRouteSet runs fn once per route set of the stub (full: DESIGN §9;
+// legacy: the coordinator in service today).
+func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
+	for _, rs := range coord.RouteSets {
+		t.Run(rs, func(t *testing.T) { fn(t, rs) })
+	}
+}
+
+// fleetEnvRoutes is fleetEnv with the stub serving a route set.
+func fleetEnvRoutes(t *testing.T, routes string) (s *coord.Server, dir, origin string) {
+	t.Helper()
 	dir = cleanEnv(t)
-	s, err := coord.New(coord.Options{})
+	s, err := coord.New(coord.Options{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,43 +72,45 @@ func writeManifest(t *testing.T, dir, id, front string) string {
 }
 
 func TestFleetSubmitRunOnceStatus(t *testing.T) {
-	s, dir, _ := fleetEnv(t)
-	m := writeManifest(t, dir, idCLIJob, "script: echo hi > hi.txt\nship: branch")
-	out, errOut, code := runAQ(t, "submit", m)
-	if code != 0 || !strings.Contains(out, "submitted "+idCLIJob+" to the fleet (queued)") {
-		t.Fatalf("submit: %d %q %q", code, out, errOut)
-	}
-	if j, ok := s.Job(idCLIJob); !ok || !strings.Contains(j.BodyMd, "echo hi") || len(j.ManifestSnapshot) == 0 {
-		t.Fatalf("stub job %+v", j)
-	}
-	out, errOut, code = runAQ(t, "run", "--once")
-	if code != 0 || !strings.Contains(out, "job "+idCLIJob+": shipped") || !strings.Contains(out, "report delivered") {
-		t.Fatalf("run: %d %q %q", code, out, errOut)
-	}
-	st, err := os.Stat(filepath.Join(os.Getenv("AQ_HOME"), "credentials"))
-	if err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("credentials %v %v", st, err)
-	}
-	// Second start: reuses the credentials, nothing to run → exit 3.
-	_, errOut, code = runAQ(t, "run", "--once")
-	if code != 3 || !strings.Contains(errOut, "no runnable job in the fleet") {
-		t.Fatalf("second run: %d %q", code, errOut)
-	}
-	if n := s.Stats().Count(coord.RouteEnroll); n != 1 {
-		t.Fatalf("%d enroll calls", n)
-	}
-	out, _, code = runAQ(t, "status", "--json")
-	var b Board
-	if code != 0 || json.Unmarshal([]byte(out), &b) != nil || b.Fleet == nil {
-		t.Fatalf("status: %d %s", code, out)
-	}
-	if b.Fleet.Mode != "fleet" || !b.Fleet.Enrolled || b.Fleet.FactoryID != "cli-factory" || len(b.Fleet.Recent) != 1 || b.Fleet.Recent[0].Stage != "shipped" || b.Fleet.Recent[0].LeaseEpoch != 1 {
-		t.Fatalf("fleet status %+v", b.Fleet)
-	}
-	out, _, _ = runAQ(t, "status")
-	if !strings.Contains(out, "fleet: fleet mode, enrolled as cli-factory") {
-		t.Fatalf("status text %q", out)
-	}
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		s, dir, _ := fleetEnvRoutes(t, routes)
+		m := writeManifest(t, dir, idCLIJob, "script: echo hi > hi.txt\nship: branch")
+		out, errOut, code := runAQ(t, "submit", m)
+		if code != 0 || !strings.Contains(out, "submitted "+idCLIJob+" to the fleet (queued)") {
+			t.Fatalf("submit: %d %q %q", code, out, errOut)
+		}
+		if j, ok := s.Job(idCLIJob); !ok || !strings.Contains(j.BodyMd, "echo hi") || len(j.ManifestSnapshot) == 0 {
+			t.Fatalf("stub job %+v", j)
+		}
+		out, errOut, code = runAQ(t, "run", "--once")
+		if code != 0 || !strings.Contains(out, "job "+idCLIJob+": shipped") || !strings.Contains(out, "report delivered") {
+			t.Fatalf("run: %d %q %q", code, out, errOut)
+		}
+		st, err := os.Stat(filepath.Join(os.Getenv("AQ_HOME"), "credentials"))
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("credentials %v %v", st, err)
+		}
+		// Second start: reuses the credentials, nothing to run → exit 3.
+		_, errOut, code = runAQ(t, "run", "--once")
+		if code != 3 || !strings.Contains(errOut, "no runnable job in the fleet") {
+			t.Fatalf("second run: %d %q", code, errOut)
+		}
+		if n := s.Stats().Count(coord.RouteEnroll); n != 1 {
+			t.Fatalf("%d enroll calls", n)
+		}
+		out, _, code = runAQ(t, "status", "--json")
+		var b Board
+		if code != 0 || json.Unmarshal([]byte(out), &b) != nil || b.Fleet == nil {
+			t.Fatalf("status: %d %s", code, out)
+		}
+		if b.Fleet.Mode != "fleet" || !b.Fleet.Enrolled || b.Fleet.FactoryID != "cli-factory" || len(b.Fleet.Recent) != 1 || b.Fleet.Recent[0].Stage != "shipped" || b.Fleet.Recent[0].LeaseEpoch != 1 {
+			t.Fatalf("fleet status %+v", b.Fleet)
+		}
+		out, _, _ = runAQ(t, "status")
+		if !strings.Contains(out, "fleet: fleet mode, enrolled as cli-factory") {
+			t.Fatalf("status text %q", out)
+		}
+	})
 }
 
 func TestFleetRevokedTokenExits5(t *testing.T) {
@@ -190,6 +206,9 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 	if _, _, code := runAQ(t, "demo", "coordinator", "--fail-rate", "2"); code != 2 {
 		t.Fatalf("bad --fail-rate: %d", code)
 	}
+	if _, errOut, code := runAQ(t, "demo", "--routes", "newest"); code != 2 || !strings.Contains(errOut, "--routes legacy") {
+		t.Fatalf("bad --routes: %d %q", code, errOut)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr testenv.SyncBuffer
 	done := make(chan int, 1)
@@ -217,33 +236,35 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 // TestFleetFencedExits4: a job requeued by an operator while it runs is
 // fenced; `aq run --once` exits 4 and pushes nothing.
 func TestFleetFencedExits4(t *testing.T) {
-	s, dir, origin := fleetEnv(t)
-	started, goFile := filepath.Join(dir, "started"), filepath.Join(dir, "go")
-	script := filepath.Join(dir, "wait.sh")
-	testenv.WriteFile(t, script, "touch '"+started+"'\ni=0\nwhile [ ! -f '"+goFile+"' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\necho x > x.txt\n")
-	m := writeManifest(t, dir, idContested, "script: /bin/sh "+script+"\nship: branch")
-	if _, errOut, code := runAQ(t, "submit", m); code != 0 {
-		t.Fatal(errOut)
-	}
-	done := make(chan int, 1)
-	var stderr testenv.SyncBuffer
-	go func() {
-		done <- Run(context.Background(), []string{"run", "--once"}, IO{In: strings.NewReader(""), Out: &testenv.SyncBuffer{}, Err: &stderr})
-	}()
-	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
-	if _, err := s.Action(idContested, "requeue"); err != nil {
-		t.Fatal(err)
-	}
-	if code := <-done; code != 4 {
-		t.Fatalf("exit %d, want 4\n%s", code, stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "nothing was pushed or reported") {
-		t.Fatalf("stderr %q", stderr.String())
-	}
-	if refs := testenv.RemoteRefs(t, origin, "refs/heads/aq/"); len(refs) != 0 {
-		t.Fatalf("the fenced factory pushed %v", refs)
-	}
-	if j, _ := s.Job(idContested); j.Branch != "" || j.Stage != coord.StageQueued {
-		t.Fatalf("stub job %+v", j)
-	}
+	eachRouteSet(t, func(t *testing.T, routes string) {
+		s, dir, origin := fleetEnvRoutes(t, routes)
+		started, goFile := filepath.Join(dir, "started"), filepath.Join(dir, "go")
+		script := filepath.Join(dir, "wait.sh")
+		testenv.WriteFile(t, script, "touch '"+started+"'\ni=0\nwhile [ ! -f '"+goFile+"' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\necho x > x.txt\n")
+		m := writeManifest(t, dir, idContested, "script: /bin/sh "+script+"\nship: branch")
+		if _, errOut, code := runAQ(t, "submit", m); code != 0 {
+			t.Fatal(errOut)
+		}
+		done := make(chan int, 1)
+		var stderr testenv.SyncBuffer
+		go func() {
+			done <- Run(context.Background(), []string{"run", "--once"}, IO{In: strings.NewReader(""), Out: &testenv.SyncBuffer{}, Err: &stderr})
+		}()
+		testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
+		if _, err := s.Action(idContested, "requeue"); err != nil {
+			t.Fatal(err)
+		}
+		if code := <-done; code != 4 {
+			t.Fatalf("exit %d, want 4\n%s", code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "nothing was pushed or reported") {
+			t.Fatalf("stderr %q", stderr.String())
+		}
+		if refs := testenv.RemoteRefs(t, origin, "refs/heads/aq/"); len(refs) != 0 {
+			t.Fatalf("the fenced factory pushed %v", refs)
+		}
+		if j, _ := s.Job(idContested); j.Branch != "" || j.Stage != coord.StageQueued {
+			t.Fatalf("stub job %+v", j)
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +22,7 @@ func init() { register(newJobCmd) }
 func newJobCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "job",
-		Short: "Inspect or move one local job: show, logs, requeue, ship, reject",
+		Short: "Inspect or move one job: show, logs, requeue, ship, reject (fleet mode: through the coordinator)",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
@@ -64,6 +65,9 @@ func newJobShowCmd(f *Factory) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if useFleet(cfg) {
+				return fleetJobShow(cmd.Context(), f, args[0], asJSON)
+			}
 			e, err := jobEntry(f, args[0])
 			if err != nil {
 				return err
@@ -80,7 +84,7 @@ func newJobShowCmd(f *Factory) *cobra.Command {
 			return printJob(f.IO.Out, v)
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON: the sidecar fields plus {manifest, logs, worktree}")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON: the sidecar fields plus {manifest, logs, worktree}; fleet mode: {job, events, artifacts, missing, logs}")
 	return cmd
 }
 
@@ -139,44 +143,80 @@ func printJob(w io.Writer, v JobView) error {
 }
 
 func newJobLogsCmd(f *Factory) *cobra.Command {
-	var stream string
+	var (
+		stream      string
+		follow, raw bool
+	)
 	cmd := &cobra.Command{
 		Use:   "logs ID",
-		Short: "Print a job's engine output (stdout, stderr) and verify log",
-		Args:  cobra.ExactArgs(1),
+		Short: "Print a job's engine output (stdout, stderr) and verify log; -f follows a running job",
+		Long: `Print a job's logs: the engine's output (stdout), its stderr and the verify
+log, as they were written.
+
+-f follows the job until it ends: the engine's events rendered for a person
+(what it says, the tools it calls and on what, usage and cost as they accrue)
+and the job's stage changes. With --raw, -f prints the engine's own
+stream-json/JSONL lines on stdout instead (stage changes go to stderr).
+
+In fleet mode a job that ran (or runs) on another factory is read from the
+coordinator: its events while it runs, and its logs from the artifacts its
+factory uploaded when it ended.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := f.Config()
 			if err != nil {
-				return err
-			}
-			if _, err := jobEntry(f, args[0]); err != nil {
 				return err
 			}
 			names := map[string][]string{"all": {"stdout", "stderr", "verify"}, "stdout": {"stdout"}, "stderr": {"stderr"}, "verify": {"verify"}}[stream]
 			if names == nil {
 				return aqerr.Usagef("use stdout, stderr, verify or all", "--stream %q is not a log", stream)
 			}
-			dir := filepath.Join(cfg.LogsDir(), args[0])
-			shown := 0
-			for _, n := range names {
-				b, err := os.ReadFile(filepath.Join(dir, n+".log"))
+			if raw && !follow {
+				return aqerr.Usagef("--raw goes with -f (without -f the logs are printed as written)", "--raw without -f")
+			}
+			if follow {
+				fo, err := newFollower(cmd.Context(), f, args[0], raw)
 				if err != nil {
-					continue
+					return err
 				}
-				if len(names) > 1 {
-					fmt.Fprintf(f.IO.Out, "--- %s.log ---\n", n)
+				if raw {
+					fo.meta = func(l string) { fmt.Fprintln(f.IO.Err, l) }
 				}
-				f.IO.Out.Write(b)
-				shown++
+				return fo.run(cmd.Context(), func(l string) { fmt.Fprintln(f.IO.Out, l) })
 			}
-			if shown == 0 {
-				fmt.Fprintf(f.IO.Err, "aq: job %s has no %s log yet (it has not run)\n", args[0], stream)
+			if useFleet(cfg) {
+				return fleetJobLogs(cmd.Context(), f, args[0], names)
 			}
+			if _, err := jobEntry(f, args[0]); err != nil {
+				return err
+			}
+			printLocalLogs(f, filepath.Join(cfg.LogsDir(), args[0]), args[0], names)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&stream, "stream", "all", "which log: stdout|stderr|verify|all")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the job until it ends: its engine events rendered for a person, and its stage changes")
+	cmd.Flags().BoolVar(&raw, "raw", false, "with -f: the engine's own stream-json/JSONL lines, as written")
 	return cmd
+}
+
+// printLocalLogs prints the job's log files under dir.
+func printLocalLogs(f *Factory, dir, id string, names []string) {
+	shown := 0
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(dir, n+".log"))
+		if err != nil {
+			continue
+		}
+		if len(names) > 1 {
+			fmt.Fprintf(f.IO.Out, "--- %s.log ---\n", n)
+		}
+		f.IO.Out.Write(b)
+		shown++
+	}
+	if shown == 0 {
+		fmt.Fprintf(f.IO.Err, "aq: job %s has no %s log yet (it has not run)\n", id, strings.Join(names, ", "))
+	}
 }
 
 func newJobRequeueCmd(f *Factory) *cobra.Command {
@@ -185,15 +225,7 @@ func newJobRequeueCmd(f *Factory) *cobra.Command {
 		Short: "Return a failed, dead-lettered, review or testing job to the inbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := jobEntry(f, args[0]); err != nil {
-				return err
-			}
-			a, _ := f.Local()
-			if err := a.Queue.Requeue(args[0]); err != nil {
-				return stageErr(err)
-			}
-			fmt.Fprintf(f.IO.Out, "requeued %s\n", args[0])
-			return nil
+			return jobAction(cmd.Context(), f, args[0], "requeue", "")
 		},
 	}
 }
@@ -204,19 +236,7 @@ func newJobShipCmd(f *Factory) *cobra.Command {
 		Short: "Mark a job in review or testing as shipped (the manual gate)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			e, err := jobEntry(f, args[0])
-			if err != nil {
-				return err
-			}
-			if s := e.State.Stage; s != job.Review && s != job.Testing {
-				return aqerr.Usagef("only jobs in review or testing can be shipped", "job %s is in %s", args[0], s)
-			}
-			a, _ := f.Local()
-			if err := a.Queue.Move(args[0], job.Shipped, nil); err != nil {
-				return stageErr(err)
-			}
-			fmt.Fprintf(f.IO.Out, "shipped %s\n", args[0])
-			return nil
+			return jobAction(cmd.Context(), f, args[0], "ship", "")
 		},
 	}
 }
@@ -228,26 +248,74 @@ func newJobRejectCmd(f *Factory) *cobra.Command {
 		Short: "Move a waiting or finished job to failed (reason rejected); nothing is deleted",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			e, err := jobEntry(f, args[0])
-			if err != nil {
-				return err
-			}
-			if e.State.Stage == job.Building {
-				return aqerr.Usagef("wait for it to finish, or stop the aq running it", "job %s is running", args[0])
-			}
-			a, _ := f.Local()
-			err = a.Queue.Move(args[0], job.Failed, func(s *queue.State) {
-				s.Reason, s.Detail = job.ReasonRejected, why
-			})
-			if err != nil {
-				return stageErr(err)
-			}
-			fmt.Fprintf(f.IO.Out, "rejected %s\n", args[0])
-			return nil
+			return jobAction(cmd.Context(), f, args[0], "reject", why)
 		},
 	}
 	cmd.Flags().StringVar(&why, "why", "rejected by an operator", "the reason recorded on the job")
 	return cmd
+}
+
+// jobAction is `aq job requeue|ship|reject`: on the local queue, or in
+// fleet mode through the coordinator.
+func jobAction(ctx context.Context, f *Factory, id, action, why string) error {
+	msg, err := act(ctx, f, id, action, why)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(f.IO.Out, msg)
+	return nil
+}
+
+// act applies a job action where the job lives and says what it did: the
+// job commands and the board share it.
+func act(ctx context.Context, f *Factory, id, action, why string) (string, error) {
+	cfg, err := f.Config()
+	if err != nil {
+		return "", err
+	}
+	if useFleet(cfg) {
+		return fleetAct(ctx, f, id, action, why)
+	}
+	return localAct(f, id, action, why)
+}
+
+// localAct is a job action on the local queue.
+func localAct(f *Factory, id, action, why string) (string, error) {
+	e, err := jobEntry(f, id)
+	if err != nil {
+		return "", err
+	}
+	a, _ := f.Local()
+	switch action {
+	case "requeue":
+		if err := a.Queue.Requeue(id); err != nil {
+			return "", stageErr(err)
+		}
+		return "requeued " + id, nil
+	case "ship":
+		if s := e.State.Stage; s != job.Review && s != job.Testing {
+			return "", aqerr.Usagef("only jobs in review or testing can be shipped", "job %s is in %s", id, s)
+		}
+		if err := a.Queue.Move(id, job.Shipped, nil); err != nil {
+			return "", stageErr(err)
+		}
+		return "shipped " + id, nil
+	case "reject":
+		if e.State.Stage == job.Building {
+			return "", aqerr.Usagef("wait for it to finish, or stop the aq running it", "job %s is running", id)
+		}
+		if why == "" {
+			why = "rejected by an operator"
+		}
+		err = a.Queue.Move(id, job.Failed, func(s *queue.State) {
+			s.Reason, s.Detail = job.ReasonRejected, why
+		})
+		if err != nil {
+			return "", stageErr(err)
+		}
+		return "rejected " + id, nil
+	}
+	return "", aqerr.Usagef("requeue, ship or reject", "unknown action %q", action)
 }
 
 // stageErr turns a queue stage error into a usage error.

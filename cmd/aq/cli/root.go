@@ -64,6 +64,8 @@ type Factory struct {
 	localOnce sync.Once
 	local     *local.Agent
 	localErr  error
+
+	obs observeState // traces and notifications (observe.go)
 }
 
 // Local builds the local agent (queue, runner, profiles) once.
@@ -154,6 +156,7 @@ func run(ctx context.Context, args []string, io IO, supervisor string) int {
 	root.SetOut(io.Out)
 	root.SetErr(io.Err)
 	err := root.ExecuteContext(ctx)
+	f.closeObserve()
 	if err == nil {
 		return int(aqerr.OK)
 	}

@@ -54,7 +54,8 @@ one message works (docs/ondemand.md):
 
 Exit codes: 0 the job(s) succeeded, 1 a job failed, 2 usage or configuration
 error, 3 no runnable job (no message within --wait; --job: no such job to
-accept), 4 the job was fenced (--job: another factory holds it), 5 the
+accept; or the job was parked: its engine's rate or usage limit stopped it,
+and it runs again once the limit resets), 4 the job was fenced (--job: another factory holds it), 5 the
 coordinator refused this factory's credentials.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -74,11 +75,15 @@ coordinator refused this factory's credentials.`,
 	cmd.Flags().DurationVar(&opts.Wait, "wait", 30*time.Second, "fleet mode with a broker: how long --once/--drain wait for a message (0: no limit)")
 	cmd.Flags().StringVar(&opts.JobID, "job", "", "fleet mode: accept this one job (POST /fleet/accept), run it, then exit")
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print each job's result as a JSON line: {jobId, attempt, stage, outcome}")
-	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine)
+	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupObserve)
 }
 
 func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	obs, err := f.Observe()
 	if err != nil {
 		return err
 	}
@@ -92,6 +97,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	if err != nil {
 		return err
 	}
+	a.Tracer, a.Runner.Tracer, a.Notifier = obs.Tracer(), obs.Tracer(), obs.notifier
 	ids, err := a.Recover(ctx)
 	if err != nil {
 		// Repairs that failed for some jobs; the others can still run.
@@ -131,7 +137,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 		}
 		ran++
 		last = res
-		if res.Outcome.Failed() {
+		if res.Outcome.Failed() && !res.Outcome.IsParked() {
 			failed++
 		}
 		printResult(f, opts, res)
@@ -151,6 +157,10 @@ func exitFor(last *local.Result, failed int) error {
 		return &aqerr.Silent{Code: aqerr.Fenced}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
+	case last != nil && last.Outcome.IsParked():
+		// Not a failure, and nothing ran to the end: the job waits for its
+		// engine's limit to reset, as a job with nothing runnable would.
+		return &aqerr.Silent{Code: aqerr.NoJob}
 	}
 	return nil
 }
@@ -161,6 +171,11 @@ func printResult(f *Factory, opts *runOptions, r *local.Result) {
 		return
 	}
 	o := r.Outcome
+	if o.IsParked() {
+		fmt.Fprintf(f.IO.Err, "aq: job %s parked: %s until %s (not a failure: it runs again then; `aq job requeue %s` runs it sooner): %s\n",
+			r.JobID, o.Parked, clockText(o.ParkedUntil, time.Now()), r.JobID, o.Detail)
+		return
+	}
 	if o.Failed() {
 		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; it is now in %s (see `aq job show %s`)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.JobID)
 		return

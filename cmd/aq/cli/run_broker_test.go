@@ -36,8 +36,8 @@ func TestRunOnceFromBroker(t *testing.T) {
 		t.Fatalf("the result line is missing:\n%s", r)
 	}
 	st := e.stub.Stats()
-	if st.Count(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 {
-		t.Fatalf("accept %d, claim %d: want 1 and 0 (the job came from the broker)", st.Count(coord.RouteAccept), st.Count(coord.RouteClaim))
+	if st.Took(coord.RouteAccept) != 1 || st.Count(coord.RouteClaim) != 0 {
+		t.Fatalf("accept %d, claim %d: want 1 and 0 (the job came from the broker)", st.Took(coord.RouteAccept), st.Count(coord.RouteClaim))
 	}
 	// One job, then exit: a job submitted after is left for the next replica.
 	e.submit(other, "echo later > later.txt\n")
@@ -62,7 +62,7 @@ func TestRunOnceNoMessageExits3(t *testing.T) {
 	if !strings.Contains(r.Stderr, "no job arrived from the broker within --wait 1s") {
 		t.Fatalf("want one clear line naming --wait:\n%s", r.Stderr)
 	}
-	if n := e.stub.Stats().Count(coord.RouteAccept); n != 0 {
+	if n := e.stub.Stats().Took(coord.RouteAccept); n != 0 {
 		t.Fatalf("%d accepts, want 0", n)
 	}
 	assertLeft(t, e.stub, "fa")
@@ -88,7 +88,7 @@ func TestRunDrainFromBroker(t *testing.T) {
 	if got := e.jobStage(bad); got == coord.StageShipped || got == coord.StageAssigned || got == coord.StageBuilding {
 		t.Fatalf("the failing job is %s\n%s", got, r)
 	}
-	if n := e.stub.Stats().Count(coord.RouteAccept); n != 3 {
+	if n := e.stub.Stats().Took(coord.RouteAccept); n != 3 {
 		t.Fatalf("%d accepts, want 3", n)
 	}
 }
@@ -204,6 +204,26 @@ func TestPoolReplicas(t *testing.T) {
 	assertLeft(t, e.stub, "replica-2")
 }
 
+// A replica of a pool whose subscription does not exist is a deployment
+// mistake: one clear line naming the subscription and the command that
+// makes it, exit 2 at once (not after --wait), nothing accepted or claimed.
+func TestRunOnceMissingPoolSubscription(t *testing.T) {
+	e := newDaemonEnvSubs(t, []string{"fleet-dispatch/builders"}, "AQ_FACTORY_POOL=nosuch", "AQ_FACTORY_ID=replica-1")
+	r := e.h.Run(t, "run", "--once", "--wait", "2m")
+	if r.Code != 2 {
+		t.Fatalf("a replica without its subscription: %s", r)
+	}
+	for _, want := range []string{"fleet-dispatch/nosuch does not exist", "aq servicebus ensure-subscription --pool nosuch"} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.Stderr)
+		}
+	}
+	st := e.stub.Stats()
+	if st.Count(coord.RouteAccept) != 0 || st.Count(coord.RouteClaim) != 0 {
+		t.Fatalf("accept %d, claim %d: want none", st.Count(coord.RouteAccept), st.Count(coord.RouteClaim))
+	}
+}
+
 // A replica starts with no clones: AQ_REPO_URLS names where each repo is
 // cloned from, the factory offers those repos, and the first job on one
 // clones it (blobless) under AQ_REPO_BASE and ships. A repo whose clone
@@ -248,5 +268,39 @@ func TestRunOnceClonesOnDemand(t *testing.T) {
 	entries, _ := os.ReadDir(replica.RepoBase)
 	if len(entries) != 1 || entries[0].Name() != "app" {
 		t.Fatalf("the repo base holds %v after a failed clone, want app alone", entries)
+	}
+}
+
+// Against today's coordinator (legacy routes: no POST /fleet/accept) with a
+// broker configured: `aq run --once` says once that the broker path is off
+// and claims over the poll path within --wait; with nothing to claim it
+// exits 3 saying the poll path ran; `aq run --job` cannot accept a named
+// job there — exit 2, one line, nothing run.
+func TestRunWithBrokerAgainstLegacyCoordinator(t *testing.T) {
+	e := newDaemonEnvRoutes(t, coord.RoutesLegacy, []string{"fleet-dispatch/fa"})
+	id := testenv.ID("legacy-once")
+	e.submit(id, "echo hi > hi.txt\n")
+	r := e.h.Run(t, "run", "--once", "--wait", "2m")
+	if r.Code != 0 || e.jobStage(id) != coord.StageShipped || !strings.Contains(r.Stdout, "job "+id+": shipped") {
+		t.Fatalf("aq run --once: %s (job %s)", r, e.jobStage(id))
+	}
+	if n := strings.Count(r.Stderr, "the coordinator has no POST /fleet/accept route"); n != 1 {
+		t.Fatalf("the broker refusal is said %d times:\n%s", n, r.Stderr)
+	}
+	if n := e.stub.Stats().Count(coord.RouteClaim); n < 1 {
+		t.Fatalf("%d claims", n)
+	}
+	r = e.h.Run(t, "run", "--once", "--wait", "1s")
+	if r.Code != 3 || !strings.Contains(r.Stderr, "no job was claimed within --wait 1s") {
+		t.Fatalf("nothing to claim: %s", r)
+	}
+	other := testenv.ID("legacy-by-id")
+	e.submit(other, "echo x > x.txt\n")
+	r = e.h.Run(t, "run", "--job", other)
+	if r.Code != 2 || !strings.Contains(r.Stderr, "aq run --job "+other+" needs POST /fleet/accept") || strings.Count("\n"+r.Stderr, "\naq: ") != 1 {
+		t.Fatalf("aq run --job: %s", r)
+	}
+	if got := e.jobStage(other); got != coord.StageQueued {
+		t.Fatalf("the named job is %s", got)
 	}
 }

@@ -44,6 +44,9 @@ type ensureSubOptions struct {
 	LockDuration     time.Duration
 	MaxDeliveryCount int32
 	JSON             bool
+	// Sessions (AQ_SB_SESSIONS, --sb-sessions): the subscription requires
+	// sessions (RequiresSession), fixed when it is created.
+	Sessions bool
 
 	// admin builds the administration client; tests point it at a fake.
 	admin func() (*admin.Client, error)
@@ -70,12 +73,18 @@ topic with exactly one rule: the correlation filter targetFactoryId = '<factoryI
 Topic, subscription and factory id default to AQ_SB_TOPIC, AQ_SB_SUBSCRIPTION
 and AQ_FACTORY_ID. For a pool of replicas (AQ_FACTORY_POOL, or --pool P) the
 subscription is the pool's and its rule matches targetFactoryId = '<pool>':
-one subscription per pool, which a scaler watches (docs/ondemand.md). Authentication: AQ_SB_NAMESPACE with the Azure identity of
+one subscription per pool, which a scaler watches (docs/ondemand.md).
+
+With sessions (AQ_SB_SESSIONS=1 or --sb-sessions) a new subscription is
+created with RequiresSession, so the broker hands each repo's messages to one
+receiver at a time (docs/servicebus.md). Service Bus cannot turn sessions on
+or off on an existing subscription: when the one found disagrees, nothing is
+changed and the command fails, saying so. Authentication: AQ_SB_NAMESPACE with the Azure identity of
 whoever runs this (DefaultAzureCredential: az login, managed identity; it
 needs Manage rights on the namespace), or AQ_SB_CONNECTION_STRING (a
 connection string with Manage rights). The topic must exist.
 
---json prints {topic, subscription, factoryId, rule, filter, created, actions[]}.`,
+--json prints {topic, subscription, factoryId, rule, filter, requiresSession, created, actions[]}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := f.Config()
@@ -112,6 +121,7 @@ func (opts *ensureSubOptions) defaults(cfg *config.Config) error {
 	if opts.Topic == "" {
 		opts.Topic = cfg.SBTopic
 	}
+	opts.Sessions = cfg.SBSessions
 	if opts.Pool == "" {
 		opts.Pool = cfg.FactoryPool
 	}
@@ -172,8 +182,10 @@ type ensureSubResult struct {
 	FactoryID    string            `json:"factoryId"`
 	Rule         string            `json:"rule"`
 	Filter       map[string]string `json:"filter"`
-	Created      bool              `json:"created"`
-	Actions      []string          `json:"actions"` // empty when nothing had to change
+	// RequiresSession: the subscription requires sessions (AQ_SB_SESSIONS).
+	RequiresSession bool     `json:"requiresSession"`
+	Created         bool     `json:"created"`
+	Actions         []string `json:"actions"` // empty when nothing had to change
 }
 
 func runEnsureSubscription(ctx context.Context, out io.Writer, opts *ensureSubOptions) error {
@@ -190,7 +202,7 @@ func runEnsureSubscription(ctx context.Context, out io.Writer, opts *ensureSubOp
 	}
 	res := ensureSubResult{
 		Topic: opts.Topic, Subscription: opts.Subscription, FactoryID: opts.FactoryID, Rule: opts.RuleName,
-		Filter: map[string]string{RuleProperty: opts.FactoryID}, Actions: []string{},
+		Filter: map[string]string{RuleProperty: opts.FactoryID}, RequiresSession: opts.Sessions, Actions: []string{},
 	}
 	want := admin.RuleProperties{
 		Name:   opts.RuleName,
@@ -201,16 +213,25 @@ func runEnsureSubscription(ctx context.Context, out io.Writer, opts *ensureSubOp
 	if err != nil {
 		return adminErr(err, "read subscription "+where)
 	}
+	if sub != nil {
+		if has := sub.RequiresSession != nil && *sub.RequiresSession; has != opts.Sessions {
+			return sessionsMismatch(where, has)
+		}
+	}
 	if sub == nil {
 		lock := isoDuration(opts.LockDuration)
-		_, err := ac.CreateSubscription(ctx, opts.Topic, opts.Subscription, &admin.CreateSubscriptionOptions{
-			Properties: &admin.SubscriptionProperties{DefaultRule: &want, LockDuration: &lock, MaxDeliveryCount: &opts.MaxDeliveryCount},
-		})
+		props := &admin.SubscriptionProperties{DefaultRule: &want, LockDuration: &lock, MaxDeliveryCount: &opts.MaxDeliveryCount}
+		with := ""
+		if opts.Sessions {
+			props.RequiresSession = &opts.Sessions
+			with = " and sessions"
+		}
+		_, err := ac.CreateSubscription(ctx, opts.Topic, opts.Subscription, &admin.CreateSubscriptionOptions{Properties: props})
 		if err != nil {
 			return adminErr(err, "create subscription "+where)
 		}
 		res.Created = true
-		res.Actions = append(res.Actions, "created subscription "+where+" with rule "+opts.RuleName)
+		res.Actions = append(res.Actions, "created subscription "+where+" with rule "+opts.RuleName+with)
 	}
 	// Whether just created or found: converge its rules on exactly `want`.
 	found := false
@@ -257,6 +278,17 @@ func runEnsureSubscription(ctx context.Context, out io.Writer, opts *ensureSubOp
 		fmt.Fprintln(out, a)
 	}
 	return nil
+}
+
+// sessionsMismatch is an existing subscription whose RequiresSession (has)
+// is not what AQ_SB_SESSIONS asks for: the service fixes it at creation.
+func sessionsMismatch(where string, has bool) error {
+	if has {
+		return aqerr.Usagef("set AQ_SB_SESSIONS=1 (the factories receive with sessions then), or delete the subscription and run this again",
+			"subscription %s requires sessions but AQ_SB_SESSIONS is off; Service Bus cannot change that on an existing subscription", where)
+	}
+	return aqerr.Usagef("delete the subscription and run this again to create it with sessions, or unset AQ_SB_SESSIONS",
+		"subscription %s does not require sessions but AQ_SB_SESSIONS=1; Service Bus cannot turn sessions on for an existing subscription", where)
 }
 
 // ruleMatches reports whether r is exactly the correlation filter

@@ -11,7 +11,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -19,7 +21,9 @@ import (
 func init() { register(newStatusCmd) }
 
 type statusOptions struct {
-	JSON bool
+	JSON     bool
+	Watch    bool
+	Interval time.Duration
 }
 
 // Board is `aq status --json`. Field names are stable.
@@ -29,10 +33,27 @@ type Board struct {
 	Running   []RunningJob      `json:"running"`
 	Waiting   []WaitingJob      `json:"waiting"` // queued or blocked jobs that cannot run now, and why
 	Failed    []FailedJob       `json:"failed"`
+	Gate      []GateJob         `json:"gate"`                // jobs in review or testing: the ship gate
 	Recovered []string          `json:"recovered,omitempty"` // orphans this call returned to the queue
-	Pools     []PoolStatus      `json:"pools,omitempty"`     // warm worktrees kept per repository for its next job
-	Fleet     *FleetStatus      `json:"fleet,omitempty"`     // fleet mode's jobs, spool and shadow counts (fleet.go)
-	Daemon    *DaemonStatus     `json:"daemon,omitempty"`    // aq daemon's slots, running jobs, heartbeat, source (daemon.go)
+	// Pools are the warm worktrees kept per repository for its next job.
+	Pools []PoolStatus `json:"pools,omitempty"`
+	// Holds are the engines held until their rate or usage limit resets:
+	// their jobs wait (agent/holds).
+	Holds  []holds.Hold  `json:"holds"`
+	Fleet  *FleetStatus  `json:"fleet,omitempty"`  // fleet mode's jobs, spool and shadow counts (fleet.go)
+	Daemon *DaemonStatus `json:"daemon,omitempty"` // aq daemon's slots, running jobs, heartbeat, source (daemon.go)
+	// Coordinator is the fleet as the coordinator sees it (fleet mode
+	// only): jobs per stage, factories, alerts (fleetview.go).
+	Coordinator *FleetView `json:"coordinator,omitempty"`
+}
+
+// GateJob is a job in review or testing, waiting for `aq job ship`.
+type GateJob struct {
+	ID     string    `json:"id"`
+	Stage  job.Stage `json:"stage"`
+	Repo   string    `json:"repo"`
+	Branch string    `json:"branch,omitempty"`
+	PR     string    `json:"pr,omitempty"`
 }
 
 // RunningJob is a job in building.
@@ -45,6 +66,13 @@ type RunningJob struct {
 	PID       int       `json:"pid"`
 	StartedAt time.Time `json:"startedAt"`
 	AgeSec    int64     `json:"ageSec"`
+	// From the engine's log as it is written: where the run is (preparing,
+	// engine, finishing), what it spent so far, and its last event.
+	Phase         string  `json:"phase,omitempty"`
+	Tokens        int64   `json:"tokens"`
+	CostUSD       float64 `json:"costUsd"`
+	CostEstimated bool    `json:"costEstimated,omitempty"`
+	LastEvent     string  `json:"lastEvent,omitempty"`
 }
 
 // PoolStatus is one repository's pool of warm worktrees.
@@ -58,6 +86,9 @@ type WaitingJob struct {
 	ID    string    `json:"id"`
 	Stage job.Stage `json:"stage"`
 	Why   string    `json:"why"`
+	// Until is when a parked job (an engine's rate or usage limit), a job
+	// in retry backoff or a job whose engine is held may run again.
+	Until time.Time `json:"until,omitzero"`
 }
 
 // FailedJob is a job in failed or dead_letter.
@@ -74,35 +105,50 @@ func newStatusCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Board: jobs per stage, running jobs, and why waiting jobs wait",
-		Long: `Show the board: jobs per stage, running jobs with their age and pid, jobs that
-wait (deps not shipped, a capability this host lacks, a retry backoff) and why,
-and failed jobs with their reasons. Orphans of a dead aq are recovered first
-(their worktrees checkpointed, the jobs requeued).`,
+		Long: `Show the board: jobs per stage, running jobs with their age, pid, phase,
+usage and the engine's last event, jobs that wait (deps not shipped, a
+capability this host lacks, a retry backoff, parked until an engine's rate or
+usage limit resets, an engine held) and why, and failed jobs with their
+reasons. Orphans of a dead aq are recovered first (their worktrees
+checkpointed, the jobs requeued). In fleet mode the coordinator's view is
+added: jobs per stage, factories with health and load, alerts.
+
+--watch opens the live board (docs/board.md): refreshed every --interval,
+with keys to follow a job's log (enter), requeue (r), reject (x) and ship (s)
+a job after a y/n confirmation, and quit (q, Ctrl-C). Without a terminal,
+--watch prints the plain board every --interval until interrupted.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runStatus(cmd.Context(), f, opts)
+			return runStatus(cmd.Context(), f, opts, cmd.Flags().Changed("interval"))
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, recovered, pools}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, gate, recovered, holds, pools, fleet, daemon, coordinator}")
+	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "the live board: full screen on a terminal, else the plain board every --interval")
+	cmd.Flags().DurationVar(&opts.Interval, "interval", 2*time.Second, "with --watch: how often the board is refreshed (at least 200ms)")
 	return configFlags(cmd, config.GroupFleet)
 }
 
-func runStatus(ctx context.Context, f *Factory, opts *statusOptions) error {
-	cfg, err := f.Config()
+func runStatus(ctx context.Context, f *Factory, opts *statusOptions, intervalSet bool) error {
+	switch {
+	case intervalSet && !opts.Watch:
+		return aqerr.Usagef("add --watch, or drop --interval (plain `aq status` is one snapshot)", "--interval goes with --watch")
+	case opts.Watch && opts.Interval < 200*time.Millisecond:
+		return aqerr.Usagef("give --interval 200ms or more, e.g. --interval 2s", "--interval %s is too short", opts.Interval)
+	case opts.Watch && opts.JSON:
+		return aqerr.Usagef("use `aq status --json` for a snapshot, --watch for the live board", "--json and --watch do not go together")
+	}
+	if opts.Watch {
+		return runWatch(ctx, f, opts)
+	}
+	r, err := newStatusReader(f)
 	if err != nil {
 		return err
 	}
-	a, err := f.Local()
+	now := time.Now()
+	b, err := r.read(ctx, now)
 	if err != nil {
 		return err
 	}
-	b, err := buildBoard(ctx, f, a, cfg.Home, time.Now())
-	if err != nil {
-		return err
-	}
-	b.Pools = poolStatus(cfg.WorktreesDir())
-	b.Fleet = fleetStatus(cfg, time.Now())
-	b.Daemon = daemonStatus(cfg)
 	if opts.JSON {
 		return writeJSON(f.IO.Out, b)
 	}
@@ -110,7 +156,8 @@ func runStatus(ctx context.Context, f *Factory, opts *statusOptions) error {
 		return err
 	}
 	printFleetStatus(f, b.Fleet)
-	printDaemonStatus(f, b.Daemon, time.Now())
+	printDaemonStatus(f, b.Daemon, now)
+	printCoordinator(f.IO.Out, b.Coordinator)
 	return nil
 }
 
@@ -125,7 +172,9 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 		return nil, err
 	}
 	host, hostErr := a.HostCaps(ctx)
-	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Recovered: recovered}
+	active, _ := a.Runner.Holds.Active()
+	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Gate: []GateJob{}, Recovered: recovered,
+		Holds: a.Runner.Holds.List()}
 	for _, st := range job.Stages {
 		b.Counts[st] = 0
 	}
@@ -142,8 +191,13 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 			}
 			b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: why})
 		case job.Inbox:
+			if s.NotBefore.After(now) && s.Parked != "" {
+				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: s.NotBefore,
+					Why: fmt.Sprintf("parked: %s until %s (not a failure; parked %d time(s))", s.Parked, clockText(s.NotBefore, now), s.Parks)})
+				continue
+			}
 			if s.NotBefore.After(now) {
-				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: fmt.Sprintf("retry backoff until %s (attempt %d failed: %s)", s.NotBefore.Local().Format(time.TimeOnly), s.Attempts, s.Reason)})
+				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: s.NotBefore, Why: fmt.Sprintf("retry backoff until %s (attempt %d failed: %s)", s.NotBefore.Local().Format(time.TimeOnly), s.Attempts, s.Reason)})
 				continue
 			}
 			if hostErr != nil {
@@ -151,9 +205,16 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 			}
 			if ok, why := local.Runnable(host, s); !ok {
 				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: "this host cannot run it: " + why})
+				continue
+			}
+			if h, held := local.HeldFor(host, active, s); held {
+				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: h.Until,
+					Why: fmt.Sprintf("held: %s %s until %s (met by job %s)", h.Engine, h.Why, clockText(h.Until, now), h.Job)})
 			}
 		case job.Failed, job.DeadLetter:
 			b.Failed = append(b.Failed, FailedJob{ID: s.ID, Stage: s.Stage, Reason: s.Reason, Detail: s.Detail, Attempts: s.Attempts})
+		case job.Review, job.Testing:
+			b.Gate = append(b.Gate, GateJob{ID: s.ID, Stage: s.Stage, Repo: s.Repo, Branch: s.Branch, PR: s.PR})
 		}
 	}
 	return b, nil
@@ -178,6 +239,16 @@ func poolStatus(worktreesDir string) []PoolStatus {
 	return out
 }
 
+// clockText is t as a person reads it: "14:05" today, "Mon Jan 2 14:05"
+// on another day (local time).
+func clockText(t, now time.Time) string {
+	lt, ln := t.Local(), now.Local()
+	if lt.YearDay() == ln.YearDay() && lt.Year() == ln.Year() {
+		return lt.Format("15:04")
+	}
+	return lt.Format("Mon Jan 2 15:04")
+}
+
 func printBoard(f *Factory, b *Board) error {
 	w := f.IO.Out
 	fmt.Fprintf(w, "aq home %s\n\n", b.Home)
@@ -192,16 +263,29 @@ func printBoard(f *Factory, b *Board) error {
 	if len(b.Running) > 0 {
 		fmt.Fprintln(w, "\nrunning:")
 		tw = table(w)
-		fmt.Fprintln(tw, "  JOB\tREPO\tENGINE\tATTEMPT\tPID\tAGE")
+		fmt.Fprintln(tw, "  JOB\tREPO\tENGINE\tATTEMPT\tPID\tAGE\tPHASE\tUSAGE\tLAST EVENT")
 		for _, r := range b.Running {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Repo, r.Engine, r.Attempt, r.PID, (time.Duration(r.AgeSec) * time.Second).String())
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.Repo, r.Engine, r.Attempt, r.PID, (time.Duration(r.AgeSec) * time.Second).String(),
+				orDash(r.Phase), usageCell(r.Tokens, r.CostUSD, r.CostEstimated), r.LastEvent)
 		}
 		tw.Flush()
+	}
+	if len(b.Holds) > 0 {
+		fmt.Fprintln(w, "\nheld engines (their jobs wait until the limit resets):")
+		for _, h := range b.Holds {
+			fmt.Fprintf(w, "  %s %s until %s (met by job %s)\n", h.Engine, h.Why, clockText(h.Until, time.Now()), h.Job)
+		}
 	}
 	if len(b.Waiting) > 0 {
 		fmt.Fprintln(w, "\nwaiting:")
 		for _, x := range b.Waiting {
 			fmt.Fprintf(w, "  %s (%s): %s\n", x.ID, x.Stage, x.Why)
+		}
+	}
+	if len(b.Gate) > 0 {
+		fmt.Fprintln(w, "\nreview/testing (`aq job ship ID`):")
+		for _, x := range b.Gate {
+			fmt.Fprintf(w, "  %s (%s) %s %s\n", x.ID, x.Stage, x.Branch, x.PR)
 		}
 	}
 	if len(b.Failed) > 0 {

@@ -71,6 +71,15 @@ type Options struct {
 	// subscription's runtime properties over HTTPS on a port of its own
 	// (AdminConnectionString, AdminHTTPClient): what a scaler reads.
 	Admin bool
+	// Sessions are the subscriptions (among Subs, as "TOPIC/NAME"; "*":
+	// all) that require sessions (RequiresSession): their messages are
+	// grouped by SessionId and received only over a session receiver
+	// (AcceptSession*, AcceptNextSession*).
+	Sessions []string
+	// SessionWait is how long an AcceptNextSession waits for a free session
+	// when the client gives no com.microsoft:timeout (the SDK gives one only
+	// with a ctx deadline); default the service's 60 s.
+	SessionWait time.Duration
 }
 
 // Peer is one running (or killed) sbpeer process.
@@ -90,6 +99,8 @@ type Peer struct {
 	cmd       *exec.Cmd
 	done      chan struct{}
 	stderr    *syncBuffer
+	stdin     io.WriteCloser // the peer's control channel
+	controls  int
 }
 
 // ServerName is the TLS server name in the peer's certificate.
@@ -165,6 +176,12 @@ func (p *Peer) args(port, adminPort int) []string {
 	for _, s := range p.opts.Subs {
 		a = append(a, "--sub", s)
 	}
+	for _, s := range p.opts.Sessions {
+		a = append(a, "--sessions", s)
+	}
+	if p.opts.SessionWait > 0 {
+		a = append(a, "--session-wait-ms", strconv.FormatInt(p.opts.SessionWait.Milliseconds(), 10))
+	}
 	if p.opts.LockDuration > 0 {
 		a = append(a, "--lock-ms", strconv.FormatInt(p.opts.LockDuration.Milliseconds(), 10))
 	}
@@ -197,6 +214,10 @@ func (p *Peer) start(port, adminPort int) error {
 	if err != nil {
 		return err
 	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start node: %w", err)
 	}
@@ -221,9 +242,69 @@ func (p *Peer) start(port, adminPort int) error {
 		return fmt.Errorf("the peer did not start (%v): %s", rerr, strings.TrimSpace(stderr.String()))
 	}
 	p.mu.Lock()
-	p.port, p.adminPort, p.cmd, p.done, p.stderr = ready.Port, ready.AdminPort, cmd, done, stderr
+	p.port, p.adminPort, p.cmd, p.done, p.stderr, p.stdin = ready.Port, ready.AdminPort, cmd, done, stderr, in
 	p.mu.Unlock()
 	return nil
+}
+
+// ExpireSessionLock tells the peer that the lock on session (of subscription
+// "TOPIC/NAME") has run out now, as if its holder had not renewed it: the
+// session is free again, the messages its holder had locked come back, and
+// the holder's link is detached with com.microsoft:session-lock-lost. It
+// returns once the peer has done it, or an error when the session was not
+// held (or the peer did not answer within controlWait).
+func (p *Peer) ExpireSessionLock(subscription, session string) error {
+	topic, name, ok := strings.Cut(subscription, "/")
+	if !ok {
+		return fmt.Errorf("subscription %q: want TOPIC/NAME", subscription)
+	}
+	res, err := p.control(map[string]string{"op": "expire-session-lock", "queue": topic + "/Subscriptions/" + name, "session": session})
+	if err != nil {
+		return err
+	}
+	if res != "expired" {
+		return fmt.Errorf("the peer did not expire session %s of %s: %s", session, subscription, res)
+	}
+	return nil
+}
+
+// controlWait bounds the wait for the peer's answer to a control command (a
+// deadlock guard: the peer answers at once).
+const controlWait = 30 * time.Second
+
+// control sends the peer one command on its stdin and waits for the
+// acknowledging line in its event log; it returns the result.
+func (p *Peer) control(cmd map[string]string) (string, error) {
+	p.mu.Lock()
+	p.controls++
+	id := fmt.Sprintf("c%d-%d", os.Getpid(), p.controls)
+	in := p.stdin
+	p.mu.Unlock()
+	if in == nil {
+		return "", errors.New("the peer is not running")
+	}
+	cmd["id"] = id
+	line, err := json.Marshal(cmd)
+	if err != nil {
+		return "", err
+	}
+	if _, err := in.Write(append(line, '\n')); err != nil {
+		return "", fmt.Errorf("write to the peer: %w", err)
+	}
+	deadline := time.Now().Add(controlWait)
+	for time.Now().Before(deadline) {
+		evs, err := p.Events()
+		if err != nil {
+			return "", err
+		}
+		for _, e := range evs {
+			if e.Event == "control" && e.ID == id {
+				return e.Result, nil
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return "", fmt.Errorf("the peer did not answer control command %s", id)
 }
 
 // Port is the TCP port the peer listens on (kept across Restart).
@@ -246,11 +327,17 @@ func (p *Peer) ConnectionString() string {
 // (Options.Admin): its endpoint is the HTTPS port the peer answers the
 // subscription runtime-properties read on. The SDK's admin client signs
 // with its key; the peer checks only that a signature is there.
-func (p *Peer) AdminConnectionString() string {
+func (p *Peer) AdminConnectionString() string { return p.AdminConnectionStringFor("sbpeer") }
+
+// AdminConnectionStringFor is AdminConnectionString signed with another key
+// name: the peer's only key with Manage rights is "sbpeer", so any other
+// (say "listen") is refused with 401, as the service refuses a policy
+// without Manage.
+func (p *Peer) AdminConnectionStringFor(keyName string) string {
 	p.mu.Lock()
 	port := p.adminPort
 	p.mu.Unlock()
-	return "Endpoint=sb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ";SharedAccessKeyName=sbpeer;SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ=="
+	return "Endpoint=sb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ";SharedAccessKeyName=" + keyName + ";SharedAccessKey=c2JwZWVyLWxvY2FsLWtleQ=="
 }
 
 // AdminHTTPClient trusts the peer's self-signed certificate, for the admin
@@ -373,6 +460,20 @@ type Event struct {
 	DeliveryCount int            `json:"deliveryCount,omitempty"`
 	Operation     string         `json:"operation,omitempty"`
 	Error         string         `json:"error,omitempty"`
+	// Session is the session a session-* event, a delivery, a send or a
+	// management call is about; Link the receiving link's name (attach,
+	// deliver, session-*).
+	Session string `json:"session,omitempty"`
+	Link    string `json:"link,omitempty"`
+	// Named: a session-accept of a named session (AcceptSession*), not the
+	// next free one.
+	Named bool `json:"named,omitempty"`
+	// LockedUntil: session-accept and session-renew.
+	LockedUntil time.Time `json:"lockedUntil,omitzero"`
+	// ID is a control command's id (event "control").
+	ID string `json:"id,omitempty"`
+	// TimeoutMs: session-wait, how long the peer waits for a free session.
+	TimeoutMs int64 `json:"timeoutMs,omitempty"`
 }
 
 // Events reads the event log as it stands (across restarts).

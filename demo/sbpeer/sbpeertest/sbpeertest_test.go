@@ -2,6 +2,7 @@ package sbpeertest_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -201,5 +202,15 @@ func TestPeerAdminRuntimeProperties(t *testing.T) {
 	}
 	if rp, err := ac.GetSubscriptionRuntimeProperties(ctx, "fleet-dispatch", "nope", nil); err != nil || rp != nil {
 		t.Fatalf("an unknown subscription: %+v, %v; want not found (nil, nil)", rp, err)
+	}
+	// A key without Manage rights is refused (401), as the service refuses it.
+	lc, err := admin.NewClientFromConnectionString(p.AdminConnectionStringFor("listen"), &admin.ClientOptions{ClientOptions: azcore.ClientOptions{Transport: p.AdminHTTPClient()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lc.GetSubscriptionRuntimeProperties(ctx, "fleet-dispatch", "pool", nil)
+	var re *azcore.ResponseError
+	if !errors.As(err, &re) || re.StatusCode != 401 {
+		t.Fatalf("a Listen-only key: %v; want a 401", err)
 	}
 }

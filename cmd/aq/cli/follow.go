@@ -1,0 +1,366 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
+)
+
+// Following a job's log (`aq job logs -f`, the board's log view): the
+// engine's output rendered for a person through engines.Transcript (or raw),
+// and the job's stage changes, until the job ends. The log is read from this
+// host's $AQ_HOME/logs/<id>/stdout.log while it grows; a fleet job that runs
+// or ran on another factory is read from the coordinator: its events while
+// it runs, its engine-stdout artifact once it ended.
+
+// jobWatch says where a job is. Poll returns the stage changes since the
+// last call, as lines for a person, and whether the job has ended.
+type jobWatch interface {
+	Poll(ctx context.Context) (changes []string, ended bool, err error)
+}
+
+// follower follows one job.
+type follower struct {
+	id    string
+	watch jobWatch
+	// logPath is the engine output on this host ("" when the job never ran
+	// here); remote fetches the engine-stdout artifact once the job ended
+	// (nil: no coordinator).
+	logPath string
+	remote  *fleet.Client
+	raw     bool
+	every   time.Duration
+	// meta receives what is not the engine's output (stage changes,
+	// notes) when raw keeps stdout to the engine's own lines; nil: emit.
+	meta func(string)
+
+	tr       *engines.Transcript
+	offset   int64
+	partial  []byte
+	sawLocal bool
+	lastErr  string
+}
+
+// run follows until the job ends (nil), ctx ends (nil) or the job cannot
+// be read at all (the first Poll's error). emit gets each line.
+func (fo *follower) run(ctx context.Context, emit func(string)) error {
+	if fo.tr == nil {
+		fo.tr = engines.NewTranscript("", "", nil)
+	}
+	every := fo.every
+	if every <= 0 {
+		every = 250 * time.Millisecond
+	}
+	first := true
+	for {
+		if !first {
+			// The log before the stage changes: a run's last lines are
+			// written before its stage moves.
+			fo.readLocal(emit, false)
+		}
+		changes, ended, err := fo.watch.Poll(ctx)
+		switch {
+		case err != nil && first:
+			return err
+		case err != nil:
+			if msg := err.Error(); msg != fo.lastErr {
+				fo.lastErr = msg
+				fo.note(emit, "! "+msg+" (still trying)")
+			}
+		default:
+			if fo.lastErr != "" {
+				fo.lastErr = ""
+				fo.note(emit, "· the coordinator answers again")
+			}
+		}
+		for _, c := range changes {
+			fo.note(emit, c)
+		}
+		if first {
+			fo.readLocal(emit, false) // the history first, then the log so far
+			first = false
+		}
+		if ended {
+			fo.readLocal(emit, true)
+			if !fo.sawLocal && fo.remote != nil {
+				fo.readRemote(ctx, emit)
+			}
+			return nil
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// note emits a line that is not the engine's output: to meta when set
+// (--raw keeps stdout to the engine's lines).
+func (fo *follower) note(emit func(string), l string) {
+	if fo.meta != nil {
+		fo.meta(l)
+		return
+	}
+	emit(l)
+}
+
+// readLocal reads what the log gained since the last call; at the end
+// (final) an unterminated last line too.
+func (fo *follower) readLocal(emit func(string), final bool) {
+	if fo.logPath == "" {
+		return
+	}
+	f, err := os.Open(fo.logPath)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fo.sawLocal = true
+	if _, err := f.Seek(fo.offset, io.SeekStart); err != nil {
+		return
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			fo.offset += int64(n)
+			fo.partial = append(fo.partial, buf[:n]...)
+			for {
+				i := bytes.IndexByte(fo.partial, '\n')
+				if i < 0 {
+					break
+				}
+				fo.line(fo.partial[:i], emit)
+				fo.partial = fo.partial[i+1:]
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if final && len(fo.partial) > 0 {
+		fo.line(fo.partial, emit)
+		fo.partial = nil
+	}
+}
+
+func (fo *follower) line(l []byte, emit func(string)) {
+	if fo.raw {
+		if !engines.IsHeader(l) {
+			emit(string(bytes.TrimRight(l, "\r")))
+		}
+		return
+	}
+	for _, n := range fo.tr.Line(l) {
+		emit(n.String())
+	}
+}
+
+// readRemote renders the job's latest engine-stdout artifact.
+func (fo *follower) readRemote(ctx context.Context, emit func(string)) {
+	arts, err := fo.remote.JobArtifacts(ctx, fo.id)
+	if err != nil {
+		fo.note(emit, "! the engine's output is not available from the coordinator: "+err.Error())
+		return
+	}
+	var pick *fleet.ArtifactDoc
+	for i := range arts {
+		if arts[i].Name == "engine-stdout" && (pick == nil || !arts[i].CreatedAt.Before(pick.CreatedAt)) {
+			pick = &arts[i]
+		}
+	}
+	if pick == nil {
+		fo.note(emit, "· the coordinator holds no engine output for this job (it may not have run, or its factory has not uploaded it yet)")
+		return
+	}
+	b, err := fo.remote.ArtifactContent(ctx, *pick)
+	if err != nil {
+		fo.note(emit, "! cannot read the engine output artifact "+pick.ID+": "+err.Error())
+		return
+	}
+	fo.note(emit, fmt.Sprintf("· engine output of attempt %d, from factory %s (artifact %s%s)", pick.Attempt, orDash(pick.FactoryID), pick.ID, map[bool]string{true: ", truncated"}[pick.Truncated]))
+	for _, l := range bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n")) {
+		fo.line(l, emit)
+	}
+}
+
+// ---- where the job is ----
+
+// localWatch is a job of the local queue: its history, until it reaches a
+// stage where it no longer runs on its own (review, testing, shipped,
+// failed, dead_letter).
+type localWatch struct {
+	q    *queue.Queue
+	id   string
+	seen int // history entries already shown
+}
+
+func (w *localWatch) Poll(context.Context) ([]string, bool, error) {
+	e, err := w.q.Get(w.id)
+	if err != nil {
+		return nil, false, err
+	}
+	s := e.State
+	var out []string
+	for ; w.seen < len(s.History); w.seen++ {
+		h := s.History[w.seen]
+		out = append(out, stageLine(h.At, string(h.From), string(h.To), string(h.Reason), h.Detail))
+	}
+	return out, localEnded(s.Stage), nil
+}
+
+// localEnded: the job no longer runs and will not run again without a
+// person (a retry goes back to the inbox: that is not an end).
+func localEnded(s job.Stage) bool {
+	switch s {
+	case job.Review, job.Testing, job.Shipped, job.Failed, job.DeadLetter:
+		return true
+	}
+	return false
+}
+
+// fleetWatch is a fleet job at the coordinator: its events (or, on a
+// coordinator without them, its stage) until a terminal stage.
+type fleetWatch struct {
+	c        *fleet.Client
+	id       string
+	seq      int64
+	noEvents bool
+	stage    string
+}
+
+func (w *fleetWatch) Poll(ctx context.Context) ([]string, bool, error) {
+	j, err := w.c.Job(ctx, w.id)
+	if err != nil {
+		return nil, false, err
+	}
+	var out []string
+	if !w.noEvents {
+		evs, err := w.c.JobEvents(ctx, w.id)
+		switch {
+		case fleet.IsMissingRoute(err):
+			w.noEvents = true
+			out = append(out, "· the coordinator has no GET /fleet/jobs/:id/events: only stage changes are shown")
+		case err != nil:
+			return nil, false, err
+		}
+		for _, e := range evs {
+			if e.Seq <= w.seq {
+				continue
+			}
+			w.seq = e.Seq
+			what := e.Kind
+			if e.Factory != "" {
+				what += " by " + e.Factory
+			}
+			if e.Epoch > 0 {
+				what += fmt.Sprintf(" (epoch %d)", e.Epoch)
+			}
+			out = append(out, stageLine(e.At, "", e.Stage, what, e.Detail))
+		}
+	}
+	if w.noEvents && j.Stage != w.stage {
+		out = append(out, stageLine(time.Now(), w.stage, j.Stage, j.Reason, j.Detail))
+	}
+	w.stage = j.Stage
+	return out, fleetEnded(j.Stage), nil
+}
+
+// fleetEnded: the coordinator's stages after which nothing runs on its own.
+func fleetEnded(stage string) bool {
+	switch stage {
+	case "review", "testing", "shipped", "failed", "dead_letter":
+		return true
+	}
+	return false
+}
+
+// stageLine is a stage change for a person.
+func stageLine(at time.Time, from, to, why, detail string) string {
+	var b strings.Builder
+	b.WriteString("◆ ")
+	if !at.IsZero() {
+		b.WriteString(at.Local().Format(time.TimeOnly) + " ")
+	}
+	switch {
+	case from != "" && to != "":
+		b.WriteString("stage " + from + " → " + to)
+	case to != "":
+		b.WriteString("stage " + to)
+	}
+	if why != "" {
+		b.WriteString(": " + why)
+	}
+	if detail != "" {
+		b.WriteString(" — " + detail)
+	}
+	return b.String()
+}
+
+// newFollower finds job id: in the local queue (local mode), or at the
+// coordinator (fleet mode), reading its engine output from this host's log
+// when it ran here. An unknown job is a usage error.
+func newFollower(ctx context.Context, f *Factory, id string, raw bool) (*follower, error) {
+	cfg, err := f.Config()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkJobID(id); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(cfg.LogsDir(), id, "stdout.log")
+	if useFleet(cfg) {
+		c, err := operatorClient(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := c.Job(ctx, id); err != nil {
+			return nil, jobOpError(id, "read", err)
+		}
+		fo := &follower{id: id, watch: &fleetWatch{c: c, id: id}, remote: c, raw: raw, every: time.Second}
+		if ranHere(cfg.StateDir(), id) || exists(logPath) {
+			fo.logPath = logPath
+		}
+		return fo, nil
+	}
+	if _, err := jobEntry(f, id); err != nil {
+		return nil, err
+	}
+	a, _ := f.Local()
+	return &follower{id: id, watch: &localWatch{q: a.Queue, id: id}, logPath: logPath, raw: raw}, nil
+}
+
+// ranHere reports whether this factory has a record of job id.
+func ranHere(stateDir, id string) bool {
+	s, err := jobstate.Open(filepath.Join(stateDir, "jobs"))
+	if err != nil {
+		return false
+	}
+	_, err = s.Get(id)
+	return err == nil
+}
+
+// checkJobID refuses an id that cannot name a job (and would escape the
+// logs directory).
+func checkJobID(id string) error {
+	if !mdmeta.NamePattern.MatchString(id) || strings.Contains(id, "..") {
+		return aqerr.Usagef("a job id is letters, digits, '.', '_' and '-' (`aq status` lists the jobs)", "%q is not a job id", id)
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
+)
+
+// TestRunOnceParks: `aq run --once` on a claude job whose claude (a fake
+// printing the recorded rejected rate_limit_event stream, resets in two
+// hours) hits its limit: one line saying the job is parked and until when,
+// exit 3 (not a failure, nothing ran to the end); `aq status` says
+// "parked: claude usage limit until HH:MM" and lists claude as held; the
+// next claude job waits on the hold; `aq caps --json` lists the hold; a
+// requeue by hand clears the job's own wait but not the engine's hold.
+func TestRunOnceParks(t *testing.T) {
+	h, _ := binHome(t)
+	h.Repo(t, "app", nil)
+	reset := time.Now().Add(2 * time.Hour).Truncate(time.Second)
+	bin := parkedClaude(t, reset)
+	h.Env = append(h.Env, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"), "ANTHROPIC_API_KEY=sk-ant-test-0123456789")
+	h.Submit(t, "limited", "repo: app\nengine: claude\nship: branch\n")
+
+	r := h.Run(t, "run", "--once")
+	until := reset.Local().Format("15:04")
+	if reset.Local().YearDay() != time.Now().YearDay() {
+		until = reset.Local().Format("Mon Jan 2 15:04")
+	}
+	if r.Code != 3 || !strings.Contains(r.Stderr, "job "+testenv.ID("limited")+" parked: claude usage limit until "+until) ||
+		!strings.Contains(r.Stderr, "not a failure") || strings.Contains(r.Stderr, "failed") {
+		t.Fatalf("aq run --once on a limited claude: %s", r)
+	}
+
+	h.Submit(t, "after", "repo: app\nengine: claude\nship: branch\n")
+	b := board(t, h)
+	why := map[string]WaitingJob{}
+	for _, w := range b.Waiting {
+		why[w.ID] = w
+	}
+	if w := why[testenv.ID("limited")]; !strings.HasPrefix(w.Why, "parked: claude usage limit until "+until) || !w.Until.Equal(reset) {
+		t.Errorf("the parked job: %+v", w)
+	}
+	if w := why[testenv.ID("after")]; !strings.HasPrefix(w.Why, "held: claude usage limit until "+until) || !strings.Contains(w.Why, testenv.ID("limited")) {
+		t.Errorf("a claude job while claude is held: %+v", w)
+	}
+	if len(b.Holds) != 1 || b.Holds[0].Engine != "claude" || !b.Holds[0].Until.Equal(reset) || len(b.Failed) != 0 {
+		t.Errorf("holds %+v, failed %+v", b.Holds, b.Failed)
+	}
+	if text := h.Run(t, "status").Stdout; !strings.Contains(text, "held engines") || !strings.Contains(text, "parked: claude usage limit until "+until) {
+		t.Errorf("aq status:\n%s", text)
+	}
+	var c struct {
+		Holds []struct {
+			Engine string    `json:"engine"`
+			Until  time.Time `json:"until"`
+		} `json:"holds"`
+	}
+	if r := h.Run(t, "caps", "--json"); r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &c) != nil || len(c.Holds) != 1 || !c.Holds[0].Until.Equal(reset) {
+		t.Errorf("aq caps --json holds: %+v (%s)", c.Holds, r)
+	}
+
+	// Nothing runnable now: claude is held (its jobs would only park).
+	if r := h.Run(t, "run", "--once"); r.Code != 3 || !strings.Contains(r.Stderr, "no runnable job") {
+		t.Errorf("aq run --once with claude held: %s", r)
+	}
+	// A requeue by hand lifts the job's own wait; the engine's hold remains.
+	if r := h.Run(t, "job", "requeue", testenv.ID("limited")); r.Code != 0 {
+		t.Fatalf("requeue: %s", r)
+	}
+	v := show(t, h, "limited")
+	if v.Stage != job.Inbox || v.Attempts != 0 {
+		t.Errorf("after requeue: %+v", v)
+	}
+	b = board(t, h)
+	for _, w := range b.Waiting {
+		if w.ID == testenv.ID("limited") && !strings.HasPrefix(w.Why, "held: claude") {
+			t.Errorf("the requeued job while claude is held: %+v", w)
+		}
+	}
+}
+
+// parkedClaude writes a claude that answers --version and --help as the
+// real 2.1.197 does and whose runs end in the recorded rejected
+// rate_limit_event stream, resetsAt set to reset; it returns its directory.
+func parkedClaude(t *testing.T, reset time.Time) string {
+	t.Helper()
+	td, err := filepath.Abs(filepath.Join("..", "..", "..", "engines", "testdata", "claude"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		t.Skip("cat not found")
+	}
+	b, err := os.ReadFile(filepath.Join(td, "rate_limit_event.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	stream := filepath.Join(dir, "stream.jsonl")
+	text := strings.ReplaceAll(string(b), `"resetsAt":1778565600`, fmt.Sprintf(`"resetsAt":%d`, reset.Unix()))
+	testenv.WriteFile(t, stream, text)
+	script := fmt.Sprintf(`#!/bin/sh
+case "$*" in
+--version) echo "2.1.197 (Claude Code)"; exit 0;;
+*--help) %[1]q %[2]q; exit 0;;
+*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
+esac
+%[1]q > /dev/null
+echo wip > wip.txt
+%[1]q %[3]q
+exit 1
+`, cat, filepath.Join(td, "help.txt"), stream)
+	if err := os.WriteFile(filepath.Join(dir, "claude"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
