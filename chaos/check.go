@@ -598,7 +598,7 @@ func Check(in *Input) *Report {
 	// 7. gc.
 	{
 		c := CheckResult{Name: "gc: nothing left, nothing unmerged lost",
-			Definition: "after aq gc on every factory (stopped): no worktree directory is left under $AQ_HOME/worktrees and git lists no linked worktree; gc reported no error; a dry run right after finds nothing more to delete (the policy wants nothing else gone); no factory keeps aq/wip/<id> of a job its record says it shipped; every ref gc deleted (in the clones and on the origins) is one the policy allows: aq/wip/<id> of a job the stub says shipped, or any aq/ ref whose tip is in origin's main; and every commit reachable before gc and not after was reachable only from such an allowed deletion"}
+			Definition: "after aq gc on every factory (stopped, so with pooling off: AQ_WORKTREE_POOL=0): no worktree directory is left under $AQ_HOME/worktrees, pooled ones included, and git lists no linked worktree; gc reported no error; a dry run right after finds nothing more to delete (the policy wants nothing else gone); no factory keeps aq/wip/<id> of a job its record says it shipped; every ref gc deleted (in the clones and on the origins) is one the policy allows: aq/wip/<id> of a job the stub says shipped, or any aq/ ref whose tip is in origin's main; and every commit reachable before gc and not after was reachable only from such an allowed deletion"}
 		deleted, lost := 0, 0
 		for _, g := range in.GC {
 			for _, w := range g.WorktreeDirs {
@@ -611,7 +611,7 @@ func Check(in *Input) *Report {
 				c.Violations = append(c.Violations, fmt.Sprintf("%s: aq gc exit %d, errors %v %s", g.Factory, g.RunExit, g.Run.Errors, g.RunErr))
 			}
 			a := g.After.Deleted
-			if a.JobBranches+a.WIPRefs+a.Worktrees+a.RemoteRefs+a.OtherRefs > 0 {
+			if a.JobBranches+a.WIPRefs+a.Worktrees+a.RemoteRefs+a.OtherRefs+a.Pooled > 0 {
 				c.Violations = append(c.Violations, fmt.Sprintf("%s: a dry run after gc would still delete %+v", g.Factory, a))
 			}
 			var fd *FactoryData

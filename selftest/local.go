@@ -111,7 +111,7 @@ func (s *session) newLocal(ctx context.Context, name string, o localOpt, repos .
 func localConfig(home, base string) *config.Config {
 	return &config.Config{
 		Home: home, RepoBase: base, KillGrace: killGrace, Poll: time.Second, ClaudePermissionMode: "acceptEdits",
-		FleetRoute: true, LogFormat: "text", LogLevel: "info", GCWIPRetention: 336 * time.Hour, Slots: 1,
+		FleetRoute: true, LogFormat: "text", LogLevel: "info", GCWIPRetention: 336 * time.Hour, Slots: 1, WorktreePool: 1,
 		Heartbeat: 30 * time.Second, LeaseRenew: 30 * time.Second, SBTopic: "fleet-dispatch", FactoryID: "selftest",
 	}
 }

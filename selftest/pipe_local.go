@@ -31,6 +31,7 @@ func localRunScenario() *scenario {
 		check(g, "pipeline.run.checkpoint", "the engine's files, untracked ones included, are checkpointed to aq/wip/<id> and pushed"),
 		check(g, "pipeline.run.pr-body", ".aq_pr.md never reaches the commit; its text is kept as the PR body"),
 		check(g, "pipeline.run.no-changes", "an engine that changes nothing ships nothing (no branch)"),
+		check(g, "pipeline.run.warm", "the next job on the repository starts in the first job's worktree, reset to its base (the pool), not a new checkout"),
 		check(g, "pipeline.verify.failed", "a failing verify: command fails the job verify_failed, its work checkpointed"),
 		check(g, "pipeline.gc.merged", "gc deletes a merged job branch (locally and on origin) and its worktree"),
 		check(g, "pipeline.gc.unmerged", "gc keeps a job branch whose work is not merged"),
@@ -58,9 +59,11 @@ func runLocalRun(ctx context.Context, s *session) {
 		return
 	}
 	id := l.id("ship")
+	warm := false
 	script := strings.Join([]string{
 		"cat > " + shq(l.markFile("prompt.txt")),
 		"pwd > " + shq(l.markFile("pwd.txt")),
+		"git worktree list --porcelain > " + shq(l.markFile("worktrees.txt")),
 		"echo 'hello from aq selftest' > hello.txt",
 		"mkdir -p notes && echo 'untracked scratch' > notes/scratch.txt",
 		"printf 'PR body from the engine\\n' > .aq_pr.md",
@@ -99,19 +102,24 @@ func runLocalRun(ctx context.Context, s *session) {
 		if got := strings.TrimSpace(readFile(l.markFile("pwd.txt"))); got != want {
 			return "", failf("the engine ran in %q, want %s", got, want)
 		}
-		wts, err := worktree.List(ctx, s.ws.git, repo)
-		if err != nil {
-			return "", err
-		}
-		for _, e := range wts {
-			if e.Path == want {
-				if strings.TrimPrefix(e.Branch, "refs/heads/") != job.JobBranch(id) {
-					return "", failf("the worktree is on %q, want %s", e.Branch, job.JobBranch(id))
-				}
-				return fmt.Sprintf("the engine ran in %s, listed by git worktree list on %s", want, job.JobBranch(id)), nil
+		// What git listed while the engine ran (the worktree went back to
+		// the pool since).
+		for _, rec := range strings.Split(readFile(l.markFile("worktrees.txt")), "\n\n") {
+			lines := strings.Split(strings.TrimSpace(rec), "\n")
+			if len(lines) == 0 || lines[0] != "worktree "+want {
+				continue
 			}
+			for _, line := range lines {
+				if b, ok := strings.CutPrefix(line, "branch "); ok {
+					if strings.TrimPrefix(b, "refs/heads/") != job.JobBranch(id) {
+						return "", failf("the worktree was on %q, want %s", b, job.JobBranch(id))
+					}
+					return fmt.Sprintf("the engine ran in %s, listed by git worktree list on %s", want, job.JobBranch(id)), nil
+				}
+			}
+			return "", failf("the worktree %s was on no branch", want)
 		}
-		return "", failf("git worktree list does not show %s", want)
+		return "", failf("git worktree list did not show %s while the engine ran", want)
 	})
 	s.step(ctx, "pipeline.run.prompt", 5*time.Second, func(ctx context.Context) (string, error) {
 		p := readFile(l.markFile("prompt.txt"))
@@ -187,7 +195,18 @@ func runLocalRun(ctx context.Context, s *session) {
 		if refs, _ := s.ws.remoteRefs(ctx, origin, "refs/heads/"+job.JobBranch(id2)); len(refs) > 0 {
 			return "", failf("a branch was pushed for a job that changed nothing")
 		}
+		warm = r.Outcome.WarmStart
 		return "shipped with nothing to ship: no commit, no branch, no push", nil
+	})
+	s.step(ctx, "pipeline.run.warm", 5*time.Second, func(ctx context.Context) (string, error) {
+		if !warm {
+			return "", failf("the second job on app got a new worktree; want the first job's, from the pool")
+		}
+		pooled, err := worktree.Pool{Dir: worktree.PoolDir(l.cfg.WorktreesDir(), "app")}.List()
+		if err != nil || len(pooled) != 1 {
+			return "", failf("app's pool holds %d worktrees (%v), want 1", len(pooled), err)
+		}
+		return "the second job on app reset the first job's worktree from the pool; it is back there: " + pooled[0].Path, nil
 	})
 	failedID := l.id("verify")
 	s.step(ctx, "pipeline.verify.failed", 20*time.Second, func(ctx context.Context) (string, error) {

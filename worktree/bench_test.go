@@ -133,28 +133,94 @@ func sizedRepo(b *testing.B, n int) string {
 }
 
 // BenchmarkCheckpointPeriodic: the periodic checkpoint of a worktree of
-// BENCH_FILES files (`BENCH_FILES=30000 TMPDIR=/dev/shm`), when 100 files
-// changed since the last one and when nothing did (the common case between
-// two intervals of an engine that is thinking).
+// BENCH_FILES files in folders of 100 (`BENCH_FILES=30000 TMPDIR=/dev/shm`),
+// taken as the runner takes it while an engine runs (a Checkpointer, which
+// watches the worktree on Linux), when nothing changed since the last one
+// (unchanged: the common case between two intervals of an engine that is
+// thinking), when 10 tracked files did (changed10), and when 100 files did
+// (changed: 90 modified, 10 new). exact-* is worktree.Checkpoint, the scan
+// the checkpoint after the engine makes (and every checkpoint made before
+// this benchmark's figures in docs/BENCHMARKS.md "after").
 func BenchmarkCheckpointPeriodic(b *testing.B) {
 	ctx := context.Background()
 	repo := sizedRepo(b, benchFiles())
 	wt := addWorktree(b, repo, "bench", "main")
-	b.Run("changed", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			changeFiles(b, wt, i)
-			b.StartTimer()
-			if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/bench", "wip"); err != nil {
-				b.Fatal(err)
-			}
+	cp := &Checkpointer{Git: Git{}, Path: wt, Watch: true}
+	b.Cleanup(cp.Close)
+	change10 := func(i int) {
+		for f := 0; f < 10; f++ {
+			testenv.WriteFile(b, filepath.Join(wt, fmt.Sprintf("pkg%d", f), fmt.Sprintf("file%03d.go", f)), "package x // ten "+strconv.Itoa(i)+"\n")
 		}
-	})
-	b.Run("unchanged", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if _, err := Checkpoint(ctx, Git{}, wt, "aq/wip/bench", "wip"); err != nil {
-				b.Fatal(err)
-			}
+	}
+	take := func(exact bool) {
+		var err error
+		if exact {
+			_, err = Checkpoint(ctx, Git{}, wt, "aq/wip/bench-exact", "wip")
+		} else {
+			_, err = cp.Checkpoint(ctx, "aq/wip/bench", "wip")
 		}
-	})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	take(false) // the first one is a full scan, as the runner's first is
+	for _, exact := range []bool{false, true} {
+		prefix := map[bool]string{false: "", true: "exact-"}[exact]
+		b.Run(prefix+"unchanged", func(b *testing.B) {
+			take(exact)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				take(exact)
+			}
+		})
+		b.Run(prefix+"changed10", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				change10(i)
+				b.StartTimer()
+				take(exact)
+			}
+		})
+		b.Run(prefix+"changed", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				changeFiles(b, wt, i)
+				b.StartTimer()
+				take(exact)
+			}
+		})
+	}
+	b.Logf("Checkpointer: %+v", cp.Stats)
+}
+
+// BenchmarkWorktreeDisk: the disk one worktree of BENCH_FILES files (folders
+// of 100) takes — what each slot's running job holds, and what each pooled
+// worktree keeps — as worktree.DiskUsage measures it for aq gc's
+// AQ_WORKTREE_DISK_MAX: worktree-MiB (its files and git directory, with the
+// checkpoint index periodic checkpoints keep), of which gitdir-MiB is the git
+// directory. One op is one measurement (aq gc pays it per worktree, only
+// when a ceiling is set).
+func BenchmarkWorktreeDisk(b *testing.B) {
+	ctx := context.Background()
+	repo := sizedRepo(b, benchFiles())
+	wt := addWorktree(b, repo, "disk", "main")
+	cp := &Checkpointer{Git: Git{}, Path: wt, SmallIndex: -1}
+	if _, err := cp.Checkpoint(ctx, "aq/wip/disk", "wip"); err != nil {
+		b.Fatal(err)
+	}
+	admin, err := linkedGitDir(wt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if total, err = DiskUsage(wt); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	gitdir, _ := DiskUsage(admin)
+	b.ReportMetric(float64(total)/(1<<20), "worktree-MiB")
+	b.ReportMetric(float64(gitdir)/(1<<20), "gitdir-MiB")
 }

@@ -47,27 +47,25 @@ import (
 func Checkpoint(ctx context.Context, g Git, wtPath, ref, message string) (string, error) {
 	ref = fullBranchRef(ref)
 	wg := g.at(wtPath)
-	indexPath, err := wg.Run(ctx, wtPath, "rev-parse", "--git-path", "index")
+	indexPath, err := indexOf(ctx, wg, wtPath)
 	if err != nil {
 		return "", notRepo(ctx, wtPath, err)
 	}
-	if !filepath.IsAbs(indexPath) {
-		indexPath = filepath.Join(wtPath, indexPath)
-	}
-	head, hasHead, err := ResolveRef(ctx, g, wtPath, "HEAD")
+	r, err := resolveRefs(ctx, wg, wtPath, ref)
 	if err != nil {
 		return "", err
 	}
-	prev, _, err := ResolveRef(ctx, g, wtPath, ref)
-	if err != nil {
-		return "", err
-	}
+	return checkpointScan(ctx, g, wtPath, indexPath, ref, message, r)
+}
 
-	tree, partial, err := snapshotTree(ctx, wg, wtPath, indexPath, hasHead)
+// checkpointScan is Checkpoint once the index and refs are known.
+func checkpointScan(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (string, error) {
+	wg := g.at(wtPath)
+	tree, partial, err := snapshotTree(ctx, wg, wtPath, indexPath, r.head != "")
 	if err != nil {
 		return "", err
 	}
-	sha, err := recordCheckpoint(ctx, g, wtPath, ref, message, tree, head, prev)
+	sha, err := recordCheckpoint(ctx, g, wtPath, ref, message, tree, r, nil)
 	if err != nil {
 		return "", err
 	}
@@ -75,6 +73,57 @@ func Checkpoint(ctx context.Context, g Git, wtPath, ref, message string) (string
 		return sha, &PartialError{SHA: sha, Err: partial}
 	}
 	return sha, nil
+}
+
+// indexOf is the index file of the worktree at wtPath: read from a linked
+// worktree's .git file, else asked of git.
+func indexOf(ctx context.Context, wg Git, wtPath string) (string, error) {
+	if admin, err := linkedGitDir(wtPath); err == nil {
+		return filepath.Join(admin, "index"), nil
+	}
+	p, err := wg.Run(ctx, wtPath, "rev-parse", "--git-path", "index")
+	if err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(wtPath, p)
+	}
+	return p, nil
+}
+
+// refState is what a checkpoint needs to know of HEAD and of its ref, read
+// in one git process: each commit, its tree, and the ref's first parent
+// ("" for what does not exist).
+type refState struct {
+	head, headTree, prev, prevTree, prevParent string
+}
+
+// resolveRefs reads refState with one `git cat-file --batch-check`.
+func resolveRefs(ctx context.Context, wg Git, wtPath, ref string) (refState, error) {
+	in := "HEAD\nHEAD^{tree}\n" + ref + "\n" + ref + "^{tree}\n" + ref + "^\n"
+	out, err := wg.runStdin(ctx, wtPath, strings.NewReader(in), "cat-file", "--batch-check=%(objectname) %(objecttype)")
+	if err != nil {
+		return refState{}, notRepo(ctx, wtPath, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(lines) != 5 {
+		return refState{}, fmt.Errorf("checkpoint: git cat-file answered %q", out)
+	}
+	val := func(i int, typ string) string {
+		f := strings.Fields(lines[i])
+		if len(f) == 2 && f[1] == typ {
+			return f[0]
+		}
+		return "" // "<name> missing", or not a commit
+	}
+	r := refState{head: val(0, "commit"), headTree: val(1, "tree"), prev: val(2, "commit"), prevTree: val(3, "tree"), prevParent: val(4, "commit")}
+	if r.head == "" {
+		r.headTree = ""
+	}
+	if r.prev == "" {
+		r.prevTree, r.prevParent = "", ""
+	}
+	return r, nil
 }
 
 // snapshotTree writes the tree of everything in the worktree, using a
@@ -145,28 +194,22 @@ func resetIndex(ctx context.Context, ig Git, wtPath, tmpIndex string, hasHead bo
 	return err
 }
 
-// recordCheckpoint applies Checkpoint's parent rule and moves ref.
-func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree, head, prev string) (string, error) {
+// recordCheckpoint applies Checkpoint's parent rule and moves ref. ident,
+// when set, supplies the identity arguments (else they are looked up).
+func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree string, r refState, ident func() ([]string, error)) (string, error) {
 	wg := g.at(wtPath)
-	treeOf := func(commit string) (string, error) {
-		return wg.Run(ctx, wtPath, "rev-parse", "--verify", "--end-of-options", commit+"^{tree}")
-	}
+	head, prev := r.head, r.prev
 	// Nothing new since the last checkpoint?
-	if prev != "" {
-		prevTree, err := treeOf(prev)
-		if err != nil {
-			return "", err
+	if prev != "" && r.prevTree == tree {
+		onHead := head == "" || prev == head || r.prevParent == head
+		if !onHead {
+			var err error
+			if onHead, err = IsAncestor(ctx, g, wtPath, head, prev); err != nil {
+				return "", err
+			}
 		}
-		if prevTree == tree {
-			onHead := head == ""
-			if !onHead {
-				if onHead, err = IsAncestor(ctx, g, wtPath, head, prev); err != nil {
-					return "", err
-				}
-			}
-			if onHead {
-				return prev, nil
-			}
+		if onHead {
+			return prev, nil
 		}
 	}
 	var parents []string
@@ -175,7 +218,7 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree, he
 	}
 	if prev != "" && prev != head {
 		keep := true
-		if head != "" {
+		if head != "" && r.prevParent != head { // a child of HEAD is not in it
 			inHead, err := IsAncestor(ctx, g, wtPath, prev, head)
 			if err != nil {
 				return "", err
@@ -191,25 +234,20 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree, he
 	switch {
 	case len(parents) == 0 && isEmptyTree(tree):
 		return "", nil // unborn and empty: nothing to record
-	case len(parents) == 1 && parents[0] == head:
-		headTree, err := treeOf(head)
-		if err != nil {
-			return "", err
-		}
-		if headTree == tree {
-			sha = head // clean worktree: the checkpoint is HEAD itself
-			break
-		}
-		fallthrough
+	case len(parents) == 1 && parents[0] == head && r.headTree == tree:
+		sha = head // clean worktree: the checkpoint is HEAD itself
 	default:
-		id, err := g.identity(ctx, wtPath)
+		if ident == nil {
+			ident = func() ([]string, error) { return g.identity(ctx, wtPath) }
+		}
+		id, err := ident()
 		if err != nil {
 			return "", err
 		}
 		if strings.TrimSpace(message) == "" {
 			message = "aq checkpoint"
 		}
-		args := append(id, "commit-tree", "--no-gpg-sign", "-m", message)
+		args := append(append([]string(nil), id...), "commit-tree", "--no-gpg-sign", "-m", message)
 		for _, p := range parents {
 			args = append(args, "-p", p)
 		}

@@ -127,6 +127,19 @@ type WorktreeState struct {
 	Locked bool `json:"locked,omitempty"`
 	// Dirty: it holds changes or untracked files not committed.
 	Dirty bool `json:"dirty,omitempty"`
+	// Pooled: a warm worktree in its repository's pool
+	// (<worktrees>/.pool/<repo>/<n>, see Pool): no job's, kept for the next
+	// job on the repository. PooledAt is when it went there (zero:
+	// unknown).
+	Pooled   bool      `json:"pooled,omitempty"`
+	PooledAt time.Time `json:"pooledAt,omitzero"`
+	// SetAside: a folder in the pool that is not a worktree any more — one
+	// set aside because it could be neither reset nor removed
+	// (Pool.Discard), or a pooled worktree git forgot. Only gc deletes it.
+	SetAside bool `json:"setAside,omitempty"`
+	// Bytes is the disk it uses, its git directory included (0: not
+	// measured; gc measures only when there is a disk ceiling).
+	Bytes int64 `json:"bytes,omitempty"`
 }
 
 // Policy is gc's configuration.
@@ -134,6 +147,19 @@ type Policy struct {
 	// WIPRetention is how long a terminally failed job's WIP ref is kept
 	// after the job ended (AQ_GC_WIP_RETENTION).
 	WIPRetention time.Duration `json:"wipRetention"`
+	// PoolMaxAge: a pooled worktree no job took for this long goes
+	// (AQ_WORKTREE_POOL_MAX_AGE; 0: never for its age).
+	PoolMaxAge time.Duration `json:"poolMaxAge,omitempty"`
+	// PoolSize is the most pooled worktrees a repository keeps
+	// (AQ_WORKTREE_POOL): the oldest beyond it go. 0: no limit here.
+	PoolSize int `json:"poolSize,omitempty"`
+	// PoolOff: pooling is off (AQ_WORKTREE_POOL=0): every pooled worktree
+	// goes.
+	PoolOff bool `json:"poolOff,omitempty"`
+	// DiskMax is the disk aq's worktrees may use (AQ_WORKTREE_DISK_MAX;
+	// 0: no ceiling). Over it, pooled worktrees go, oldest first, across
+	// repositories; nothing else is removed for it.
+	DiskMax int64 `json:"diskMax,omitempty"`
 }
 
 // Action is what to do with a candidate.
@@ -149,9 +175,10 @@ type Kind string
 
 const (
 	KindWorktree  Kind = "worktree"
-	KindJobBranch Kind = "job-branch" // refs/heads/aq/job/<id>
-	KindWIPRef    Kind = "wip-ref"    // refs/heads/aq/wip/<id>
-	KindOtherRef  Kind = "other-ref"  // any other ref met; always kept
+	KindPooled    Kind = "pooled-worktree" // a worktree in a repository's pool
+	KindJobBranch Kind = "job-branch"      // refs/heads/aq/job/<id>
+	KindWIPRef    Kind = "wip-ref"         // refs/heads/aq/wip/<id>
+	KindOtherRef  Kind = "other-ref"       // any other ref met; always kept
 )
 
 // Where a ref lives.
@@ -172,6 +199,11 @@ const (
 	RuleExpired    Rule = "expired"     // WIP of a failed job past retention
 	RuleNotRunning Rule = "not-running" // worktree of a job not in flight
 	RuleMissing    Rule = "missing"     // worktree whose directory is gone
+	RulePoolAge    Rule = "pool-age"    // pooled worktree no job took for PoolMaxAge
+	RulePoolFull   Rule = "pool-full"   // pooled worktree beyond PoolSize
+	RulePoolOff    Rule = "pool-off"    // pooled worktree while pooling is off
+	RuleDiskMax    Rule = "disk-max"    // pooled worktree while aq's worktrees use more than DiskMax
+	RuleSetAside   Rule = "set-aside"   // folder in the pool that is not a worktree any more
 )
 
 // Rules that keep.
@@ -191,6 +223,7 @@ const (
 	RuleUnknownAge   Rule = "unknown-age"  // end time unknown
 	RuleLockedTree   Rule = "locked"       // `git worktree lock`ed
 	RuleUnregistered Rule = "unregistered" // a directory git does not know
+	RulePooled       Rule = "pooled"       // a warm worktree for the next job
 )
 
 // Decision is the plan for one candidate.
@@ -216,6 +249,18 @@ type Decision struct {
 // then worktrees, local refs, origin refs, then name.
 type Decisions struct {
 	Items []Decision `json:"items"`
+	// Disk is set when the policy has a disk ceiling.
+	Disk *DiskPlan `json:"disk,omitempty"`
+}
+
+// DiskPlan is the disk ceiling's arithmetic: what aq's worktrees use
+// (measured ones), the ceiling, and what is left once the plan is carried
+// out. After above Max means even an empty pool would not bring it under:
+// the rest is worktrees of jobs (running, or kept for a reason).
+type DiskPlan struct {
+	Used  int64 `json:"used"`
+	Max   int64 `json:"max"`
+	After int64 `json:"after"`
 }
 
 // Deletes returns the decisions that delete.
@@ -245,8 +290,11 @@ func (d Decisions) WriteText(w io.Writer) error {
 // Label names the candidate for people: "worktree <path>", "aq/job/x",
 // "origin aq/wip/x".
 func (x Decision) Label() string {
-	if x.Kind == KindWorktree {
+	switch x.Kind {
+	case KindWorktree:
 		return "worktree " + x.Name
+	case KindPooled:
+		return "pooled worktree " + x.Name
 	}
 	name := strings.TrimPrefix(x.Name, "refs/heads/")
 	if x.Where == WhereOrigin {
@@ -289,6 +337,19 @@ func RefJob(name string) (Kind, string) {
 //     unregistered (git worktree prune), its detached HEAD, if any, first
 //     made reachable from aq/wip/<job>.
 //
+// Pooled worktrees (<worktrees>/.pool/<repo>/<n>, no job's; see Pool):
+//   - kept while the repository's lock is held (a job may be taking one) or
+//     when `git worktree lock`ed;
+//   - a folder set aside by a failed discard, or one git no longer knows,
+//     is deleted; one whose directory is gone is unregistered;
+//   - all go when pooling is off (PoolOff), and any no job took for
+//     PoolMaxAge;
+//   - a repository keeps its newest PoolSize; older ones go;
+//   - with a disk ceiling (DiskMax), when the worktrees that stay use more,
+//     kept pooled worktrees go, oldest first across repositories, until
+//     they do not (Decisions.Disk says what remains). A job's worktree is
+//     never removed for the ceiling.
+//
 // Job branches, refs/heads/aq/job/<id>, local and on origin:
 //   - kept while checked out in a worktree that stays, or while the job is in
 //     flight;
@@ -323,7 +384,70 @@ func Plan(now time.Time, st State, p Policy) Decisions {
 		pl := planner{now: now, p: p, repo: r, jobs: st.Jobs, removed: map[string]bool{}}
 		items = append(items, pl.plan()...)
 	}
-	return Decisions{Items: items}
+	d := Decisions{Items: items}
+	if p.DiskMax > 0 {
+		d.Disk = diskCeiling(repos, d.Items, p.DiskMax)
+	}
+	return d
+}
+
+// diskCeiling turns kept pooled worktrees into deletions, oldest first
+// across repositories, while the worktrees that stay use more than max.
+// Only pooled ones ever go for it: a job's worktree holds its work.
+func diskCeiling(repos []RepoState, items []Decision, max int64) *DiskPlan {
+	type key struct{ repo, path string }
+	info := map[key]WorktreeState{}
+	for _, r := range repos {
+		for _, w := range r.Worktrees {
+			info[key{r.Name, w.Path}] = w
+		}
+	}
+	dp := &DiskPlan{Max: max}
+	var pooled []int
+	for i, d := range items {
+		if d.Kind != KindWorktree && d.Kind != KindPooled {
+			continue
+		}
+		b := info[key{d.Repo, d.Name}].Bytes
+		dp.Used += b
+		if d.Action == Keep {
+			dp.After += b
+			if d.Rule == RulePooled {
+				pooled = append(pooled, i)
+			}
+		}
+	}
+	slices.SortStableFunc(pooled, func(a, b int) int {
+		wa, wb := info[key{items[a].Repo, items[a].Name}], info[key{items[b].Repo, items[b].Name}]
+		if c := wa.PooledAt.Compare(wb.PooledAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(items[a].Name, items[b].Name)
+	})
+	for _, i := range pooled {
+		if dp.After <= max {
+			break
+		}
+		b := info[key{items[i].Repo, items[i].Name}].Bytes
+		items[i].Action, items[i].Rule = Delete, RuleDiskMax
+		items[i].Reason = fmt.Sprintf("aq's worktrees use %s, over the ceiling of %s (AQ_WORKTREE_DISK_MAX): the oldest pooled ones go; this one frees %s", bytesHuman(dp.After), bytesHuman(max), bytesHuman(b))
+		dp.After -= b
+	}
+	return dp
+}
+
+// bytesHuman prints a size in binary units: "512B", "3.0KiB", "1.5GiB".
+func bytesHuman(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 type planner struct {
@@ -346,12 +470,24 @@ func (pl *planner) plan() []Decision {
 		}
 	}
 	var wts, local, remote []Decision
+	var pooled []int // kept pooled worktrees, by index in wts
 	for _, w := range pl.repo.Worktrees {
-		d := pl.worktree(w)
-		if d.Action == Delete {
-			pl.removed[w.Path] = true
+		var d Decision
+		if w.Pooled || w.SetAside {
+			d = pl.pooled(w)
+			if d.Action == Keep && d.Rule == RulePooled {
+				pooled = append(pooled, len(wts))
+			}
+		} else {
+			d = pl.worktree(w)
 		}
 		wts = append(wts, d)
+	}
+	pl.trimPool(wts, pooled)
+	for _, d := range wts {
+		if d.Action == Delete {
+			pl.removed[d.Name] = true
+		}
 	}
 	for _, r := range pl.repo.Refs {
 		local = append(local, pl.ref(r, WhereLocal))
@@ -416,6 +552,54 @@ func (pl *planner) worktree(w WorktreeState) Decision {
 		d.Reason += "; its detached HEAD is checkpointed to " + strings.TrimPrefix(WIPRefPrefix, "refs/heads/") + w.Job + " first"
 	}
 	return d
+}
+
+// pooled decides on a worktree of the repository's pool: kept for the next
+// job, unless the pool is off, it has waited longer than PoolMaxAge, git no
+// longer knows it, or it was set aside. (PoolSize and DiskMax are applied
+// to the kept ones afterwards.)
+func (pl *planner) pooled(w WorktreeState) Decision {
+	d := Decision{Repo: pl.repo.Name, Kind: KindPooled, Where: WhereLocal, Name: w.Path, SHA: w.HEAD}
+	age := pl.now.Sub(w.PooledAt)
+	switch {
+	case pl.repo.Locked:
+		return d.keep(RuleRepoLocked, "a job is running in %s (its repo lock is held) and may be taking it", pl.repo.Name)
+	case w.SetAside:
+		return d.del(RuleSetAside, "set aside by aq (it could be neither reset nor removed for a job): its folder is deleted")
+	case !w.Registered:
+		return d.del(RuleSetAside, "git no longer knows it as a worktree of %s: its folder is deleted", pl.repo.Name)
+	case w.Locked:
+		return d.keep(RuleLockedTree, "locked with `git worktree lock`")
+	case w.Missing:
+		return d.del(RuleMissing, "its directory is gone: unregister it (git worktree prune)")
+	case pl.p.PoolOff:
+		return d.del(RulePoolOff, "pooling is off (AQ_WORKTREE_POOL=0)")
+	case w.PooledAt.IsZero():
+		return d.keep(RulePooled, "warm for the next job on %s (pooled at an unknown time)", pl.repo.Name)
+	case pl.p.PoolMaxAge > 0 && age >= pl.p.PoolMaxAge:
+		return d.del(RulePoolAge, "no job took it for %s (AQ_WORKTREE_POOL_MAX_AGE %s)", human(age), human(pl.p.PoolMaxAge))
+	}
+	return d.keep(RulePooled, "warm for the next job on %s (pooled %s ago)", pl.repo.Name, human(age))
+}
+
+// trimPool deletes the oldest kept pooled worktrees beyond PoolSize.
+func (pl *planner) trimPool(wts []Decision, kept []int) {
+	if pl.p.PoolSize <= 0 || len(kept) <= pl.p.PoolSize {
+		return
+	}
+	at := map[string]time.Time{}
+	for _, w := range pl.repo.Worktrees {
+		at[w.Path] = w.PooledAt
+	}
+	slices.SortStableFunc(kept, func(a, b int) int {
+		if c := at[wts[b].Name].Compare(at[wts[a].Name]); c != 0 {
+			return c // newest first
+		}
+		return cmp.Compare(wts[a].Name, wts[b].Name)
+	})
+	for _, i := range kept[pl.p.PoolSize:] {
+		wts[i] = wts[i].del(RulePoolFull, "%s's pool keeps %d (AQ_WORKTREE_POOL); this one is older", pl.repo.Name, pl.p.PoolSize)
+	}
 }
 
 func (pl *planner) ref(r RefState, where string) Decision {

@@ -293,6 +293,16 @@ func randomState(r *rand.Rand) State {
 				}
 			}
 		}
+		for k := range r.IntN(4) {
+			repo.Worktrees = append(repo.Worktrees, WorktreeState{Path: fmt.Sprintf("/h/worktrees/.pool/%s/%d", repo.Name, k), Pooled: true,
+				PooledAt: t0.Add(-time.Duration(r.IntN(100)) * time.Hour), Registered: r.IntN(8) > 0, Missing: r.IntN(8) == 0,
+				Locked: r.IntN(8) == 0, SetAside: r.IntN(8) == 0, Bytes: int64(1+r.IntN(10)) << 20})
+		}
+		for i := range repo.Worktrees {
+			if repo.Worktrees[i].Bytes == 0 {
+				repo.Worktrees[i].Bytes = int64(1+r.IntN(10)) << 20
+			}
+		}
 		repo.Refs = append(repo.Refs, RefState{Name: "refs/heads/main", SHA: sha2, Merged: true},
 			RefState{Name: "refs/tags/aq/job/x", SHA: sha2, Merged: true})
 		st.Repos = append(st.Repos, repo)
@@ -311,6 +321,11 @@ func TestPlanInvariants(t *testing.T) {
 	r := rand.New(rand.NewPCG(8, 8))
 	for iter := range 2000 {
 		st := randomState(r)
+		pol := pol
+		pol.PoolMaxAge, pol.PoolSize, pol.PoolOff = time.Duration(r.IntN(3))*24*time.Hour, r.IntN(3), r.IntN(6) == 0
+		if r.IntN(2) == 0 {
+			pol.DiskMax = int64(r.IntN(60)) << 20
+		}
 		before, _ := json.Marshal(st)
 		plan := Plan(t0, st, pol)
 		after, _ := json.Marshal(st)
@@ -345,9 +360,16 @@ func TestPlanInvariants(t *testing.T) {
 				fail("deleted something of a job in flight")
 			}
 			switch d.Kind {
+			case KindPooled:
+				if locked[d.Repo] {
+					fail("removed a pooled worktree while its repo lock is held")
+				}
 			case KindWorktree:
 				if locked[d.Repo] {
 					fail("removed a worktree while its repo lock is held")
+				}
+				if d.Rule == RuleDiskMax || d.Rule == RulePoolFull || d.Rule == RulePoolAge {
+					fail("removed a job's worktree by a pool rule")
 				}
 				if known && j.Status == JobBuilding {
 					fail("removed an orphan's worktree")
@@ -373,10 +395,137 @@ func TestPlanInvariants(t *testing.T) {
 					fail("deleted a WIP ref by an unknown rule")
 				}
 			}
-			if !strings.HasPrefix(d.Name, "refs/heads/aq/") && d.Kind != KindWorktree {
+			if !strings.HasPrefix(d.Name, "refs/heads/aq/") && d.Kind != KindWorktree && d.Kind != KindPooled {
 				fail("deleted outside refs/heads/aq/")
 			}
 		}
+	}
+}
+
+// poolInvariants: over the disk ceiling, kept pooled worktrees remain only
+// if the ceiling is met without them; a repository never keeps more than
+// PoolSize pooled worktrees, and the ones it keeps are its newest.
+func TestPlanPoolInvariants(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(9, 9))
+	for iter := range 2000 {
+		st := randomState(r)
+		pol := Policy{WIPRetention: 14 * day, PoolMaxAge: time.Duration(r.IntN(4)) * day, PoolSize: r.IntN(3), DiskMax: int64(r.IntN(60)) << 20}
+		plan := Plan(t0, st, pol)
+		at := map[string]time.Time{}
+		for _, repo := range st.Repos {
+			for _, w := range repo.Worktrees {
+				at[w.Path] = w.PooledAt
+			}
+		}
+		keptPooled := map[string][]Decision{}
+		for _, d := range plan.Items {
+			if d.Kind == KindPooled && d.Action == Keep && d.Rule == RulePooled {
+				keptPooled[d.Repo] = append(keptPooled[d.Repo], d)
+			}
+		}
+		for repo, kept := range keptPooled {
+			if pol.PoolSize > 0 && len(kept) > pol.PoolSize {
+				t.Fatalf("iteration %d: %s keeps %d pooled worktrees, PoolSize %d", iter, repo, len(kept), pol.PoolSize)
+			}
+			for _, d := range plan.Items {
+				if d.Repo == repo && d.Kind == KindPooled && d.Rule == RulePoolFull {
+					for _, k := range kept {
+						if at[d.Name].After(at[k.Name]) {
+							t.Fatalf("iteration %d: trimmed %s but kept the older %s", iter, d.Name, k.Name)
+						}
+					}
+				}
+			}
+		}
+		if pol.DiskMax > 0 {
+			if plan.Disk == nil {
+				t.Fatal("no disk plan under a ceiling")
+			}
+			if plan.Disk.After > pol.DiskMax && len(keptPooled) > 0 {
+				t.Fatalf("iteration %d: %d bytes after the plan, over %d, with pooled worktrees kept", iter, plan.Disk.After, pol.DiskMax)
+			}
+		} else if plan.Disk != nil {
+			t.Fatal("a disk plan without a ceiling")
+		}
+	}
+}
+
+// TestPlanPool: the pool's rules on one repository.
+func TestPlanPool(t *testing.T) {
+	t.Parallel()
+	pw := func(n int, ago time.Duration, mb int64, mod func(*WorktreeState)) WorktreeState {
+		w := WorktreeState{Path: fmt.Sprintf("/h/worktrees/.pool/r/%d", n), Pooled: true, Registered: true, PooledAt: t0.Add(-ago), Bytes: mb << 20}
+		if mod != nil {
+			mod(&w)
+		}
+		return w
+	}
+	jobWT := WorktreeState{Path: "/h/worktrees/r/j", Job: "j", Branch: "aq/job/j", Registered: true, Bytes: 50 << 20}
+	running := map[string]JobState{"j": {Status: JobBuilding, InFlight: true}}
+	tests := []struct {
+		name  string
+		repo  RepoState
+		jobs  map[string]JobState
+		pol   Policy
+		rules map[string]Rule // path -> rule
+		after int64           // DiskPlan.After in MiB, when there is a ceiling
+	}{
+		{name: "kept warm", repo: RepoState{Worktrees: []WorktreeState{pw(0, time.Hour, 10, nil)}}, pol: Policy{PoolMaxAge: 3 * day},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RulePooled}},
+		{name: "too old", repo: RepoState{Worktrees: []WorktreeState{pw(0, 3*day, 10, nil), pw(1, 71*time.Hour, 10, nil)}}, pol: Policy{PoolMaxAge: 3 * day},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RulePoolAge, "/h/worktrees/.pool/r/1": RulePooled}},
+		{name: "no age limit", repo: RepoState{Worktrees: []WorktreeState{pw(0, 300*day, 10, nil)}},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RulePooled}},
+		{name: "repo locked: a job may be taking it", repo: RepoState{Locked: true, Worktrees: []WorktreeState{pw(0, 30*day, 10, func(w *WorktreeState) { w.SetAside = true })}},
+			pol: Policy{PoolMaxAge: day, PoolOff: true, DiskMax: 1}, rules: map[string]Rule{"/h/worktrees/.pool/r/0": RuleRepoLocked}, after: 10},
+		{name: "pool off", repo: RepoState{Worktrees: []WorktreeState{pw(0, time.Hour, 10, nil)}}, pol: Policy{PoolOff: true},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RulePoolOff}},
+		{name: "beyond the pool's size, oldest go", repo: RepoState{Worktrees: []WorktreeState{pw(0, 5*time.Hour, 10, nil), pw(1, time.Hour, 10, nil), pw(2, 3*time.Hour, 10, nil)}},
+			pol: Policy{PoolSize: 2}, rules: map[string]Rule{"/h/worktrees/.pool/r/0": RulePoolFull, "/h/worktrees/.pool/r/1": RulePooled, "/h/worktrees/.pool/r/2": RulePooled}},
+		{name: "set aside", repo: RepoState{Worktrees: []WorktreeState{pw(0, time.Hour, 10, func(w *WorktreeState) { w.SetAside, w.Registered = true, false })}},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RuleSetAside}},
+		{name: "forgotten by git", repo: RepoState{Worktrees: []WorktreeState{pw(0, time.Hour, 10, func(w *WorktreeState) { w.Registered = false })}},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RuleSetAside}},
+		{name: "directory gone", repo: RepoState{Worktrees: []WorktreeState{pw(0, time.Hour, 10, func(w *WorktreeState) { w.Missing = true })}},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RuleMissing}},
+		{name: "git worktree locked", repo: RepoState{Worktrees: []WorktreeState{pw(0, 30*day, 10, func(w *WorktreeState) { w.Locked = true })}}, pol: Policy{PoolMaxAge: day},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RuleLockedTree}},
+		{name: "disk ceiling: oldest pooled go until under", repo: RepoState{Worktrees: []WorktreeState{jobWT, pw(0, 5*time.Hour, 20, nil), pw(1, time.Hour, 20, nil), pw(2, 3*time.Hour, 20, nil)}},
+			jobs: running, pol: Policy{DiskMax: 85 << 20},
+			rules: map[string]Rule{"/h/worktrees/r/j": RuleInFlight, "/h/worktrees/.pool/r/0": RuleDiskMax, "/h/worktrees/.pool/r/2": RuleDiskMax, "/h/worktrees/.pool/r/1": RulePooled}, after: 70},
+		{name: "disk ceiling below the running jobs: the pool empties, nothing more", repo: RepoState{Worktrees: []WorktreeState{jobWT, pw(0, time.Hour, 20, nil)}},
+			jobs: running, pol: Policy{DiskMax: 10 << 20},
+			rules: map[string]Rule{"/h/worktrees/r/j": RuleInFlight, "/h/worktrees/.pool/r/0": RuleDiskMax}, after: 50},
+		{name: "under the ceiling", repo: RepoState{Worktrees: []WorktreeState{jobWT, pw(0, time.Hour, 20, nil)}},
+			jobs: running, pol: Policy{DiskMax: 1 << 30},
+			rules: map[string]Rule{"/h/worktrees/.pool/r/0": RulePooled}, after: 70},
+		{name: "a removed job worktree counts no more", repo: RepoState{Worktrees: []WorktreeState{jobWT, pw(0, time.Hour, 20, nil)}},
+			jobs: map[string]JobState{"j": {Status: JobShipped}}, pol: Policy{DiskMax: 30 << 20},
+			rules: map[string]Rule{"/h/worktrees/r/j": RuleNotRunning, "/h/worktrees/.pool/r/0": RulePooled}, after: 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.repo.Name = "r"
+			plan := Plan(t0, State{Repos: []RepoState{tc.repo}, Jobs: tc.jobs}, tc.pol)
+			for path, rule := range tc.rules {
+				d := find(t, plan, WhereLocal, path)
+				wantAction := Keep
+				switch rule {
+				case RulePoolAge, RulePoolFull, RulePoolOff, RuleDiskMax, RuleSetAside, RuleMissing, RuleNotRunning:
+					wantAction = Delete
+				}
+				if d.Rule != rule || d.Action != wantAction || d.Reason == "" {
+					t.Errorf("%s: %s/%s (%s), want %s/%s", path, d.Action, d.Rule, d.Reason, wantAction, rule)
+				}
+				if d.Checkpoint && d.Kind == KindPooled {
+					t.Errorf("%s: a pooled worktree holds no work to checkpoint", path)
+				}
+			}
+			if tc.pol.DiskMax > 0 && (plan.Disk == nil || plan.Disk.After != tc.after<<20) {
+				t.Errorf("disk plan %+v, want %d MiB after", plan.Disk, tc.after)
+			}
+		})
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,6 +72,15 @@ type Config struct {
 	DrainTimeout       time.Duration
 	KillGrace          time.Duration
 	CheckpointInterval time.Duration // periodic checkpoints while an engine runs; 0: off
+	// WorktreePool (AQ_WORKTREE_POOL) is how many finished jobs' worktrees
+	// are kept per repository for the next job; derived from Slots when
+	// unset. 0: none (a Config built by hand gets none).
+	WorktreePool int
+	// WorktreePoolMaxAge: aq gc removes a pooled worktree unused this long.
+	WorktreePoolMaxAge time.Duration
+	// WorktreeDiskMax (AQ_WORKTREE_DISK_MAX) is the disk, in bytes, aq's
+	// worktrees may use before aq gc trims the pool; 0: no ceiling.
+	WorktreeDiskMax int64
 
 	ClaudePermissionMode string
 	PriceTable           string
@@ -351,6 +361,10 @@ func firstLine(s string) string {
 
 // derive fills values computed from other keys.
 func (c *Config) derive() {
+	if c.WorktreePool < 0 {
+		c.WorktreePool = max(c.Slots, 1)
+		c.setDerived("worktree_pool", strconv.Itoa(c.WorktreePool), "slots")
+	}
 	if c.FactoryID == "" {
 		c.FactoryID = DefaultFactoryID()
 		c.setDerived("factory_id", c.FactoryID, "host name")

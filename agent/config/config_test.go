@@ -42,6 +42,9 @@ var sample = map[string]string{
 	"metrics_addr":           "127.0.0.1:9464",
 	"gc_wip_retention":       "48h",
 	"slots":                  "3",
+	"worktree_pool":          "2",
+	"worktree_pool_max_age":  "24h0m0s",
+	"worktree_disk_max":      "50GiB",
 	"drain_timeout":          "10m0s",
 	"kill_grace":             "500ms",
 	"checkpoint_interval":    "2m",
@@ -235,6 +238,12 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "caps refresh too short", env: map[string]string{"AQ_CAPS_REFRESH": "10ms"}, want: []string{"AQ_CAPS_REFRESH", "at least 1s"}},
 		{name: "caps refresh not a duration", env: map[string]string{"AQ_CAPS_REFRESH": "often"}, want: []string{"AQ_CAPS_REFRESH", "duration"}},
 		{name: "slots zero", env: map[string]string{"AQ_SLOTS": "0"}, want: []string{"AQ_SLOTS", "1 to 64"}},
+		{name: "pool negative", env: map[string]string{"AQ_WORKTREE_POOL": "-1"}, want: []string{"AQ_WORKTREE_POOL", "0 to 64"}},
+		{name: "pool not numeric", env: map[string]string{"AQ_WORKTREE_POOL": "many"}, want: []string{"AQ_WORKTREE_POOL", "whole number"}},
+		{name: "disk max unit", env: map[string]string{"AQ_WORKTREE_DISK_MAX": "50 gigs"}, want: []string{"AQ_WORKTREE_DISK_MAX", "size", "50GiB"}},
+		{name: "disk max negative", env: map[string]string{"AQ_WORKTREE_DISK_MAX": "-5GB"}, want: []string{"AQ_WORKTREE_DISK_MAX", "size"}},
+		{name: "disk max overflow", env: map[string]string{"AQ_WORKTREE_DISK_MAX": "99999999999TiB"}, want: []string{"AQ_WORKTREE_DISK_MAX", "size"}},
+		{name: "pool age", env: map[string]string{"AQ_WORKTREE_POOL_MAX_AGE": "3 days"}, want: []string{"AQ_WORKTREE_POOL_MAX_AGE", "duration"}},
 		{name: "bad yaml", file: "poll_seconds: [1,\n", want: []string{"not valid YAML"}},
 		{name: "unknown key", file: "heartbeat_secs: 30\n", want: []string{`unknown key "heartbeat_secs"`, "spelling"}},
 		{name: "file value invalid", file: "heartbeat_sec: 95\n", want: []string{"heartbeat_sec in", "95"}},
@@ -342,6 +351,33 @@ func TestDerivedDefaults(t *testing.T) {
 	}
 	if !c.FleetRoute || c.Heartbeat != 30*time.Second || c.Poll != 15*time.Second || c.GCWIPRetention != 336*time.Hour {
 		t.Fatalf("defaults wrong: %+v", c)
+	}
+}
+
+// The worktree pool's size defaults to the slots; 0 turns it off; sizes
+// take units.
+func TestWorktreePoolKeys(t *testing.T) {
+	isolate(t)
+	c, err := Load(flags(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WorktreePool != 1 || setting(t, c, "worktree_pool").Source != FromDerived || c.WorktreeDiskMax != 0 || c.WorktreePoolMaxAge != 72*time.Hour {
+		t.Fatalf("defaults: pool %d (%+v), disk max %d, age %v", c.WorktreePool, setting(t, c, "worktree_pool"), c.WorktreeDiskMax, c.WorktreePoolMaxAge)
+	}
+	t.Setenv("AQ_SLOTS", "4")
+	if c, err := Load(flags(t)); err != nil || c.WorktreePool != 4 || setting(t, c, "worktree_pool").Origin != "slots" {
+		t.Fatalf("pool should follow the slots: %d (%v)", c.WorktreePool, err)
+	}
+	t.Setenv("AQ_WORKTREE_POOL", "0")
+	if c, err := Load(flags(t)); err != nil || c.WorktreePool != 0 {
+		t.Fatalf("AQ_WORKTREE_POOL=0 turns pooling off: %d (%v)", c.WorktreePool, err)
+	}
+	for raw, want := range map[string]int64{"": 0, "0": 0, "1048576": 1 << 20, "500MB": 500e6, "50GiB": 50 << 30, "2T": 2 << 40, "3 KiB": 3 << 10} {
+		t.Setenv("AQ_WORKTREE_DISK_MAX", raw)
+		if c, err := Load(flags(t)); err != nil || c.WorktreeDiskMax != want {
+			t.Errorf("AQ_WORKTREE_DISK_MAX=%q: %d (%v), want %d", raw, c.WorktreeDiskMax, err, want)
+		}
 	}
 }
 

@@ -101,6 +101,12 @@ var Keys = []Key{
 		set: setHostPort(func(c *Config) *string { return &c.MetricsAddr })},
 	{Name: "gc_wip_retention", Group: GroupGC, Type: "duration", Env: []string{"AQ_GC_WIP_RETENTION"}, Flag: "gc-wip-retention", Default: "336h", Usage: "how long WIP refs of failed jobs are kept",
 		set: setDuration(func(c *Config) *time.Duration { return &c.GCWIPRetention }, 0)},
+	{Name: "worktree_pool", Group: GroupRepo, Type: "int", Env: []string{"AQ_WORKTREE_POOL"}, Flag: "worktree-pool", Usage: "finished jobs' worktrees kept per repository for the next job, which resets one instead of checking out every file (default: slots; 0: none)",
+		set: setOptionalInt(func(c *Config) *int { return &c.WorktreePool }, 0, 64)},
+	{Name: "worktree_pool_max_age", Group: GroupGC, Type: "duration", Env: []string{"AQ_WORKTREE_POOL_MAX_AGE"}, Flag: "worktree-pool-max-age", Default: "72h", Usage: "aq gc removes a pooled worktree no job has taken for this long",
+		set: setDuration(func(c *Config) *time.Duration { return &c.WorktreePoolMaxAge }, 0)},
+	{Name: "worktree_disk_max", Group: GroupGC, Env: []string{"AQ_WORKTREE_DISK_MAX"}, Flag: "worktree-disk-max", Usage: "disk aq's worktrees may use, e.g. 50GiB; over it, aq gc removes pooled worktrees, oldest first (unset or 0: no ceiling)",
+		set: setBytes(func(c *Config) *int64 { return &c.WorktreeDiskMax })},
 	{Name: "slots", Group: GroupDaemon, Type: "int", Env: []string{"AQ_SLOTS"}, Flag: "slots", Default: "1", Usage: "jobs the daemon runs at once (never two on one repo)",
 		set: setInt(func(c *Config) *int { return &c.Slots }, 1, 64)},
 	{Name: "drain_timeout", Group: GroupDaemon, Type: "duration", Env: []string{"AQ_DRAIN_TIMEOUT"}, Flag: "drain-timeout", Default: "0s", Usage: "aq daemon: after the first SIGTERM, let running jobs finish for this long, then cancel and checkpoint them as on a second signal (0: wait for them)",
@@ -196,6 +202,54 @@ func setSeconds(field func(*Config) *time.Duration, min, max int, why string) fu
 			return fmt.Errorf("%s)", msg)
 		}
 		*field(c) = time.Duration(n) * time.Second
+		return nil
+	}
+}
+
+// setOptionalInt is setInt that takes "" as unset (-1), for a default
+// derived from other keys.
+func setOptionalInt(field func(*Config) *int, min, max int) func(*Config, string) error {
+	set := setInt(field, min, max)
+	return func(c *Config, raw string) error {
+		if strings.TrimSpace(raw) == "" {
+			*field(c) = -1
+			return nil
+		}
+		return set(c, raw)
+	}
+}
+
+// byteUnits are the suffixes setBytes takes, longest first.
+var byteUnits = []struct {
+	suffix string
+	n      int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+}
+
+// setBytes reads a size: a whole number of bytes, or one with a unit (50GiB,
+// 500MB, 2G = 2GiB). "" and 0 mean none.
+func setBytes(field func(*Config) *int64) func(*Config, string) error {
+	return func(c *Config, raw string) error {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			*field(c) = 0
+			return nil
+		}
+		num, mult := raw, int64(1)
+		for _, u := range byteUnits {
+			if n, ok := strings.CutSuffix(raw, u.suffix); ok {
+				num, mult = strings.TrimSpace(n), u.n
+				break
+			}
+		}
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || n < 0 || (n > 0 && n > (1<<62)/mult) {
+			return fmt.Errorf("is not a size (use bytes or a unit: 500MB, 50GiB, 2T)")
+		}
+		*field(c) = n * mult
 		return nil
 	}
 }

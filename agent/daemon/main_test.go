@@ -185,7 +185,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	r.cfg = &config.Config{
 		Home: r.home, RepoBase: r.base, Fleet: true, FleetAPI: r.api, FleetToken: s.EnrollToken(), FactoryID: o.factory,
 		FleetRoute: true, FleetGate: o.gate, Heartbeat: hb, LeaseRenew: 200 * time.Millisecond, Poll: 50 * time.Millisecond,
-		Slots: o.slots, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
+		Slots: o.slots, WorktreePool: 1, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
 		SBTopic: topic, SBSubscription: o.factory,
 	}
 	if o.broker {

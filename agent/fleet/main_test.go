@@ -185,7 +185,7 @@ func newFactory(t testing.TB, s *stub, w *world, id string, opts ...factoryOpt) 
 	f.Cfg = &config.Config{
 		Home: f.Home, RepoBase: f.Base, Fleet: true, FleetAPI: s.API, FleetToken: s.EnrollToken(), FactoryID: id,
 		FleetRoute: true, Heartbeat: time.Second, LeaseRenew: 200 * time.Millisecond, Poll: 50 * time.Millisecond,
-		Slots: 1, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
+		Slots: 1, WorktreePool: 1, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
 	}
 	f.rebuild(t, opts...)
 	return f

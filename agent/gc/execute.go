@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/aqfleet/aq/worktree"
@@ -89,7 +90,9 @@ func (ex *repoExec) run(ctx context.Context) {
 		}
 		return
 	}
-	wts := ex.deletes(func(d worktree.Decision) bool { return d.Kind == worktree.KindWorktree })
+	wts := ex.deletes(func(d worktree.Decision) bool {
+		return d.Kind == worktree.KindWorktree || d.Kind == worktree.KindPooled
+	})
 	if len(wts) > 0 {
 		// Holding the repo lock, no job can start in this repository while
 		// its worktrees go (a runner waits for it, as for any job).
@@ -117,12 +120,30 @@ func (ex *repoExec) run(ctx context.Context) {
 func (ex *repoExec) removeWorktrees(ctx context.Context, idx []int) {
 	g, gt, dir := ex.g, ex.g.Git, ex.info.dir
 	var missing []int
+	var now map[string]worktree.Entry // the worktrees as they are now, for pooled ones
 	for _, i := range idx {
 		if ctx.Err() != nil {
 			ex.kept(i, "gc was stopped")
 			continue
 		}
 		a := &ex.actions[i]
+		if a.Kind == worktree.KindPooled {
+			if now == nil {
+				now = map[string]worktree.Entry{}
+				entries, err := worktree.List(ctx, gt, dir)
+				if err != nil {
+					ex.failed(i, err)
+					continue
+				}
+				for _, e := range entries {
+					now[canon(e.Path)] = e
+				}
+			}
+			if ex.removePooled(ctx, i, now) {
+				missing = append(missing, i)
+			}
+			continue
+		}
 		if held, err := worktree.Held(g.Cfg.LocksDir, worktree.JobLockName(a.Job)); err != nil || held {
 			ex.kept(i, "job %s started since the plan", a.Job)
 			continue
@@ -186,6 +207,56 @@ func (ex *repoExec) removeWorktrees(ctx context.Context, idx []int) {
 		}
 	}
 	_ = os.Remove(filepath.Join(g.Cfg.WorktreesDir, ex.info.name)) // only if now empty
+	_ = os.Remove(worktree.PoolDir(g.Cfg.WorktreesDir, ex.info.name))
+	_ = os.Remove(filepath.Join(g.Cfg.WorktreesDir, worktree.PoolDirName))
+}
+
+// removePooled removes one planned pooled worktree (the caller holds the
+// repo lock), after checking it is still what the plan saw: registered at
+// that path (a job may have taken it) and pooled at the same time (it may
+// have gone out and come back). It reports true for a missing one, which
+// `git worktree prune` unregisters.
+func (ex *repoExec) removePooled(ctx context.Context, i int, now map[string]worktree.Entry) (prune bool) {
+	g, a := ex.g, &ex.actions[i]
+	pool := worktree.Pool{Dir: worktree.PoolDir(g.Cfg.WorktreesDir, ex.info.name)}
+	if !strings.HasPrefix(canon(a.Name), canon(pool.Dir)+string(filepath.Separator)) {
+		ex.failed(i, fmt.Errorf("%s is not in the pool folder %s", a.Name, pool.Dir))
+		return false
+	}
+	e, registered := now[canon(a.Name)]
+	planned := ex.info.worktrees[a.Name]
+	switch {
+	case a.Rule == worktree.RuleMissing:
+		if _, err := os.Lstat(a.Name); err == nil {
+			ex.kept(i, "its directory is back")
+			return false
+		}
+		return true
+	case a.Rule == worktree.RuleSetAside:
+		if registered {
+			ex.kept(i, "it is a worktree again")
+			return false
+		}
+		if err := os.RemoveAll(a.Name); err != nil {
+			ex.failed(i, fmt.Errorf("cannot delete it (delete it by hand): %w", err))
+			return false
+		}
+		ex.deleted(i)
+		return false
+	case !registered || e.Prunable:
+		ex.kept(i, "a job took it since the plan")
+		return false
+	}
+	if fi, err := os.Lstat(a.Name); err != nil || !fi.ModTime().Equal(planned.PooledAt) {
+		ex.kept(i, "a job used it since the plan")
+		return false
+	}
+	if err := pool.Discard(ctx, g.Git, ex.info.dir, a.Name); err != nil {
+		ex.failed(i, err)
+		return false
+	}
+	ex.deleted(i)
+	return false
 }
 
 // checkpoint saves a worktree's work to aq/wip/<job>. A checkpoint that
@@ -204,7 +275,7 @@ func (g *GC) checkpoint(ctx context.Context, path, id string) (string, error) {
 
 func (ex *repoExec) deleteLocalRefs(ctx context.Context) {
 	idx := ex.deletes(func(d worktree.Decision) bool {
-		return d.Kind != worktree.KindWorktree && d.Where == worktree.WhereLocal
+		return d.Kind != worktree.KindWorktree && d.Kind != worktree.KindPooled && d.Where == worktree.WhereLocal
 	})
 	ex.deleteRefs(ctx, idx, func(refs []worktree.Ref) ([]worktree.RefResult, error) {
 		return worktree.DeleteRefs(ctx, ex.g.Git, ex.info.dir, refs)

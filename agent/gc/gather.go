@@ -94,6 +94,10 @@ func (g *GC) candidateRepos(jobs map[string]worktree.JobState) ([]string, error)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("read %s: %w", g.Cfg.WorktreesDir, err)
 	}
+	// Repositories with a pool (<worktrees>/.pool/<repo>).
+	for _, p := range listDirs(filepath.Join(g.Cfg.WorktreesDir, worktree.PoolDirName)) {
+		set[filepath.Base(p)] = true
+	}
 	for _, j := range jobs {
 		if j.Repo != "" {
 			set[j.Repo] = true
@@ -151,11 +155,15 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 	rs := worktree.RepoState{Name: name}
 	var warns []string
 	wtRoot := filepath.Join(g.Cfg.WorktreesDir, name)
+	poolDir := worktree.PoolDir(g.Cfg.WorktreesDir, name)
 
 	if !worktree.IsRepo(dir) {
 		// Its worktrees outlived it: report them, touch nothing.
 		for _, p := range listDirs(wtRoot) {
 			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Job: filepath.Base(p)})
+		}
+		for _, p := range listDirs(poolDir) {
+			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Pooled: true})
 		}
 		if len(rs.Worktrees) == 0 {
 			return rs, info, nil, errNoRepo
@@ -184,13 +192,25 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 	// aq's worktrees: registered ones under wtRoot, and directories there
 	// that git does not know.
 	checkedOut := map[string]string{}
-	root := canon(wtRoot)
+	root, poolRoot := canon(wtRoot), canon(poolDir)
 	seen := map[string]bool{}
 	for _, e := range entries {
 		if e.Branch != "" {
 			checkedOut["refs/heads/"+e.Branch] = e.Path
 		}
 		c := canon(e.Path)
+		if filepath.Dir(c) == poolRoot && !e.Bare {
+			seen[c] = true
+			w := worktree.WorktreeState{Path: e.Path, Pooled: true, Branch: e.Branch, HEAD: e.HEAD,
+				Registered: true, Locked: e.Locked, Missing: e.Prunable}
+			if fi, err := os.Lstat(e.Path); err == nil {
+				w.PooledAt = fi.ModTime()
+			} else if errors.Is(err, fs.ErrNotExist) {
+				w.Missing = true
+			}
+			rs.Worktrees = append(rs.Worktrees, w)
+			continue
+		}
 		if filepath.Dir(c) != root || e.Bare {
 			continue
 		}
@@ -200,7 +220,16 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 		if _, err := os.Lstat(e.Path); errors.Is(err, fs.ErrNotExist) {
 			w.Missing = true
 		}
-		j := jobs[w.Job]
+		j, known := jobs[w.Job]
+		if !known && validName(w.Job) {
+			// A job this host has no record of may still hold its lock (a
+			// run of another aq): then it is in flight, whatever the plan
+			// would think of an unknown job's worktree.
+			if held, err := worktree.Held(g.Cfg.LocksDir, worktree.JobLockName(w.Job)); err != nil || held {
+				j = worktree.JobState{InFlight: true, Repo: name}
+				jobs[w.Job] = j
+			}
+		}
 		if !w.Missing && !w.Locked && !rs.Locked && !j.InFlight {
 			if w.Dirty, err = worktree.Dirty(ctx, gt, e.Path); err != nil {
 				return rs, nil, nil, fmt.Errorf("worktree %s: %w", e.Path, err)
@@ -211,6 +240,23 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 	for _, p := range listDirs(wtRoot) {
 		if !seen[canon(p)] {
 			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Job: filepath.Base(p)})
+		}
+	}
+	// Folders in the pool git does not know: set aside by a failed discard,
+	// or forgotten.
+	for _, p := range listDirs(poolDir) {
+		if !seen[canon(p)] {
+			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Pooled: true,
+				SetAside: strings.HasPrefix(filepath.Base(p), ".discard-")})
+		}
+	}
+	// Their disk, only when there is a ceiling to hold (a walk of every
+	// file).
+	if g.Cfg.Policy.DiskMax > 0 {
+		for i, w := range rs.Worktrees {
+			if !w.Missing {
+				rs.Worktrees[i].Bytes, _ = worktree.DiskUsage(w.Path)
+			}
 		}
 	}
 	for _, w := range rs.Worktrees {

@@ -74,12 +74,16 @@ type Counts struct {
 	Worktrees   int `json:"worktrees"`
 	RemoteRefs  int `json:"remoteRefs"` // aq/job/* and aq/wip/* on origin
 	OtherRefs   int `json:"otherRefs"`  // other refs under aq/ (always kept)
+	// Pooled are the pools' warm worktrees (and folders set aside there).
+	Pooled int `json:"pooledWorktrees"`
 }
 
 func (c *Counts) add(d worktree.Decision) {
 	switch {
 	case d.Kind == worktree.KindWorktree:
 		c.Worktrees++
+	case d.Kind == worktree.KindPooled:
+		c.Pooled++
 	case d.Kind == worktree.KindOtherRef:
 		c.OtherRefs++
 	case d.Where == worktree.WhereOrigin:
@@ -93,7 +97,7 @@ func (c *Counts) add(d worktree.Decision) {
 
 // Total is the sum of the counts.
 func (c Counts) Total() int {
-	return c.JobBranches + c.WIPRefs + c.Worktrees + c.RemoteRefs + c.OtherRefs
+	return c.JobBranches + c.WIPRefs + c.Worktrees + c.RemoteRefs + c.OtherRefs + c.Pooled
 }
 
 // Result is what became of one decision.
@@ -132,6 +136,9 @@ type Report struct {
 	// Warnings did not stop gc (a remote that could not be read); what
 	// depended on it was kept.
 	Warnings []string `json:"warnings,omitempty"`
+	// Disk is the disk ceiling's arithmetic, when AQ_WORKTREE_DISK_MAX is
+	// set (bytes).
+	Disk *worktree.DiskPlan `json:"disk,omitempty"`
 	// Actions are every decision and its result.
 	Actions []Action `json:"actions,omitempty"`
 }
@@ -176,10 +183,21 @@ func (g *GC) Run(ctx context.Context, dryRun bool) (*Report, error) {
 		return nil, err
 	}
 	plan := worktree.Plan(g.now(), snap.State, g.Cfg.Policy)
+	var rep *Report
 	if dryRun {
-		return snap.dryRun(plan), nil
+		rep = snap.dryRun(plan)
+	} else {
+		rep = g.Execute(ctx, snap, plan)
 	}
-	return g.Execute(ctx, snap, plan), nil
+	if d := plan.Disk; d != nil {
+		rep.Disk = d
+		if d.After > d.Max {
+			w := fmt.Sprintf("aq's worktrees use %d bytes after this run, over AQ_WORKTREE_DISK_MAX (%d): the rest are worktrees of jobs, which gc never removes for the ceiling", d.After, d.Max)
+			rep.Warnings = append(rep.Warnings, w)
+			g.log().Warn("gc: " + w)
+		}
+	}
+	return rep, nil
 }
 
 func (s *Snapshot) dryRun(plan worktree.Decisions) *Report {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +62,9 @@ func floorJob(b *testing.B, repo, wt, branch, script string) {
 
 // floorClock times floor jobs interleaved with aq's, on a repository of the
 // same size, so that aq's time can be put over the floor's measured under the
-// same load.
+// same load. Each floor job's worktree is removed after it was timed (the
+// floor never reuses one; removing it keeps a large repository's copies from
+// filling tmpfs).
 type floorClock struct {
 	repo, wts string
 	script    string
@@ -75,21 +78,24 @@ func newFloorClock(b *testing.B, files int, script string) *floorClock {
 // job runs one floor job.
 func (f *floorClock) job(b *testing.B) {
 	n := len(f.floor)
+	wt := filepath.Join(f.wts, strconv.Itoa(n))
 	t0 := time.Now()
-	floorJob(b, f.repo, filepath.Join(f.wts, strconv.Itoa(n)), "floor/"+strconv.Itoa(n), f.script)
+	floorJob(b, f.repo, wt, "floor/"+strconv.Itoa(n), f.script)
 	f.floor = append(f.floor, time.Since(t0))
+	testenv.Git(b, f.repo, "worktree", "remove", "--force", wt)
 }
 
 // add records one aq job's time.
 func (f *floorClock) add(d time.Duration) { f.aq = append(f.aq, d) }
 
-// report adds x-floor (aq's median time over the floor's) and overhead-ms
-// (the difference of the medians). Medians, not means: one slow file-system
-// moment must not decide the figure.
+// report adds x-floor (aq's median time over the floor's), overhead-ms (the
+// difference of the medians) and floor-ms (the floor's median). Medians, not
+// means: one slow file-system moment must not decide the figure.
 func (f *floorClock) report(b *testing.B) {
 	aq, floor := median(f.aq), median(f.floor)
 	b.ReportMetric(float64(aq)/float64(floor), "x-floor")
 	b.ReportMetric(float64(aq-floor)/float64(time.Millisecond), "overhead-ms/op")
+	b.ReportMetric(float64(floor)/float64(time.Millisecond), "floor-ms/op")
 }
 
 func median(ds []time.Duration) time.Duration {
@@ -108,14 +114,21 @@ func median(ds []time.Duration) time.Duration {
 //	aq       one job through the local agent in-process, as `aq run` runs each
 //	         job: queue take, job and repo locks, worktree, engine under the
 //	         process layer, WIP checkpoint, result commit, diffstat, queue
-//	         record. Reports x-floor (aq's median over the floor's) and
-//	         overhead-ms/op (the difference), floor jobs being run interleaved
-//	         (untimed) in the same benchmark.
+//	         record. Reports x-floor (aq's median over the floor's),
+//	         overhead-ms/op (the difference) and floor-ms/op, floor jobs being
+//	         run interleaved (untimed) in the same benchmark.
 //	aq-once  `aq run --once` as a process per job: all of the above plus
 //	         process start, configuration, capability detection (tool probes)
 //	         and orphan recovery. Also reports x-floor.
 //
-// Submitting the job is not timed: the floor has no queue.
+// Each of aq and aq-once has two cases: first, the first job on a repository
+// (no worktree of an earlier job exists: they are all removed, untimed,
+// before each job), and warm, every later job (one job runs untimed before
+// the timer starts). Submitting the job is not timed: the floor has no queue.
+//
+// BENCH_FILES sets the repository's size (default 1000; the figures in
+// docs/BENCHMARKS.md also use 30000 and 100000, which take minutes and are
+// only run when asked).
 func BenchmarkJobOverhead(b *testing.B) {
 	benchOverhead(b, "echo x > f")
 }
@@ -137,52 +150,89 @@ func benchOverhead(b *testing.B, script string) {
 		repo := benchRepo(b, root, n)
 		b.ResetTimer()
 		for i := range b.N {
-			floorJob(b, repo, filepath.Join(root, "wt", strconv.Itoa(i)), "floor/"+strconv.Itoa(i), script)
-		}
-	})
-	b.Run("aq", func(b *testing.B) {
-		h := testenv.NewHome(b)
-		benchRepo(b, h.RepoBase, n)
-		floor := newFloorClock(b, n, script)
-		a := newAgent(b, h)
-		ctx := context.Background()
-		b.ResetTimer()
-		for i := range b.N {
+			wt := filepath.Join(root, "wt", strconv.Itoa(i))
+			floorJob(b, repo, wt, "floor/"+strconv.Itoa(i), script)
 			b.StopTimer()
-			submit(b, a, "bench-"+strconv.Itoa(i), front)
-			floor.job(b)
+			testenv.Git(b, repo, "worktree", "remove", "--force", wt)
 			b.StartTimer()
-			t0 := time.Now()
-			res, err := a.RunOne(ctx)
-			floor.add(time.Since(t0))
-			if err != nil || res.Stage != job.Testing || res.Outcome.Commit == "" {
-				b.Fatalf("job %d: err %v, result %+v", i, err, res)
-			}
 		}
-		floor.report(b)
 	})
-	b.Run("aq-once", func(b *testing.B) {
-		h := testenv.NewHome(b)
-		benchRepo(b, h.RepoBase, n)
-		floor := newFloorClock(b, n, script)
-		a := newAgent(b, h)
-		h.Command(b, "version") // build the binary outside the timer
-		b.ResetTimer()
-		for i := range b.N {
-			b.StopTimer()
-			submit(b, a, "bench-"+strconv.Itoa(i), front)
-			floor.job(b)
-			cmd := h.Command(b, "run", "--once")
-			b.StartTimer()
-			t0 := time.Now()
-			out, err := cmd.CombinedOutput()
-			floor.add(time.Since(t0))
-			if err != nil {
-				b.Fatalf("aq run --once: %v\n%s", err, out)
+	for _, warm := range []bool{false, true} {
+		name := map[bool]string{false: "first", true: "warm"}[warm]
+		b.Run("aq/"+name, func(b *testing.B) {
+			h := testenv.NewHome(b)
+			repo := benchRepo(b, h.RepoBase, n)
+			floor := newFloorClock(b, n, script)
+			a := newAgent(b, h)
+			ctx := context.Background()
+			if warm {
+				submit(b, a, "bench-warmup", front)
+				if _, err := a.RunOne(ctx); err != nil {
+					b.Fatal(err)
+				}
 			}
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				submit(b, a, "bench-"+strconv.Itoa(i), front)
+				if !warm {
+					removeWorktrees(b, repo, h.Dir)
+				}
+				floor.job(b)
+				b.StartTimer()
+				t0 := time.Now()
+				res, err := a.RunOne(ctx)
+				floor.add(time.Since(t0))
+				if err != nil || res.Stage != job.Testing || res.Outcome.Commit == "" {
+					b.Fatalf("job %d: err %v, result %+v", i, err, res)
+				}
+			}
+			floor.report(b)
+		})
+		b.Run("aq-once/"+name, func(b *testing.B) {
+			h := testenv.NewHome(b)
+			repo := benchRepo(b, h.RepoBase, n)
+			floor := newFloorClock(b, n, script)
+			a := newAgent(b, h)
+			h.Command(b, "version") // build the binary outside the timer
+			if warm {
+				submit(b, a, "bench-warmup", front)
+				if out, err := h.Command(b, "run", "--once").CombinedOutput(); err != nil {
+					b.Fatalf("aq run --once: %v\n%s", err, out)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				submit(b, a, "bench-"+strconv.Itoa(i), front)
+				if !warm {
+					removeWorktrees(b, repo, h.Dir)
+				}
+				floor.job(b)
+				cmd := h.Command(b, "run", "--once")
+				b.StartTimer()
+				t0 := time.Now()
+				out, err := cmd.CombinedOutput()
+				floor.add(time.Since(t0))
+				if err != nil {
+					b.Fatalf("aq run --once: %v\n%s", err, out)
+				}
+			}
+			floor.report(b)
+		})
+	}
+}
+
+// removeWorktrees removes every worktree of repo under home (the jobs' and
+// any kept for reuse), so that the next job is a repository's first.
+func removeWorktrees(b *testing.B, repo, home string) {
+	b.Helper()
+	prefix := filepath.Join(home, "worktrees") + string(filepath.Separator)
+	for _, line := range strings.Split(testenv.Git(b, repo, "worktree", "list", "--porcelain"), "\n") {
+		if p, ok := strings.CutPrefix(line, "worktree "); ok && strings.HasPrefix(p, prefix) {
+			testenv.Git(b, repo, "worktree", "remove", "--force", p)
 		}
-		floor.report(b)
-	})
+	}
 }
 
 // submit enqueues a manifest through the agent's queue, as `aq submit` does.

@@ -48,7 +48,7 @@ func (ru *run) checkpoint(parent context.Context) {
 		ru.cpMu.Lock()
 		defer ru.cpMu.Unlock()
 		wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-		sha, partial, err := ru.snapshot(ctx, wip, "after the engine")
+		sha, partial, err := ru.snapshot(ctx, wip, "after the engine", nil)
 		if partial {
 			ru.cpPartial = true
 		}
@@ -90,14 +90,16 @@ func (ru *run) fencedNow(ctx context.Context) bool {
 
 // startPeriodic takes a checkpoint every CheckpointInterval while the engine
 // runs (until ctx is done or the returned stop is called, which waits for a
-// checkpoint in progress). It never disturbs the engine: the snapshot is
-// built in a temporary index (worktree.Checkpoint) and never takes the
-// worktree's index.lock.
+// checkpoint in progress and stops the worktree's watcher). It never
+// disturbs the engine: the snapshot is built in aq's own index
+// (worktree.Checkpointer) and never takes the worktree's index.lock. Its
+// cost follows what changed since the last one (the first is a full scan).
 func (ru *run) startPeriodic(ctx context.Context) (stop func()) {
 	every := ru.r.Cfg.CheckpointInterval
 	if every <= 0 || ru.wtPath == "" {
 		return func() {}
 	}
+	ru.cpr = &worktree.Checkpointer{Git: ru.r.Git, Path: ru.wtPath, Watch: true}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -113,7 +115,12 @@ func (ru *run) startPeriodic(ctx context.Context) (stop func()) {
 			}
 		}
 	}()
-	return func() { cancel(); <-done }
+	return func() {
+		cancel()
+		<-done
+		ru.cpr.Close()
+		ru.log.Debug("periodic checkpoints", "stats", fmt.Sprintf("%+v", ru.cpr.Stats))
+	}
 }
 
 // periodicCheckpoint records the worktree on aq/wip/<id> and, until origin
@@ -134,7 +141,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	ru.cpMu.Lock()
 	defer ru.cpMu.Unlock()
 	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-	sha, _, err := ru.snapshot(ctx, wip, "periodic")
+	sha, _, err := ru.snapshot(ctx, wip, "periodic", ru.cpr)
 	if err != nil || sha == "" {
 		ok = ctx.Err() != nil
 		if ctx.Err() == nil {
@@ -169,10 +176,17 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
 }
 
-// snapshot checkpoints the worktree on wip. A partial checkpoint (files git
-// could not read were left out) is a checkpoint, with partial set.
-func (ru *run) snapshot(ctx context.Context, wip, why string) (sha string, partial bool, err error) {
-	sha, err = worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage(why))
+// snapshot checkpoints the worktree on wip, with cpr's incremental way when
+// given (periodic checkpoints), else worktree.Checkpoint's exact scan (the
+// checkpoint after the engine, which must not trust a watcher). A partial
+// checkpoint (files git could not read were left out) is a checkpoint, with
+// partial set.
+func (ru *run) snapshot(ctx context.Context, wip, why string, cpr *worktree.Checkpointer) (sha string, partial bool, err error) {
+	if cpr != nil {
+		sha, err = cpr.Checkpoint(ctx, wip, ru.checkpointMessage(why))
+	} else {
+		sha, err = worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage(why))
+	}
 	var pe *worktree.PartialError
 	if errors.As(err, &pe) {
 		ru.log.Warn("checkpoint is partial: some paths could not be recorded", "why", why, "err", err)

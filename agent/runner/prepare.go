@@ -166,6 +166,7 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 	if !ok {
 		return false
 	}
+	pool := ru.r.Cfg.pool(j.Repo)
 
 	if _, err := os.Stat(ru.wtPath); err == nil {
 		// A run of this job died here (its aq was killed): its engine may
@@ -192,9 +193,16 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 		default:
 			ru.log.Info("checkpointed a stale worktree before replacing it", "checkpoint", sha)
 		}
-		if err := worktree.Remove(ctx, g, ru.repoDir, ru.wtPath); err != nil {
-			ru.fail(job.ReasonRepoUnavailable, "cannot remove the stale worktree "+ru.wtPath+": "+err.Error())
-			return false
+		// Recorded: it can be reset like any pooled worktree (or, when the
+		// pool is off or full, removed).
+		if pooled, err := pool.Put(ctx, g, ru.repoDir, ru.wtPath); err != nil || pooled == "" {
+			if err != nil {
+				ru.log.Debug("the stale worktree cannot be pooled; removing it", "err", err)
+			}
+			if err := worktree.Remove(ctx, g, ru.repoDir, ru.wtPath); err != nil {
+				ru.fail(job.ReasonRepoUnavailable, "cannot remove the stale worktree "+ru.wtPath+": "+err.Error())
+				return false
+			}
 		}
 	}
 
@@ -210,15 +218,54 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 		}
 	}
 	ru.baseSHA, ru.start = mb, start
-	if err := worktree.Add(ctx, g, ru.repoDir, ru.wtPath, job.JobBranch(j.ID), start); err != nil {
+	res, err := pool.Checkout(ctx, g, ru.repoDir, ru.wtPath, job.JobBranch(j.ID), start)
+	for _, d := range res.Discarded {
+		ru.log.Warn("discarded a pooled worktree that could not be made clean", "err", d)
+	}
+	if err != nil {
 		if !ru.stopped(ctx, "creating the worktree") {
 			ru.fail(job.ReasonRepoUnavailable, "cannot create the worktree: "+err.Error())
 		}
 		_ = worktree.Remove(context.WithoutCancel(ctx), g, ru.repoDir, ru.wtPath)
 		return false
 	}
-	ru.out.Worktree = ru.wtPath
+	if res.Reused {
+		ru.log.Debug("reset a pooled worktree for the job", "worktree", ru.wtPath)
+	}
+	ru.out.Worktree, ru.out.WarmStart = ru.wtPath, res.Reused
 	return true
+}
+
+// release gives the job's worktree back to the pool once the job is over:
+// only when the checkpoint after the engine recorded all of it (a failed or
+// partial checkpoint leaves it where it is, for gc, which checkpoints what
+// it holds first), and only when no process still works in it: the process
+// layer has stopped every process carrying the job's tag after the engine
+// and after verify; one that lost the tag but has its working directory in
+// the worktree keeps it out of the pool (Linux; elsewhere the tag sweep is
+// the only guard).
+func (ru *run) release(parent context.Context) {
+	pool := ru.r.Cfg.pool(ru.j.Repo)
+	if pool.Size <= 0 || ru.cpAfter == "" || ru.cpPartial {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), time.Minute)
+	defer cancel()
+	if pids, err := process.WorkingIn(ru.wtPath); err == nil && len(pids) > 0 {
+		ru.log.Warn("not pooling the worktree: processes still work in it; aq gc removes it once they are gone", "pids", pids)
+		return
+	}
+	dest, err := pool.Put(ctx, ru.r.Git, ru.repoDir, ru.wtPath)
+	switch {
+	case err != nil && dest == "":
+		ru.log.Info("the worktree stays where it is: git cannot move it to the pool", "err", err)
+	case err != nil:
+		ru.log.Warn("pooled the worktree", "worktree", dest, "err", err)
+		ru.out.Pooled = true
+	case dest != "":
+		ru.log.Debug("pooled the worktree", "worktree", dest)
+		ru.out.Pooled = true
+	}
 }
 
 // resumePoint picks the checkpoint to start from: the one the coordinator

@@ -60,6 +60,11 @@ type Config struct {
 	Repos *repos.Resolver
 	// Mirror is AQ_REPO_MIRROR, which on-demand clones borrow objects from.
 	Mirror string
+	// PoolSize is how many finished jobs' worktrees are kept per repository
+	// (AQ_WORKTREE_POOL) for the next job on it, which resets one instead of
+	// checking out every file. 0: none; a finished job's worktree stays
+	// where it ran until aq gc removes it.
+	PoolSize int
 	// ClaudeTelemetry (AQ_CLAUDE_TELEMETRY) switches Claude Code's own
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
@@ -77,6 +82,11 @@ func Scope(home string) string {
 func (c Config) locksDir() string     { return filepath.Join(c.Home, "locks") }
 func (c Config) worktreesDir() string { return filepath.Join(c.Home, "worktrees") }
 func (c Config) logsDir() string      { return filepath.Join(c.Home, "logs") }
+
+// pool is repo's pool of warm worktrees.
+func (c Config) pool(repo string) worktree.Pool {
+	return worktree.Pool{Dir: worktree.PoolDir(c.worktreesDir(), repo), Size: c.PoolSize}
+}
 
 // Engines finds an engine by name.
 type Engines interface {
@@ -157,8 +167,14 @@ type Outcome struct {
 	Fenced     bool         `json:"fenced,omitempty"`
 	// Redelivered: an earlier attempt had put the result on origin; this run
 	// reported it without running the engine.
-	Redelivered bool   `json:"redelivered,omitempty"`
-	Worktree    string `json:"worktree,omitempty"`
+	Redelivered bool `json:"redelivered,omitempty"`
+	// Worktree is where the job ran; WarmStart says it was a pooled
+	// worktree reset for the job, Pooled that it went back to the pool when
+	// the job ended (Worktree no longer exists: the work is on the job's
+	// branches).
+	Worktree  string `json:"worktree,omitempty"`
+	WarmStart bool   `json:"warmStart,omitempty"`
+	Pooled    bool   `json:"pooled,omitempty"`
 	// Parked (Reason rate_limited) says what the job waits for, e.g.
 	// "claude usage limit", and ParkedUntil until when: the limit's reset
 	// as the engine reported it, or job.ParkUntil's default.
@@ -229,7 +245,8 @@ type run struct {
 	// cpMu serialises checkpoints (periodic ones while the engine runs, the
 	// final one after) and guards wipOnOrigin and lastPeriodic.
 	cpMu         sync.Mutex
-	lastPeriodic string // the latest periodic checkpoint ("" = none yet)
+	lastPeriodic string                 // the latest periodic checkpoint ("" = none yet)
+	cpr          *worktree.Checkpointer // takes the periodic checkpoints
 	evMu         sync.Mutex
 
 	cpOnce    sync.Once
@@ -379,6 +396,9 @@ func (ru *run) do(ctx context.Context) {
 	if !ok {
 		return
 	}
+	// Last of all (after the checkpoint deferred below), the worktree goes
+	// back to the pool for the next job on the repository.
+	defer ru.release(ctx)
 	ru.event(Event{Kind: "started", Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.

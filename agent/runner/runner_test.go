@@ -22,6 +22,7 @@ import (
 // logs/<id>/pr.md) and every file the engine wrote in aq/wip/<id>.
 func TestSuccessCommitsResultAndCheckpoint(t *testing.T) {
 	f := newFixture(t)
+	f.r.Cfg.PoolSize = 0 // the worktree stays, to be looked at
 	j := f.job("ok", writeAll+"printf 'Fixes the thing\\n' > .aq_pr.md\n::aq-usage tokens_in=10 tokens_out=5 cost_usd=0.01 turns=2\n")
 	// A directive is stdout text: make the script print it.
 	j.Script = strings.Replace(j.Script, "::aq-usage", "echo ::aq-usage", 1)
@@ -192,6 +193,7 @@ wait
 `
 	j := f.job("slow", script)
 	j.Budget.Wall = job.Duration(2 * time.Second)
+	f.r.Cfg.PoolSize = 0 // the worktree stays, to be looked at
 	start := time.Now()
 	out := f.run(context.Background(), j, runner.Options{})
 	if out.Reason != job.ReasonTimeout {
@@ -270,8 +272,8 @@ func TestFailureReasons(t *testing.T) {
 				if f.wip(j.ID) != "" || branchExists(t, f.repo, "aq/job/"+j.ID) {
 					t.Error("branches were made before the pre-flight failed")
 				}
-			} else if !testenv.Exists(wt) {
-				t.Errorf("the worktree %s is gone (it holds the failed job's work)", wt)
+			} else if !testenv.Exists(wt) && (!out.Pooled || out.Checkpoint == "") {
+				t.Errorf("the worktree %s is gone, not pooled after a checkpoint (it holds the failed job's work)", wt)
 			}
 		})
 	}
@@ -360,6 +362,9 @@ exit 5
 	second := f.run(context.Background(), j, runner.Options{Attempt: 2, Checkpoint: first.Checkpoint})
 	if second.Failed() {
 		t.Fatalf("second attempt: %+v", second)
+	}
+	if !first.Pooled || !second.WarmStart {
+		t.Errorf("the retry should resume in the first attempt's pooled worktree: pooled %v, warm start %v", first.Pooled, second.WarmStart)
 	}
 	if !testenv.Exists(f.marker("resumed")) {
 		t.Fatal("the second attempt did not see the first one's files")
@@ -473,10 +478,13 @@ env > "$MARK/engine-env"
 func TestStaleWorktreeOfADeadRun(t *testing.T) {
 	f := newFixture(t)
 	j := f.job("stale", `if [ -f progress ]; then cp progress "$MARK/seen"; exit 0; fi; exit 9`)
-	// A first attempt makes the worktree (and fails).
+	// A first attempt makes the worktree (and fails); as aq died, it stays
+	// where it ran (no pool).
+	f.r.Cfg.PoolSize = 0
 	if out := f.run(context.Background(), j, runner.Options{Attempt: 1}); out.Reason != job.ReasonEngineFailed {
 		t.Fatalf("first attempt: %+v", out)
 	}
+	f.r.Cfg.PoolSize = 1
 	// A leftover engine of that job, as a kill -9 of aq leaves it: tagged,
 	// in the worktree, still writing.
 	leftover := startTagged(t, j.ID, f.wt("stale"), `i=0; while :; do i=$((i+1)); echo $i > p.tmp && mv p.tmp progress && echo $i >> "$MARK/written"; sleep 0.005; done`, "MARK="+f.mark, "AQ_SCOPE="+runner.Scope(f.r.Cfg.Home))
@@ -554,6 +562,7 @@ func TestResultCommit(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
+			f.r.Cfg.PoolSize = 0 // the worktree stays, to be looked at
 			j := f.job("r-"+strings.ReplaceAll(c.name, "_", "-"), c.script)
 			id := j.ID
 			out := f.run(context.Background(), j, runner.Options{})
@@ -670,9 +679,11 @@ const lockWIP = `touch "$(git rev-parse --git-common-dir)/refs/heads/aq/wip/$AQ_
 func TestStaleWorktreeKeptWhenItCannotBeCheckpointed(t *testing.T) {
 	f := newFixture(t)
 	j := f.job("keepme", "exit 9")
+	f.r.Cfg.PoolSize = 0 // aq dies: the worktree stays where it ran
 	if out := f.run(context.Background(), j, runner.Options{Attempt: 1}); out.Reason != job.ReasonEngineFailed {
 		t.Fatalf("first attempt: %+v", out)
 	}
+	f.r.Cfg.PoolSize = 1
 	// Work written after the last checkpoint (aq died before taking one).
 	testenv.WriteFile(t, filepath.Join(f.wt("keepme"), "unrecorded.txt"), "only copy\n")
 	testenv.WriteFile(t, filepath.Join(f.repo, ".git", "refs", "heads", "aq", "wip", j.ID+".lock"), "")

@@ -3,6 +3,7 @@
 package process
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -105,4 +106,10 @@ func scan(want [][]byte, pgid int) (found []procStat, uncertain bool, _ error) {
 		}
 	}
 	return found, uncertain, nil
+}
+
+// WorkingIn is not implemented on macOS (it needs proc_pidinfo); it returns
+// errors.ErrUnsupported, and the job's tag sweep is the only guard.
+func WorkingIn(dir string) ([]int, error) {
+	return nil, fmt.Errorf("process: working directories on darwin: %w", errors.ErrUnsupported)
 }

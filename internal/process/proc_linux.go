@@ -264,3 +264,27 @@ func scan(want [][]byte, pgid int) (found []procStat, uncertain bool, _ error) {
 	}
 	return found, uncertain, nil
 }
+
+// WorkingIn returns the pids of the live processes (but the caller) whose
+// working directory is dir or inside it, from /proc/<pid>/cwd. A worktree
+// about to be handed to another job must have none: an escaped process that
+// lost its job's tag could otherwise keep writing into the next job's files.
+// Processes aq may not inspect (other users', unless aq is root) are not
+// seen.
+func WorkingIn(dir string) ([]int, error) {
+	pids, err := listPids()
+	if err != nil {
+		return nil, fmt.Errorf("process: working directories: %w", err)
+	}
+	var found []int
+	for _, pid := range pids {
+		cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
+		if err != nil {
+			continue // gone, or not ours to read
+		}
+		if within(cwd, dir) {
+			found = append(found, pid)
+		}
+	}
+	return found, nil
+}

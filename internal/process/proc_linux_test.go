@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -123,6 +125,38 @@ func TestSweepSeesProcessesMidExec(t *testing.T) {
 		left, _ := FindTagged(tag)
 		if len(left) > 0 {
 			t.Fatalf("iteration %d: the sweep (which found %d) left %v alive", i, n, left)
+		}
+	}
+}
+
+// TestWorkingIn finds a process by its working directory (or one below it),
+// and not by another directory that merely shares a prefix.
+func TestWorkingIn(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "wt")
+	sub := filepath.Join(dir, "deep")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir+"-other", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "30")
+	cmd.Dir = sub
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	for _, c := range []struct {
+		dir  string
+		want bool
+	}{{dir, true}, {sub, true}, {dir + "-other", false}, {filepath.Join(dir, "de"), false}} {
+		pids, err := WorkingIn(c.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(pids, cmd.Process.Pid); got != c.want {
+			t.Errorf("WorkingIn(%s) has the process: %v, want %v (%v)", c.dir, got, c.want, pids)
 		}
 	}
 }

@@ -31,3 +31,7 @@ func FindScoped(tag, scope string) ([]int, error) {
 func sweep(context.Context, [][]byte, time.Duration, int) (int, error) { return 0, errNoProc }
 
 func stopLadder(context.Context, [][]byte, time.Duration) (int, error) { return 0, errNoProc }
+
+// WorkingIn needs /proc/<pid>/cwd; elsewhere it returns
+// errors.ErrUnsupported.
+func WorkingIn(dir string) ([]int, error) { return nil, errNoProc }

@@ -2,6 +2,8 @@ package process
 
 import (
 	"context"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -57,4 +59,11 @@ func StopScoped(ctx context.Context, tag, scope string, grace time.Duration) (in
 		return 0, errNoTag
 	}
 	return stopLadder(ctx, wants(tag, scope), grace)
+}
+
+// within reports whether path is dir or below it (both absolute and
+// clean).
+func within(path, dir string) bool {
+	path, dir = filepath.Clean(path), filepath.Clean(dir)
+	return path == dir || strings.HasPrefix(path, dir+string(filepath.Separator))
 }

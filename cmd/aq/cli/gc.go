@@ -48,7 +48,12 @@ func newGCCmd(f *Factory) *cobra.Command {
     is free and no live process holds the job); uncommitted work in one is
     checkpointed to aq/wip/<id> first; then git worktree prune;
   - aq/wip/<id> refs, locally and on origin, once the job shipped, or once it
-    failed for good and AQ_GC_WIP_RETENTION has passed.
+    failed for good and AQ_GC_WIP_RETENTION has passed;
+  - pooled worktrees ($AQ_HOME/worktrees/.pool/<repo>/<n>, kept warm for the
+    next job on a repository) that no job took for AQ_WORKTREE_POOL_MAX_AGE,
+    beyond AQ_WORKTREE_POOL per repository, or — oldest first — while aq's
+    worktrees use more than AQ_WORKTREE_DISK_MAX; never while a job runs in
+    the repository.
 
 It never deletes a branch whose work is not in base (outside the WIP rule),
 never touches a worktree whose job runs, and never touches a ref outside aq/.
@@ -65,7 +70,7 @@ printed), 2 usage or configuration error.`,
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&opts.DryRun, "dry-run", false, "print every action gc would take and why; change nothing")
-	fl.BoolVar(&opts.JSON, "json", false, "print counts as JSON: {dryRun, deleted, kept, checkpointed, errors, warnings} (with --dry-run, also actions)")
+	fl.BoolVar(&opts.JSON, "json", false, "print counts as JSON: {dryRun, deleted, kept, checkpointed, errors, warnings, disk} (with --dry-run, also actions)")
 	fl.BoolVarP(&opts.Verbose, "verbose", "v", false, "log each deletion to stderr")
 	fl.BoolVar(&opts.Offline, "offline", false, "do not contact origin: no fetch of base branches, origin's refs left alone")
 	return configFlags(cmd, config.GroupRepo, config.GroupGC)
@@ -117,8 +122,14 @@ func newGC(f *Factory, cfg *config.Config, opts *gcOptions) (*gc.GC, error) {
 			RepoBase:     cfg.RepoBase,
 			WorktreesDir: cfg.WorktreesDir(),
 			LocksDir:     cfg.LocksDir(),
-			Policy:       worktree.Policy{WIPRetention: cfg.GCWIPRetention},
-			Offline:      opts.Offline,
+			Policy: worktree.Policy{
+				WIPRetention: cfg.GCWIPRetention,
+				PoolMaxAge:   cfg.WorktreePoolMaxAge,
+				PoolSize:     max(cfg.WorktreePool, 0),
+				PoolOff:      cfg.WorktreePool == 0,
+				DiskMax:      cfg.WorktreeDiskMax,
+			},
+			Offline: opts.Offline,
 		},
 		Now: time.Now,
 		Log: gcLogger(f, cfg, opts.Verbose),
@@ -206,6 +217,7 @@ func countsText(c gc.Counts) string {
 	add(c.JobBranches, "job branch", "job branches")
 	add(c.WIPRefs, "WIP ref", "WIP refs")
 	add(c.Worktrees, "worktree", "worktrees")
+	add(c.Pooled, "pooled worktree", "pooled worktrees")
 	add(c.RemoteRefs, "origin ref", "origin refs")
 	add(c.OtherRefs, "other aq/ ref", "other aq/ refs")
 	if len(parts) == 0 {

@@ -129,3 +129,41 @@ func TestGCCommand(t *testing.T) {
 		t.Errorf("gc extra: exit %d %q", code, errOut)
 	}
 }
+
+// TestGCPool: aq gc reads the pool's settings — AQ_WORKTREE_POOL=0 empties
+// the pool, AQ_WORKTREE_POOL_MAX_AGE ages it, a bad AQ_WORKTREE_DISK_MAX is
+// one line and exit 2 — and counts pooled worktrees apart.
+func TestGCPool(t *testing.T) {
+	dir := cleanEnv(t)
+	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
+	t.Setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+	base := filepath.Join(dir, "src")
+	t.Setenv("AQ_REPO_BASE", base)
+	repo := testenv.NewRepo(t, base, "shop", nil)
+	pooled := filepath.Join(dir, "aqhome", "worktrees", ".pool", "shop", "0")
+	testenv.Git(t, repo, "worktree", "add", "-q", "--detach", pooled, "main")
+
+	out, errOut, code := runAQ(t, "gc", "--dry-run")
+	if code != 0 || !strings.Contains(out, "keep   shop pooled worktree "+pooled+": warm for the next job on shop") || !strings.Contains(out, "keep 1 pooled worktree") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("AQ_WORKTREE_DISK_MAX", "lots")
+	if _, errOut, code := runAQ(t, "gc"); code != 2 || !strings.Contains(errOut, "AQ_WORKTREE_DISK_MAX") || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("bad disk max: exit %d %q", code, errOut)
+	}
+	t.Setenv("AQ_WORKTREE_DISK_MAX", "")
+	t.Setenv("AQ_WORKTREE_POOL_MAX_AGE", "1ns")
+	if out, _, _ := runAQ(t, "gc", "--dry-run"); !strings.Contains(out, "delete shop pooled worktree "+pooled+": no job took it") {
+		t.Errorf("max age:\n%s", out)
+	}
+	t.Setenv("AQ_WORKTREE_POOL_MAX_AGE", "")
+	t.Setenv("AQ_WORKTREE_POOL", "0")
+	out, _, code = runAQ(t, "gc", "--json")
+	var rep struct{ Deleted map[string]int }
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || rep.Deleted["pooledWorktrees"] != 1 {
+		t.Fatalf("pool off: exit %d\n%s", code, out)
+	}
+	if testenv.Exists(pooled) {
+		t.Error("the pooled worktree is still there with pooling off")
+	}
+}

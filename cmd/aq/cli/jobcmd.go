@@ -49,6 +49,8 @@ type JobView struct {
 	queue.State
 	Manifest string `json:"manifest"`
 	Logs     string `json:"logs"`
+	// Worktree is the job's worktree while it has one ("" once it went
+	// back to the pool, or before it ran).
 	Worktree string `json:"worktree"`
 }
 
@@ -70,7 +72,12 @@ func newJobShowCmd(f *Factory) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			v := JobView{State: e.State, Manifest: e.ManifestPath, Logs: filepath.Join(cfg.LogsDir(), e.State.ID), Worktree: filepath.Join(cfg.WorktreesDir(), e.State.Repo, e.State.ID)}
+			v := JobView{State: e.State, Manifest: e.ManifestPath, Logs: filepath.Join(cfg.LogsDir(), e.State.ID)}
+			// A finished job's worktree usually went back to the pool
+			// (AQ_WORKTREE_POOL): then it has none.
+			if wt := filepath.Join(cfg.WorktreesDir(), e.State.Repo, e.State.ID); exists(wt) {
+				v.Worktree = wt
+			}
 			if asJSON {
 				return writeJSON(f.IO.Out, v)
 			}
@@ -108,7 +115,12 @@ func printJob(w io.Writer, v JobView) error {
 	}
 	row("manifest", v.Manifest)
 	row("logs", v.Logs)
-	row("worktree", v.Worktree)
+	switch {
+	case v.Worktree != "":
+		row("worktree", v.Worktree)
+	case s.Checkpoint != "":
+		row("worktree", "none: it went back to the worktree pool when the job ended (its work is in the checkpoint and branch above)")
+	}
 	if in := s.Insights; in != nil {
 		row("insights", fmt.Sprintf("engine %s %s, model %s, tokens in/out/cached %d/%d/%d, cost $%.4f%s, turns %d, wall %dms, files %d +%d/-%d",
 			in.Engine, in.EngineVersion, in.Model, in.TokensIn, in.TokensOut, in.TokensCached, in.CostUSD, map[bool]string{true: " (estimated)"}[in.CostEstimated], in.Turns, in.WallMS, in.FilesChanged, in.LinesAdded, in.LinesDeleted))

@@ -25,11 +25,12 @@ func TestJobCommands(t *testing.T) {
 	if v.Stage != job.Testing || v.Branch != "aq/job/"+built || v.Checkpoint == "" || v.Insights == nil || v.Insights.FilesChanged != 1 {
 		t.Errorf("show --json: %+v", v.State)
 	}
-	if v.Worktree != h.Worktree("app", built) || !testenv.Exists(v.Worktree) || !testenv.Exists(v.Manifest) || !testenv.Exists(v.Logs) {
-		t.Errorf("paths: manifest %s logs %s worktree %s", v.Manifest, v.Logs, v.Worktree)
+	// The job's worktree went back to the pool: it has none any more.
+	if v.Worktree != "" || testenv.Exists(h.Worktree("app", built)) || !testenv.Exists(v.Manifest) || !testenv.Exists(v.Logs) {
+		t.Errorf("paths: manifest %s logs %s worktree %q", v.Manifest, v.Logs, v.Worktree)
 	}
 	text := h.Run(t, "job", "show", built)
-	for _, s := range []string{"stage", "testing", "aq/job/" + built, "history:", "inbox → building"} {
+	for _, s := range []string{"stage", "testing", "aq/job/" + built, "history:", "inbox → building", "went back to the worktree pool"} {
 		if !strings.Contains(text.Stdout, s) {
 			t.Errorf("job show lacks %q:\n%s", s, text.Stdout)
 		}

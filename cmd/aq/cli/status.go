@@ -3,6 +3,9 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,6 +15,7 @@ import (
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/worktree"
 )
 
 func init() { register(newStatusCmd) }
@@ -31,6 +35,8 @@ type Board struct {
 	Failed    []FailedJob       `json:"failed"`
 	Gate      []GateJob         `json:"gate"`                // jobs in review or testing: the ship gate
 	Recovered []string          `json:"recovered,omitempty"` // orphans this call returned to the queue
+	// Pools are the warm worktrees kept per repository for its next job.
+	Pools []PoolStatus `json:"pools,omitempty"`
 	// Holds are the engines held until their rate or usage limit resets:
 	// their jobs wait (agent/holds).
 	Holds  []holds.Hold  `json:"holds"`
@@ -67,6 +73,12 @@ type RunningJob struct {
 	CostUSD       float64 `json:"costUsd"`
 	CostEstimated bool    `json:"costEstimated,omitempty"`
 	LastEvent     string  `json:"lastEvent,omitempty"`
+}
+
+// PoolStatus is one repository's pool of warm worktrees.
+type PoolStatus struct {
+	Repo      string `json:"repo"`
+	Worktrees int    `json:"worktrees"`
 }
 
 // WaitingJob is a queued job that is not runnable now.
@@ -110,7 +122,7 @@ a job after a y/n confirmation, and quit (q, Ctrl-C). Without a terminal,
 			return runStatus(cmd.Context(), f, opts, cmd.Flags().Changed("interval"))
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, gate, recovered, holds, fleet, daemon, coordinator}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, gate, recovered, holds, pools, fleet, daemon, coordinator}")
 	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "the live board: full screen on a terminal, else the plain board every --interval")
 	cmd.Flags().DurationVar(&opts.Interval, "interval", 2*time.Second, "with --watch: how often the board is refreshed (at least 200ms)")
 	return configFlags(cmd, config.GroupFleet)
@@ -208,6 +220,25 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 	return b, nil
 }
 
+// poolStatus counts the warm worktrees in each repository's pool.
+func poolStatus(worktreesDir string) []PoolStatus {
+	repos, err := os.ReadDir(filepath.Join(worktreesDir, worktree.PoolDirName))
+	if err != nil {
+		return nil
+	}
+	var out []PoolStatus
+	for _, r := range repos {
+		if !r.IsDir() {
+			continue
+		}
+		pooled, err := worktree.Pool{Dir: worktree.PoolDir(worktreesDir, r.Name())}.List()
+		if err == nil && len(pooled) > 0 {
+			out = append(out, PoolStatus{Repo: r.Name(), Worktrees: len(pooled)})
+		}
+	}
+	return out
+}
+
 // clockText is t as a person reads it: "14:05" today, "Mon Jan 2 14:05"
 // on another day (local time).
 func clockText(t, now time.Time) string {
@@ -262,6 +293,13 @@ func printBoard(f *Factory, b *Board) error {
 		for _, x := range b.Failed {
 			fmt.Fprintf(w, "  %s (%s, %s after %d attempts): %s\n", x.ID, x.Stage, x.Reason, x.Attempts, x.Detail)
 		}
+	}
+	if len(b.Pools) > 0 {
+		var parts []string
+		for _, p := range b.Pools {
+			parts = append(parts, fmt.Sprintf("%s %d", p.Repo, p.Worktrees))
+		}
+		fmt.Fprintf(w, "\nwarm worktrees (the next job on the repository resets one): %s\n", strings.Join(parts, ", "))
 	}
 	return nil
 }

@@ -62,6 +62,10 @@ echo done > done.txt`, "ship: branch", "priority: critical"))
 	if b.Home != h.Dir {
 		t.Errorf("home %q", b.Home)
 	}
+	// broken's worktree went to app's pool, and long took it.
+	if len(b.Pools) != 0 {
+		t.Errorf("pools while long runs in the only warm worktree: %+v", b.Pools)
+	}
 
 	text := h.Run(t, "status")
 	for _, s := range []string{"running:", "long", "waiting:", "has:nonexistent-tool", "failed:", "broken"} {
@@ -76,6 +80,12 @@ echo done > done.txt`, "ship: branch", "priority: critical"))
 	}
 	// long shipped: child is runnable now; picky still waits.
 	b = board(t, h)
+	if len(b.Pools) != 1 || b.Pools[0] != (PoolStatus{Repo: "app", Worktrees: 1}) {
+		t.Errorf("pools after long: %+v", b.Pools)
+	}
+	if text := h.Run(t, "status"); !strings.Contains(text.Stdout, "warm worktrees (the next job on the repository resets one): app 1") {
+		t.Errorf("aq status does not show the pool:\n%s", text.Stdout)
+	}
 	if b.Counts[job.Shipped] != 1 || b.Counts[job.Blocked] != 0 || b.Counts[job.Inbox] != 2 || len(b.Running) != 0 {
 		t.Errorf("after long shipped: %v running %v", b.Counts, b.Running)
 	}

@@ -64,6 +64,7 @@ func (r *statusReader) read(ctx context.Context, now time.Time) (*Board, error) 
 		keep[rj.ID] = true
 		r.enrich(rj.ID, rj.Attempt, &rj.Phase, &rj.Tokens, &rj.CostUSD, &rj.CostEstimated, &rj.LastEvent)
 	}
+	b.Pools = poolStatus(r.cfg.WorktreesDir())
 	b.Fleet = fleetStatus(r.cfg, now)
 	b.Daemon = daemonStatus(r.cfg)
 	if d := b.Daemon; d != nil && d.Alive {
