@@ -1,16 +1,23 @@
 package daemon
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
@@ -247,4 +254,59 @@ func (m *metrics) jobDone(res *fleet.Result) {
 		result = job.Failed.FleetName()
 	}
 	m.jobs.WithLabelValues(result, reason).Inc()
+}
+
+// serveMetrics listens on AQ_METRICS_ADDR and serves /metrics and /healthz
+// until ctx is done.
+func (d *Daemon) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
+	addr := d.cfg.MetricsAddr
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("AQ_METRICS_ADDR=%s: cannot listen: %v", addr, err), "pick a free host:port, or unset AQ_METRICS_ADDR")
+	}
+	d.mu.Lock()
+	d.metricsAddr = ln.Addr().String()
+	d.mu.Unlock()
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.m.reg, promhttp.HandlerOpts{Registry: d.m.reg}))
+	mux.HandleFunc("/healthz", d.healthz)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = srv.Serve(ln)
+	}()
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	d.log.Info("serving /metrics and /healthz", "addr", d.metricsAddr)
+	return nil
+}
+
+// healthz answers 200 while the last heartbeat the coordinator took is
+// younger than twice the heartbeat interval, else 503.
+func (d *Daemon) healthz(w http.ResponseWriter, r *http.Request) {
+	hb := d.agent.Heartbeat
+	now := time.Now()
+	ok := hb.Healthy(now)
+	body := map[string]any{"healthy": ok, "stage": d.Stage(), "source": d.Live(), "heartbeatEverySec": d.cfg.Heartbeat.Seconds()}
+	if t := hb.LastOK(); !t.IsZero() {
+		body["lastHeartbeat"] = t.UTC()
+		body["heartbeatAgeSec"] = now.Sub(t).Seconds()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if ok {
+		w.WriteHeader(http.StatusOK)
+	} else {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(body)
 }

@@ -1,16 +1,21 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
+	"github.com/aqfleet/aq/agent/dispatch"
+	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/internal/atomicfile"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/version"
 )
 
 // StatusFile is the daemon's status under $AQ_HOME/state: `aq status` reads
@@ -134,3 +139,87 @@ func IsNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
 
 // before reports whether t is before boot (a zero boot time: unknown, false).
 func before(t, boot time.Time) bool { return !boot.IsZero() && !t.IsZero() && t.Before(boot) }
+
+func (d *Daemon) kickStatus() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// statusLoop rewrites the status file on every change and at the heartbeat
+// cadence until ctx is done.
+func (d *Daemon) statusLoop(ctx context.Context) {
+	every := d.cfg.Heartbeat
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		d.writeStatus(nil)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// snapshot is the status as of now.
+func (d *Daemon) snapshot(runErr error) *Status {
+	hb := d.agent.Heartbeat
+	now := time.Now().UTC()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := &Status{
+		V: 1, PID: os.Getpid(), FactoryID: d.factoryID, Version: version.Get().Version, Stage: d.stage,
+		StartedAt: d.startedAt, UpdatedAt: now, Slots: d.cfg.Slots, Busy: len(d.running),
+		Source: dispatch.LiveNone, SourceSince: d.sourceSince, Gate: d.cfg.FleetGate && d.agent.Client.Has(fleet.RouteQueueState),
+		LastHeartbeat: hb.LastOK().UTC(), HeartbeatEvery: d.cfg.Heartbeat.Seconds(), HeartbeatHealthy: hb.Healthy(time.Now()),
+		MetricsAddr: d.metricsAddr, Running: []RunningJob{}, Recovered: d.recovered,
+	}
+	if d.source != nil {
+		st.Source = d.source.Live()
+	}
+	if d.broker != nil {
+		b := *d.broker
+		st.Broker = &b
+	}
+	for _, r := range d.agent.Client.AbsentRoutes() {
+		st.AbsentRoutes = append(st.AbsentRoutes, AbsentRoute{Route: r, Fallback: fleet.Fallbacks[r]})
+	}
+	for _, r := range d.running {
+		rj := *r
+		if rj.Phase != "running" {
+			// Queued behind the same-repo job whose engine runs (it holds
+			// the repo lock).
+			for _, o := range d.running {
+				if o.Repo == rj.Repo && o.Phase == "running" {
+					rj.WaitsFor = o.JobID
+				}
+			}
+		}
+		st.Running = append(st.Running, rj)
+	}
+	sort.Slice(st.Running, func(i, j int) bool { return st.Running[i].AcceptedAt.Before(st.Running[j].AcceptedAt) })
+	if d.stage == StageStopped {
+		st.StoppedAt, st.Source = now, dispatch.LiveNone
+	}
+	if err := runErr; err != nil {
+		st.Error = err.Error()
+	} else if d.fatal != nil {
+		st.Error = d.fatal.Error()
+	}
+	return st
+}
+
+func (d *Daemon) writeStatus(runErr error) {
+	st := d.snapshot(runErr)
+	d.statusMu.Lock() // the loop and Run's last write
+	defer d.statusMu.Unlock()
+	if err := writeStatus(d.cfg.StateDir(), st); err != nil {
+		d.log.Warn("cannot write the status file", "err", err)
+	}
+}
