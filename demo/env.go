@@ -2,6 +2,7 @@ package demo
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -64,4 +65,40 @@ func LookPath(name string, env []string) (string, error) {
 		}
 	}
 	return "", errors.New(name + " is not on PATH")
+}
+
+// Workspace is an act's workspace: dir (made if missing), or a new temp dir
+// named for prefix. cleanup removes a temp dir unless keep; it leaves a
+// given dir alone. The path returned is absolute.
+func Workspace(dir, prefix string, keep bool) (ws string, cleanup func(), err error) {
+	cleanup = func() {}
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", prefix); err != nil {
+			return "", cleanup, err
+		}
+		if !keep {
+			tmp := dir
+			cleanup = func() { _ = os.RemoveAll(tmp) }
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", cleanup, err
+	}
+	if ws, err = filepath.Abs(dir); err != nil {
+		cleanup()
+		return "", func() {}, err
+	}
+	return ws, cleanup, nil
+}
+
+// Binary is aq, or this executable when aq is empty: the binary an act's
+// children run.
+func Binary(aq string) (string, error) {
+	if aq != "" {
+		return aq, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the aq binary: %w", err)
+	}
+	return exe, nil
 }

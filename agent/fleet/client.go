@@ -415,10 +415,6 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 			return answer{}, fmt.Errorf("%s: %w", cl.name, err)
 		}
 	}
-	c.mu.RLock()
-	token := c.token
-	c.mu.RUnlock()
-
 	budget := cl.budget
 	if budget <= 0 {
 		budget = 10 * time.Second
@@ -456,15 +452,7 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	if err != nil {
 		return answer{}, fmt.Errorf("%s: %w", cl.name, err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "aq/"+version.Get().Version)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.o.ProductID != "" {
-		req.Header.Set("x-product-id", c.o.ProductID)
-	}
+	c.setHeaders(req.Header, body != nil)
 	if cl.raw != nil {
 		// Asked for explicitly, the transport hands gzip over as it is
 		// (rawBody decodes it), whatever the server does.
@@ -617,4 +605,21 @@ func perTryClient(hc *http.Client, d time.Duration) *http.Client {
 	cp := *hc
 	cp.Timeout = d
 	return &cp
+}
+
+// setHeaders sets what every request to the coordinator carries: the
+// bearer token, JSON, aq's version and the product tag.
+func (c *Client) setHeaders(h http.Header, hasBody bool) {
+	c.mu.RLock()
+	token := c.token
+	c.mu.RUnlock()
+	h.Set("Authorization", "Bearer "+token)
+	h.Set("Accept", "application/json")
+	h.Set("User-Agent", "aq/"+version.Get().Version)
+	if hasBody {
+		h.Set("Content-Type", "application/json")
+	}
+	if c.o.ProductID != "" {
+		h.Set("x-product-id", c.o.ProductID)
+	}
 }

@@ -15,8 +15,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/aqfleet/aq/internal/version"
 )
 
 // The routes aq calls, as CallResult.Call, errors and Client.Has name them.
@@ -318,18 +316,7 @@ func (c *Client) raw(ctx context.Context, method, path string, body []byte) (int
 	if err != nil {
 		return 0, "", nil, err
 	}
-	c.mu.RLock()
-	token := c.token
-	c.mu.RUnlock()
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "aq/"+version.Get().Version)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.o.ProductID != "" {
-		req.Header.Set("x-product-id", c.o.ProductID)
-	}
+	c.setHeaders(req.Header, body != nil)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, "", nil, err

@@ -208,32 +208,17 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if r.out == nil {
 		r.out = io.Discard
 	}
-	r.aq = o.AQ
-	if r.aq == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find the aq binary: %w", err)
-		}
-		r.aq = exe
-	}
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "aq-fleet-demo-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
-		if !o.Keep {
-			defer os.RemoveAll(dir)
-		}
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	abs, err := filepath.Abs(dir)
+	aq, err := demo.Binary(o.AQ)
 	if err != nil {
 		return nil, err
 	}
-	r.ws = abs
+	r.aq = aq
+	ws, cleanup, err := demo.Workspace(o.Dir, "aq-fleet-demo-", o.Keep)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	r.ws = ws
 	sum := &Summary{Workspace: r.ws}
 
 	defer r.teardown(ctx) // whatever happens: no child outlives Run

@@ -76,17 +76,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		out = io.Discard
 	}
 	say := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "aq-demo-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
-		if !o.Keep {
-			defer os.RemoveAll(dir)
-		}
+	dir, cleanup, err := demo.Workspace(o.Dir, "aq-demo-", o.Keep)
+	if err != nil {
+		return nil, err
 	}
+	defer cleanup()
 	sum := &Summary{Workspace: dir}
 	cfg := &config.Config{
 		Home: filepath.Join(dir, "aq-home"), RepoBase: filepath.Join(dir, "src"),

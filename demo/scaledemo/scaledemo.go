@@ -126,35 +126,20 @@ type run struct {
 // Run runs the act. It returns an error only when the act could not run
 // at all; what it saw is in the Summary.
 func Run(ctx context.Context, o Options) (*Summary, error) {
-	r := &run{o: o, out: o.Out, aq: o.AQ, start: time.Now()}
+	r := &run{o: o, out: o.Out, start: time.Now()}
 	if r.out == nil {
 		r.out = io.Discard
 	}
-	if r.aq == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		r.aq = exe
-	}
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "aq-scale-demo-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
-		if !o.Keep {
-			defer os.RemoveAll(dir)
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	ws, err := filepath.Abs(dir)
+	aq, err := demo.Binary(o.AQ)
 	if err != nil {
 		return nil, err
 	}
+	r.aq = aq
+	ws, cleanup, err := demo.Workspace(o.Dir, "aq-scale-demo-", o.Keep)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
 	r.ws = ws
 	sum := &Summary{Workspace: ws}
 	r.env = demo.ChildEnv(o.Env, ws)
