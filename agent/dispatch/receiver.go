@@ -201,7 +201,10 @@ func (r *Receiver) setHealth(ok bool, err error) {
 		err = r.clean(err)
 	}
 	r.mu.Lock()
-	changed := !r.known || r.health.Healthy != ok
+	// A link that stays down is reported again when it turns out to be a
+	// missing subscription (the first try may have met a dropped
+	// connection): that one stops a replica.
+	changed := !r.known || r.health.Healthy != ok || (!ok && IsMissingSubscription(err) != IsMissingSubscription(r.health.Err))
 	if changed {
 		r.known = true
 		r.health = Health{Healthy: ok, Err: err, Since: time.Now()}

@@ -504,9 +504,21 @@ func TestMissingSubscription(t *testing.T) {
 
 func testMissingSubscription(t *testing.T, sessions bool) {
 	r := newRig(t, rigOptions{factory: "nosuch", mutate: func(o *dispatch.Options) { o.Pool, o.Sessions = "builders", sessions }})
-	h := <-r.health
-	if h.Healthy {
-		t.Fatalf("healthy on a subscription that does not exist")
+	// The first report may be a dropped connection; the receiver reports
+	// again once the broker has said the subscription is not there.
+	var h dispatch.Health
+	for deadline := time.After(time.Minute); ; {
+		select {
+		case h = <-r.health:
+		case <-deadline:
+			t.Fatalf("no report of a missing subscription in a minute; last: %+v", h)
+		}
+		if h.Healthy {
+			t.Fatalf("healthy on a subscription that does not exist")
+		}
+		if dispatch.IsMissingSubscription(h.Err) {
+			break
+		}
 	}
 	var me *dispatch.MissingSubscriptionError
 	if !errors.As(h.Err, &me) || !dispatch.IsMissingSubscription(h.Err) {
