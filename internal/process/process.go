@@ -204,7 +204,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lad.run(ctx, g, grace, exited)
+		lad.run(ctx, g, ladderSteps, grace, exited)
 	}()
 
 	// Where the platform allows it, wait for the leader to exit without
@@ -282,9 +282,9 @@ func withTag(env []string, tag, scope string) []string {
 // goroutine and read after it has returned.
 type ladder struct{ step string }
 
-// run waits for ctx to be done, then takes the group through each step of
-// the platform's ladder (ladderSteps), grace apart, until exited is closed.
-func (l *ladder) run(ctx context.Context, g group, grace time.Duration, exited <-chan struct{}) {
+// run waits for ctx to be done, then takes the group through each of steps
+// (the platform's ladderSteps), grace apart, until exited is closed.
+func (l *ladder) run(ctx context.Context, g group, steps []string, grace time.Duration, exited <-chan struct{}) {
 	select {
 	case <-exited:
 		return
@@ -295,10 +295,10 @@ func (l *ladder) run(ctx context.Context, g group, grace time.Duration, exited <
 		return
 	default:
 	}
-	for i, name := range ladderSteps {
+	for i, name := range steps {
 		l.step = name
 		g.step(i)
-		if i == len(ladderSteps)-1 {
+		if i == len(steps)-1 {
 			return
 		}
 		t := time.NewTimer(grace)

@@ -10,7 +10,7 @@ import (
 )
 
 // ladderSteps are the kill ladder's signals, in order, to the whole group.
-var ladderSteps = [...]string{"SIGINT", "SIGTERM", "SIGKILL"}
+var ladderSteps = unixLadder
 
 var ladderSignals = [...]syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGKILL}
 

@@ -14,7 +14,7 @@ import (
 // ladderSteps on Windows: CTRL_BREAK to the engine's console process group
 // (the engine may clean up), then TerminateJobObject, which ends every
 // process in the job at once. Windows has no SIGTERM between the two.
-var ladderSteps = [...]string{"CTRL_BREAK", "TerminateJobObject"}
+var ladderSteps = windowsLadder
 
 // inNewGroup starts the child in a new console process group, the unit a
 // CTRL_BREAK event reaches.
