@@ -162,7 +162,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	if sha == ru.wipOnOrigin || ru.fencedNow(ctx) || !ru.hasOrigin(ctx) {
 		return
 	}
-	if ru.o.Lease != nil && !ru.o.Lease.Held(wipLeaseMargin) {
+	if ru.o.Lease != nil && !ru.leaseForPush(ctx) {
 		ru.log.Warn("not pushing the periodic checkpoint: the lease may no longer be this factory's")
 		return
 	}
@@ -174,6 +174,32 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	}
 	ru.wipOnOrigin, pushed = sha, true
 	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
+}
+
+// confirmBeforePush bounds the renewal a periodic push waits for.
+const confirmBeforePush = 5 * time.Second
+
+// leaseForPush says whether a periodic checkpoint may be pushed: the lease
+// confirmed by a renewal right before (a preemption is learnt only at a
+// renewal: without one, a push could land after the job went to another
+// factory — found by the chaos run), or, when the coordinator does not
+// answer in time, the lease held on the local view with a margin (an
+// outage must not keep the work off origin). A fenced or lost lease never.
+func (ru *run) leaseForPush(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, confirmBeforePush)
+	err := ru.o.Lease.Confirm(cctx)
+	timedOut := cctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	var stop *job.StopError
+	switch {
+	case err == nil:
+		return true
+	case ctx.Err() != nil:
+		return false
+	case !timedOut && errors.As(err, &stop):
+		return false // fenced (preempted) or lost
+	}
+	return ru.o.Lease.Held(wipLeaseMargin)
 }
 
 // snapshot checkpoints the worktree on wip, with cpr's incremental way when

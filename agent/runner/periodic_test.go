@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -202,8 +203,10 @@ func TestResumeFromANewerPushedCheckpoint(t *testing.T) {
 // too near for a push at the first interval (a renewal late under load).
 type flakyLease struct{ refusals atomic.Int32 }
 
-func (l *flakyLease) Confirm(context.Context) error { return nil }
-func (l *flakyLease) Held(time.Duration) bool       { return l.refusals.Add(-1) < 0 }
+func (l *flakyLease) Confirm(context.Context) error {
+	return errors.New("test: the coordinator did not answer") // the local view decides
+}
+func (l *flakyLease) Held(time.Duration) bool { return l.refusals.Add(-1) < 0 }
 
 // A checkpoint whose push was skipped (the lease could not be confirmed at
 // that instant) is pushed at a later interval even though the engine wrote
@@ -223,5 +226,38 @@ func TestPeriodicCheckpointPushIsRetried(t *testing.T) {
 	cps, pushed := log.kinds("checkpoint"), log.kinds("checkpoint-pushed")
 	if len(cps) != 2 || len(pushed) != 1 || pushed[0] != cps[0] {
 		t.Fatalf("checkpoints %v pushed while the engine ran %v; want the one change pushed once the lease was confirmed", cps, pushed)
+	}
+}
+
+// laggingLease is a lease the coordinator took away (a preemption) that the
+// local view still holds: Held says yes until a renewal tells.
+type laggingLease struct{ confirms atomic.Int32 }
+
+func (l *laggingLease) Confirm(context.Context) error {
+	l.confirms.Add(1)
+	return job.Stop(job.ReasonFenced, "test: the coordinator requeued the job")
+}
+func (l *laggingLease) Held(time.Duration) bool { return l.confirms.Load() == 0 }
+
+// A periodic checkpoint is pushed only after a renewal confirmed the lease:
+// a preemption is learnt at a renewal, and a push made on the local view
+// alone could land after the job went to another factory (found by the
+// chaos run: a WIP push a few ms after the new owner took the job).
+func TestPeriodicPushConfirmsTheLease(t *testing.T) {
+	f := newFixture(t)
+	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
+	origin := testenv.AddOrigin(t, f.repo)
+	j := f.job("periodic-preempted", "echo once > once.txt\nsleep 1\n")
+	lease := &laggingLease{}
+	var log eventLog
+	f.run(context.Background(), j, runner.Options{Attempt: 1, Lease: lease, OnEvent: log.add})
+	if n := lease.confirms.Load(); n == 0 {
+		t.Fatal("no renewal confirmed the lease before a periodic push")
+	}
+	if pushed := log.kinds("checkpoint-pushed"); len(pushed) != 0 {
+		t.Fatalf("pushed %v on a lease the coordinator had taken away", pushed)
+	}
+	if got := testenv.RemoteRefs(t, origin, "refs/heads/aq/wip/")["refs/heads/aq/wip/"+j.ID]; got != "" {
+		t.Fatalf("origin's aq/wip/%s = %s: a preempted run's checkpoint reached origin", j.ID, got)
 	}
 }
