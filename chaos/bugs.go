@@ -74,4 +74,13 @@ var bugsFound = []Bug{
 		Fix:        "start the supervisor first and tell it the engine's process group over its pipe; it also stops every process carrying the job's tag",
 		Regression: "selftest pipeline.recover.engine-stopped (TestNothingLeftBehind); internal/process TestEngineDiesWithItsAQ",
 	},
+	{
+		Title: "A preempted run's periodic checkpoint landed after the job went to another factory",
+		Where: "agent/runner/checkpoint.go",
+		Cause: "a periodic checkpoint was pushed on the lease as this factory last knew it; a preemption is learnt only at " +
+			"the next renewal, so a push in that window landed a few ms after the new owner took the job (the 'pushes " +
+			"only under a lease' invariant, seed 140004314678723 on one run; timing-dependent)",
+		Fix:        "a periodic push first confirms the lease with a renewal (the local view decides only when the coordinator does not answer within 5 s)",
+		Regression: "agent/runner TestPeriodicPushConfirmsTheLease",
+	},
 }
