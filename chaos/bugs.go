@@ -83,4 +83,14 @@ var bugsFound = []Bug{
 		Fix:        "a periodic push first confirms the lease with a renewal (the local view decides only when the coordinator does not answer within 5 s)",
 		Regression: "agent/runner TestPeriodicPushConfirmsTheLease",
 	},
+	{
+		Title: "A fence learnt by the spool's drain was overwritten by the run's end",
+		Where: "agent/fleet/jobrunner.go",
+		Cause: "a run whose lease was lost during a partition spooled its reports; the background drain re-sent the first " +
+			"one, got 409 (the job reaped and requeued), marked the record fenced and dropped the final report — then the " +
+			"run's end, whose Send saw only 'spooled', wrote the record over with fenced false: a closed record with no " +
+			"report and no fence (the 'no report lost' invariant, seed 264317234386329)",
+		Fix:        "the run's end keeps a fence already on the record (endRecord)",
+		Regression: "agent/fleet TestEndRecordKeepsAFenceTheDrainLearnt",
+	},
 }

@@ -280,17 +280,28 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	if res.Err == nil && IsAuth(d.Err) {
 		res.Err = d.Err
 	}
-	r.record(log, c.Job.ID, func(rec *jobstate.Record) {
-		rec.Stage, rec.Reason, rec.Detail = res.Stage, out.Reason, out.Detail
-		rec.Fenced = res.Fenced
-		if out.Checkpoint != "" {
-			rec.Checkpoint = out.Checkpoint
-		}
-		rec.Branch, rec.PR = out.Branch, out.PRURL
-		in := out.Insights
-		rec.Insights = &in
-		rec.EndedAt = r.now().UTC()
-	})
+	r.record(log, c.Job.ID, func(rec *jobstate.Record) { endRecord(rec, res, out, r.now()) })
+}
+
+// endRecord closes a job's record with its run's end. A fence the spool's
+// drain learnt first (a spooled report re-sent by the background drain and
+// answered 409, the job's later reports dropped) stays: the record must say
+// why no report of this run reached the coordinator — found by the chaos
+// run, where the final report's Send saw only "spooled".
+func endRecord(rec *jobstate.Record, res *Result, out *runner.Outcome, now time.Time) {
+	fenced := rec.Fenced || res.Fenced
+	rec.Stage, rec.Reason, rec.Detail = res.Stage, out.Reason, out.Detail
+	if fenced && !res.Fenced {
+		rec.Detail = strings.TrimSpace(out.Detail + "; fenced when a spooled report was re-sent: another factory owns the job")
+	}
+	rec.Fenced = fenced
+	if out.Checkpoint != "" {
+		rec.Checkpoint = out.Checkpoint
+	}
+	rec.Branch, rec.PR = out.Branch, out.PRURL
+	in := out.Insights
+	rec.Insights = &in
+	rec.EndedAt = now.UTC()
 }
 
 // upload sends the job's logs as artifacts once its terminal report is
