@@ -93,4 +93,13 @@ var bugsFound = []Bug{
 		Fix:        "the run's end keeps a fence already on the record (endRecord)",
 		Regression: "agent/fleet TestEndRecordKeepsAFenceTheDrainLearnt",
 	},
+	{
+		Title: "A cancelled git left its ref lock behind",
+		Where: "worktree/gcgit.go",
+		Cause: "git commands were cancelled with SIGKILL; a periodic checkpoint stopped with its job (a drain that " +
+			"escalated) died holding refs/heads/aq/wip/<id>.lock, and every later update of the ref — the final checkpoint, " +
+			"aq gc — failed on it (the gc invariant of the reduced run, seed 223045733563934)",
+		Fix:        "a cancelled git is sent SIGTERM, on which git removes its lock files; SIGKILL only after a grace",
+		Regression: "worktree TestCancelledGitLeavesNoLock",
+	},
 }

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // RefInfo is a ref, the commit it points at and that commit's committer
@@ -775,6 +777,13 @@ func (g Git) command(ctx context.Context, dir string, args []string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
 	cmd.Env = g.environ(nil)
+	// A cancelled git is asked to stop (SIGTERM), not killed: git then
+	// removes the lock files it holds (a ref's, the index's). Killed, it
+	// left them behind, and every later update of that ref failed — a
+	// periodic checkpoint stopped with its job left aq/wip/<id>.lock, which
+	// the final checkpoint and aq gc then met (found by the reduced chaos
+	// run). SIGKILL follows after waitDelay.
+	cmd.Cancel = func() error { return process.Terminate(cmd.Process) }
 	cmd.WaitDelay = waitDelay
 	return cmd
 }

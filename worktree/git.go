@@ -68,10 +68,6 @@ func (g Git) Run(ctx context.Context, dir string, args ...string) (string, error
 
 // run is Run with extra environment and untrimmed output.
 func (g Git) run(ctx context.Context, dir string, env []string, args []string) ([]byte, error) {
-	bin := g.Bin
-	if bin == "" {
-		bin = "git"
-	}
 	gerr := &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: -1}
 	if dir != "" {
 		// exec reports a missing dir as a failure to start "git", which reads
@@ -81,10 +77,8 @@ func (g Git) run(ctx context.Context, dir string, env []string, args []string) (
 			return nil, gerr
 		}
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Dir = dir
+	cmd := g.command(ctx, dir, args)
 	cmd.Env = g.environ(env)
-	cmd.WaitDelay = waitDelay
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
