@@ -5,11 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -27,43 +23,13 @@ import (
 var idParked = testenv.ID("parked")
 
 // limitedClaude puts on PATH a claude that answers --version and --help as
-// the real 2.1.197 does and whose runs write a file, then print the
-// recorded rejected rate_limit_event stream with resetsAt set to reset,
-// and exit 1.
+// the real 2.1.197 does (testenv.FakeClaude) and whose runs write a file,
+// then print the recorded rejected rate_limit_event stream with resetsAt
+// set to reset, and exit 1.
 func limitedClaude(t *testing.T, reset time.Time) {
 	t.Helper()
-	td, err := filepath.Abs(filepath.Join("..", "..", "engines", "testdata", "claude"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := exec.LookPath("cat")
-	if err != nil {
-		t.Skip("cat not found")
-	}
-	b, err := os.ReadFile(filepath.Join(td, "rate_limit_event.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	stream := filepath.Join(dir, "stream.jsonl")
-	text := strings.ReplaceAll(string(b), `"resetsAt":1778565600`, `"resetsAt":`+strconv.FormatInt(reset.Unix(), 10))
-	if err := os.WriteFile(stream, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	script := fmt.Sprintf(`#!/bin/sh
-case "$*" in
---version) echo "2.1.197 (Claude Code)"; exit 0;;
-*--help) %[1]q %[2]q; exit 0;;
-*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
-esac
-%[1]q > /dev/null
-echo wip > wip.txt
-%[1]q %[3]q
-exit 1
-`, cat, filepath.Join(td, "help.txt"), stream)
-	if err := os.WriteFile(filepath.Join(dir, "claude"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.FakeClaude{Script: "echo wip > wip.txt", Stream: testenv.RateLimitedStream(t, dir, reset), Exit: 1}.Write(t, dir)
 	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-test-0123456789")
 }

@@ -3,9 +3,7 @@ package local_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,34 +16,13 @@ import (
 )
 
 // fakeClaudeOnPath puts a claude on PATH that answers --version and --help
-// as the real 2.1.197 does (engines/testdata) and whose every run writes a
+// as the real 2.1.197 does (testenv.FakeClaude) and whose every run writes a
 // file and ends in the recorded rejected rate_limit_event (resets 06:00 UTC
 // on 2026-05-12).
 func fakeClaudeOnPath(t *testing.T) {
 	t.Helper()
-	td, err := filepath.Abs(filepath.Join("..", "..", "engines", "testdata", "claude"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := exec.LookPath("cat")
-	if err != nil {
-		t.Skip("cat not found")
-	}
 	bin := t.TempDir()
-	script := fmt.Sprintf(`#!/bin/sh
-case "$*" in
---version) echo "2.1.197 (Claude Code)"; exit 0;;
-*--help) %[1]q %[2]q; exit 0;;
-*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
-esac
-%[1]q > /dev/null
-echo wip > wip.txt
-%[1]q %[3]q
-exit 1
-`, cat, filepath.Join(td, "help.txt"), filepath.Join(td, "rate_limit_event.jsonl"))
-	if err := os.WriteFile(filepath.Join(bin, "claude"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.FakeClaude{Script: "echo wip > wip.txt", Stream: filepath.Join(testenv.ClaudeTestdata(t), "rate_limit_event.jsonl"), Exit: 1}.Write(t, bin)
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-test-0123456789")
 }

@@ -2,9 +2,7 @@ package runner_test
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,39 +15,14 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// fakeClaude writes a claude CLI to dir that behaves as the real 2.1.197
-// does: --version and --help as recorded (engines/testdata), the
-// hidden-flag probe answered as commander does, and a run that writes
-// work.txt in its worktree, counts itself in $MARK/claude-runs, prints the
-// recorded stream fixture (engines/testdata/claude/<fixture>) and exits
-// with exit.
+// fakeClaude writes to dir a claude that behaves as the real 2.1.197 does
+// (testenv.FakeClaude) and whose run writes work.txt in its worktree,
+// counts itself in $MARK/claude-runs, prints the recorded stream fixture
+// (engines/testdata/claude/<fixture>) and exits with exit.
 func fakeClaude(t *testing.T, dir, fixture string, exit int) string {
 	t.Helper()
-	td, err := filepath.Abs(filepath.Join("..", "..", "engines", "testdata", "claude"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := exec.LookPath("cat")
-	if err != nil {
-		t.Skip("cat not found")
-	}
-	p := filepath.Join(dir, "claude")
-	script := fmt.Sprintf(`#!/bin/sh
-case "$*" in
---version) echo "2.1.197 (Claude Code)"; exit 0;;
-*--help) %[1]q %[2]q; exit 0;;
-*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
-esac
-%[1]q > /dev/null
-echo "work in progress" > work.txt
-echo run >> "$MARK/claude-runs"
-%[1]q %[3]q
-exit %[4]d
-`, cat, filepath.Join(td, "help.txt"), filepath.Join(td, fixture), exit)
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return testenv.FakeClaude{Script: "echo \"work in progress\" > work.txt\necho run >> \"$MARK/claude-runs\"",
+		Stream: filepath.Join(testenv.ClaudeTestdata(t), fixture), Exit: exit}.Write(t, dir)
 }
 
 // claudeFixture is a runner whose claude is fakeClaude(fixture), at now,

@@ -3,7 +3,6 @@ package runner_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,31 +13,13 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// fakeClaudeEnv is a `claude` on its own path that answers --version and
-// --help (the recorded 2.1.197 help) as the real one does, records its
-// environment, and prints a recorded stream-json run of the real claude
+// fakeClaudeEnv is a claude (testenv.FakeClaude) that records its
+// environment and prints a recorded stream-json run of the real claude
 // (engines/testdata/claude/success.jsonl).
 func fakeClaudeEnv(t *testing.T, envFile string) *engines.Claude {
 	t.Helper()
-	td, err := filepath.Abs("../../engines/testdata/claude")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "claude")
-	testenv.WriteFile(t, bin, fmt.Sprintf(`#!/bin/sh
-case "$*" in
---version) echo "2.1.197 (Claude Code)"; exit 0;;
-*--help) cat %[1]q; exit 0;;
-*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
-esac
-cat >/dev/null
-env > %[2]q
-echo changed > claude.txt
-cat %[3]q
-`, filepath.Join(td, "help.txt"), envFile, filepath.Join(td, "success.jsonl")))
-	if err := os.Chmod(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bin := testenv.FakeClaude{Script: fmt.Sprintf("env > %q\necho changed > claude.txt", envFile),
+		Stream: filepath.Join(testenv.ClaudeTestdata(t), "success.jsonl")}.Write(t, t.TempDir())
 	return &engines.Claude{Bin: bin}
 }
 

@@ -2,10 +2,7 @@ package cli
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -88,39 +85,12 @@ func TestRunOnceParks(t *testing.T) {
 }
 
 // parkedClaude writes a claude that answers --version and --help as the
-// real 2.1.197 does and whose runs end in the recorded rejected
-// rate_limit_event stream, resetsAt set to reset; it returns its directory.
+// real 2.1.197 does (testenv.FakeClaude) and whose runs end in the recorded
+// rejected rate_limit_event stream, resetsAt set to reset; it returns its
+// directory.
 func parkedClaude(t *testing.T, reset time.Time) string {
 	t.Helper()
-	td, err := filepath.Abs(filepath.Join("..", "..", "..", "engines", "testdata", "claude"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat, err := exec.LookPath("cat")
-	if err != nil {
-		t.Skip("cat not found")
-	}
-	b, err := os.ReadFile(filepath.Join(td, "rate_limit_event.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	stream := filepath.Join(dir, "stream.jsonl")
-	text := strings.ReplaceAll(string(b), `"resetsAt":1778565600`, fmt.Sprintf(`"resetsAt":%d`, reset.Unix()))
-	testenv.WriteFile(t, stream, text)
-	script := fmt.Sprintf(`#!/bin/sh
-case "$*" in
---version) echo "2.1.197 (Claude Code)"; exit 0;;
-*--help) %[1]q %[2]q; exit 0;;
-*--aq-probe-unknown-option) echo "error: unknown option '--aq-probe-unknown-option'" >&2; exit 1;;
-esac
-%[1]q > /dev/null
-echo wip > wip.txt
-%[1]q %[3]q
-exit 1
-`, cat, filepath.Join(td, "help.txt"), stream)
-	if err := os.WriteFile(filepath.Join(dir, "claude"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.FakeClaude{Script: "echo wip > wip.txt", Stream: testenv.RateLimitedStream(t, dir, reset), Exit: 1}.Write(t, dir)
 	return dir
 }
