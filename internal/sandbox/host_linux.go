@@ -327,4 +327,3 @@ func writeIdentity(p Policy, home string) error {
 	}
 	return os.WriteFile(filepath.Join(dir, "group"), gr, 0o644)
 }
-

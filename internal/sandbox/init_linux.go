@@ -52,8 +52,8 @@ type orders struct {
 	Env  []string `json:"env,omitempty"`
 	Dir  string   `json:"dir,omitempty"`
 	// Root is the empty host directory the sandbox's / is built on.
-	Root  string `json:"root"`
-	View  view   `json:"view"`
+	Root  string  `json:"root"`
+	View  view    `json:"view"`
 	Rules llRules `json:"rules"`
 	// ProxySocket, when set, is bridged from 127.0.0.1:ProxyBridgePort.
 	ProxySocket string `json:"proxySocket,omitempty"`

@@ -129,9 +129,9 @@ func makeLayout(t testing.TB, root string) layout {
 	l := layoutAt(root)
 	for path, content := range map[string]string{
 		filepath.Join(l.aqHome, "credentials"):                        "factory-token",
-		filepath.Join(l.aqHome, "queue", "inbox", "other.md"):          "another job",
+		filepath.Join(l.aqHome, "queue", "inbox", "other.md"):         "another job",
 		filepath.Join(l.aqHome, "worktrees", "app", "job-2", "x.txt"): "another worktree",
-		filepath.Join(l.worktree, "README"):                          "mine",
+		filepath.Join(l.worktree, "README"):                           "mine",
 		filepath.Join(l.gitDir, "config"):                             "[core]\n",
 		filepath.Join(l.repoBase, "other", "secret.txt"):              "another product",
 		filepath.Join(l.home, ".ssh", "id_ed25519"):                   "private key",
