@@ -90,10 +90,15 @@ func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
 	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, d.HelpTimeout, d.Probes, nil)
 }
 
-// devinFiles are the prompt and trajectory files of one attempt.
+// devinFiles are the prompt and trajectory files of one attempt, in the
+// directory devin reaches (StateDir in a sandbox, else LogDir).
 func devinFiles(spec Spec) (prompt, export string) {
-	return filepath.Join(spec.LogDir, fmt.Sprintf("devin-prompt-%d.md", spec.Attempt)),
-		filepath.Join(spec.LogDir, fmt.Sprintf("devin-trajectory-%d.json", spec.Attempt))
+	dir := spec.StateDir
+	if dir == "" {
+		dir = spec.LogDir
+	}
+	return filepath.Join(dir, fmt.Sprintf("devin-prompt-%d.md", spec.Attempt)),
+		filepath.Join(dir, fmt.Sprintf("devin-trajectory-%d.json", spec.Attempt))
 }
 
 // Args is devin's command line for spec, without the program.
@@ -125,7 +130,7 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 		return Result{}, err
 	}
 	promptFile, exportFile := devinFiles(spec)
-	if err := os.MkdirAll(spec.LogDir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(promptFile), 0o700); err != nil {
 		return Result{}, fmt.Errorf("devin: create job log dir: %w", err)
 	}
 	if err := os.WriteFile(promptFile, []byte(spec.Prompt), 0o600); err != nil {
@@ -143,6 +148,12 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 	})
 	if err != nil {
 		return Result{}, startError(d.Name(), d.bin(), err)
+	}
+	if logged := filepath.Join(spec.LogDir, filepath.Base(exportFile)); logged != exportFile {
+		// The trajectory is an artifact of the job's logs, like stdout.log.
+		if b, err := os.ReadFile(exportFile); err == nil {
+			_ = os.WriteFile(logged, b, 0o600)
+		}
 	}
 	traj, trajErr := readATIF(exportFile)
 	res := devinResult(out, traj, trajErr, pres.ExitCode, pres.Stopped, spec.Model)

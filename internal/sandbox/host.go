@@ -28,22 +28,44 @@ type Host struct {
 	plat   hostPlatform
 	mu     sync.Mutex
 	seq    int
+
+	once   sync.Once
+	onOpen func(*Host)
 }
 
-// Open probes the host (once; a trial sandbox on Linux) unless the mode is
-// off, and returns its Host.
+// Open probes the host (a trial sandbox on Linux) unless the mode is off,
+// and returns its Host.
 func Open(o Options) *Host {
-	h := &Host{opts: o}
+	h := OpenLazy(o, nil)
+	h.open()
+	return h
+}
+
+// OpenLazy returns a Host that probes when it is first asked (so commands
+// that never run a job never pay for the probe), then calls onOpen once
+// (nil: nothing) — where aq says how engines will run.
+func OpenLazy(o Options, onOpen func(*Host)) *Host {
+	h := &Host{opts: o, onOpen: onOpen}
 	if o.Mode == "" {
 		h.opts.Mode = ModeAuto
 	}
-	if h.opts.Mode == ModeOff {
-		h.report = Report{Level: LevelNone, LandlockABI: 0}
-		h.report.finish(offMissing())
-		return h
-	}
-	h.report, h.plat = probe(o)
 	return h
+}
+
+func (h *Host) open() {
+	first := false
+	h.once.Do(func() {
+		first = true
+		if h.opts.Mode == ModeOff {
+			h.report = Report{Level: LevelNone}
+			h.report.finish(offMissing())
+			return
+		}
+		h.report, h.plat = probe(h.opts)
+	})
+	if first && h.onOpen != nil {
+		h.onOpen(h) // outside the Once: it may ask the Host anything
+	}
 }
 
 func offMissing() []Missing {
@@ -56,18 +78,25 @@ func offMissing() []Missing {
 
 // Report is what the probe found (level none with every guarantee missing
 // under AQ_SANDBOX=off).
-func (h *Host) Report() Report { return h.report }
+func (h *Host) Report() Report {
+	h.open()
+	return h.report
+}
 
 // Mode is the configured mode.
 func (h *Host) Mode() Mode { return h.opts.Mode }
 
 // Level is the level jobs run at: the probe's, none when the mode is off.
-func (h *Host) Level() Level { return h.report.Level }
+func (h *Host) Level() Level {
+	h.open()
+	return h.report.Level
+}
 
 // Refusal is the error every job gets on this host: under AQ_SANDBOX=on,
 // when the host cannot reach the full level (wrapping ErrUnavailable);
 // nil otherwise.
 func (h *Host) Refusal() error {
+	h.open()
 	if h.opts.Mode != ModeOn || h.report.Level == LevelFull {
 		return nil
 	}
@@ -78,6 +107,7 @@ func (h *Host) Refusal() error {
 // sandboxed; what is missing under auto; that they are not sandboxed under
 // off. warn says whether it is worth a warning.
 func (h *Host) StartLine() (line string, warn bool) {
+	h.open()
 	r := h.report
 	switch {
 	case h.opts.Mode == ModeOff:
@@ -101,6 +131,7 @@ func (h *Host) StartLine() (line string, warn bool) {
 // none). The Jail is for the job's processes, one at a time (the engine,
 // then verify); Remove removes the job's directory after the last.
 func (h *Host) Jail(p Policy) (*Jail, error) {
+	h.open()
 	if h.report.Level == LevelNone {
 		return nil, nil
 	}

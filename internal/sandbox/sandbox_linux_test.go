@@ -408,3 +408,26 @@ func absPath(t *testing.T, p string) string {
 	}
 	return a
 }
+
+// TestOpenLazy: the probe waits for the first question, and the callback
+// that says how engines run may ask the Host anything (it once
+// deadlocked doing so).
+func TestOpenLazy(t *testing.T) {
+	calls := 0
+	h := sandbox.OpenLazy(sandbox.Options{Init: self(t), Mode: sandbox.ModeAuto}, func(h *sandbox.Host) {
+		calls++
+		if line, _ := h.StartLine(); h.Level() != sandbox.LevelFull || !strings.Contains(line, "limits") && line != "" {
+			t.Errorf("in the callback: level %s, line %q", h.Level(), line)
+		}
+	})
+	if calls != 0 {
+		t.Fatal("probed before anyone asked")
+	}
+	if h.Level() != sandbox.LevelFull || h.Refusal() != nil {
+		t.Fatalf("level %s", h.Level())
+	}
+	h.Report()
+	if calls != 1 {
+		t.Errorf("the callback ran %d times, want once", calls)
+	}
+}
