@@ -152,6 +152,8 @@ func planMounts(p Policy, stat pathInfo) view {
 			continue
 		case op.Kind == mBind && !op.RW && cover == nil:
 			continue
+		case op.Kind == mBind && !op.RW && cover.Kind == mBind && !cover.RW && cover.Src == cover.Dst && op.Src == op.Dst:
+			continue // within a read-only bind of its own host tree: shown already
 		case op.Kind == mOverlay && cover == nil:
 			// A cache outside the home: shown read-only by the root, and
 			// still worth its writable layer.
