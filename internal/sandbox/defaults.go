@@ -77,8 +77,13 @@ func NewPolicy(in Paths) Policy {
 		p.Hidden = append(p.Hidden, rootHidden...)
 		p.HiddenFiles = append(p.HiddenFiles, rootHiddenFiles...)
 	}
+	// covered: a path the sandbox does not show as the host has it (the
+	// home and /tmp are the job's own there, the hidden trees empty).
 	covered := func(path string) bool {
 		if in.Home != "" && in.Home != "/" && within(path, filepath.Clean(in.Home)) {
+			return true
+		}
+		if within(path, "/tmp") || within(path, "/var/tmp") {
 			return true
 		}
 		for _, h := range p.Hidden {

@@ -11,8 +11,7 @@ import (
 )
 
 // hostPlatform and jailPlatform hold nothing here: no sandbox starts on
-// this platform (docs/sandbox.md: macOS enforces the Policy through a
-// Seatbelt profile; Windows has none).
+// this platform (noSandboxWhy; docs/sandbox.md).
 type hostPlatform struct{}
 
 type jailPlatform struct{}
@@ -25,7 +24,7 @@ func (j *Jail) prepare() error { return makeJobDir(j.p) }
 // probe: nothing to enforce with on this platform.
 func probe(o Options) (Report, hostPlatform) {
 	r := Report{Level: LevelNone}
-	why := "no sandbox on " + runtime.GOOS + " (docs/sandbox.md)"
+	why := noSandboxWhy
 	missing := make([]Missing, 0, len(Guarantees))
 	for _, g := range Guarantees {
 		missing = append(missing, Missing{Guarantee: g, Why: why})

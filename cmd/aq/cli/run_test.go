@@ -131,7 +131,7 @@ rmdir "$MARK/inside" 2>/dev/null || true`
 // time. Each waits for the other to start: run one after the other, both
 // would wait in vain until their own deadline and fail.
 func TestRunDifferentReposInParallel(t *testing.T) {
-	h := binHome(t)
+	h, _ := markedHome(t)
 	for _, r := range []string{"left", "right"} {
 		h.Repo(t, r, nil)
 	}
@@ -321,7 +321,7 @@ wait`, "ship: none"))
 // TestRunFailureReasons: every failure reason of local mode is reachable from
 // a manifest and recorded in the job's sidecar; aq run --once exits 1.
 func TestRunFailureReasons(t *testing.T) {
-	wait := "touch \"$MARK/started\"\nsleep 30"
+	wait := "sleep 30"
 	cases := []struct {
 		name       string
 		front      string

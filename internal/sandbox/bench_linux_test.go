@@ -1,0 +1,122 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/aqfleet/aq/internal/process"
+)
+
+// BenchmarkSandboxStart is the mechanism comparison of docs/BENCHMARKS.md
+// ("#23 The sandbox"): one op starts /bin/true and waits for it through the
+// process layer, as aq starts an engine, in each of
+//
+//	bare      no sandbox (today's unsandboxed engine)
+//	partial   Landlock alone (no namespaces), as where user namespaces are blocked
+//	full      aq re-executed as the sandbox's init: namespaces, the job's file
+//	          view (a home, caches as overlays, hidden trees), Landlock on top
+//	bwrap     bubblewrap doing the same kind of job (new namespaces, the host
+//	          read-only, the worktree read-write, a fresh /dev, /proc and /tmp),
+//	          when it is installed (apt-get install bubblewrap)
+//
+// interleaved in one loop so that each variant meets the same load; it
+// reports each one's p50 and p99 in ms and the full sandbox's added p50 and
+// p99 over bare.
+func BenchmarkSandboxStart(b *testing.B) {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := b.TempDir()
+	p := benchPolicy(b, root)
+	h := &Host{opts: Options{Init: exe, Mode: ModeAuto}, report: Report{Level: LevelFull}}
+	h.once.Do(func() {})
+	full, err := h.Jail(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer full.Remove()
+	partial := &Jail{h: h, p: p.Clean(), level: LevelPartial}
+	bwrap, _ := exec.LookPath("bwrap")
+	type variant struct {
+		name string
+		run  func() error
+	}
+	start := func(path string, args []string, jail process.Jail) func() error {
+		return func() error {
+			res, err := process.Run(context.Background(), process.Spec{Path: path, Args: args, Dir: p.Worktree,
+				Env: []string{"PATH=/usr/bin:/bin", "HOME=" + p.Home}, Tag: "bench-" + strconv.Itoa(os.Getpid()), Grace: time.Second, Jail: jail})
+			if err == nil && res.ExitCode != 0 {
+				err = &exec.ExitError{}
+			}
+			return err
+		}
+	}
+	vs := []variant{
+		{"bare", start("/bin/true", nil, nil)},
+		{"partial", start("/bin/true", nil, partial)},
+		{"full", start("/bin/true", nil, full)},
+	}
+	if bwrap != "" {
+		vs = append(vs, variant{"bwrap", start(bwrap, []string{"--unshare-all", "--die-with-parent", "--new-session",
+			"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", root,
+			"--bind", p.Worktree, p.Worktree, "--bind", p.JobHome(), p.Home, "--", "/bin/true"}, nil)})
+	}
+	times := make(map[string][]time.Duration, len(vs))
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range vs {
+			v := vs[(i+k)%len(vs)] // rotate the order: no variant always goes first
+			t0 := time.Now()
+			if err := v.run(); err != nil {
+				b.Fatalf("%s: %v", v.name, err)
+			}
+			times[v.name] = append(times[v.name], time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, v := range vs {
+		b.ReportMetric(ms(pct(times[v.name], 50)), v.name+"-p50-ms")
+		b.ReportMetric(ms(pct(times[v.name], 99)), v.name+"-p99-ms")
+	}
+	b.ReportMetric(ms(pct(times["full"], 50)-pct(times["bare"], 50)), "full-added-p50-ms")
+	b.ReportMetric(ms(pct(times["full"], 99)-pct(times["bare"], 99)), "full-added-p99-ms")
+}
+
+// benchPolicy is a job's policy over a small world under root: a worktree,
+// a home with a toolchain and two caches, aq's trees hidden.
+func benchPolicy(b *testing.B, root string) Policy {
+	for _, d := range []string{"aq/worktrees/app/j", "src/app/.git", "home/.local/bin", "home/go/pkg/mod", "home/.npm", "home/.ssh"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return Policy{
+		Worktree: filepath.Join(root, "aq/worktrees/app/j"), GitDirs: []string{filepath.Join(root, "src/app/.git")},
+		Home: filepath.Join(root, "home"), JobDir: filepath.Join(root, "aq/sandbox/j"),
+		Hidden:   []string{filepath.Join(root, "aq"), filepath.Join(root, "src"), "/run"},
+		ReadOnly: []string{filepath.Join(root, "home/.local/bin")},
+		Caches:   []string{filepath.Join(root, "home/go/pkg/mod"), filepath.Join(root, "home/.npm")},
+	}
+}
+
+// pct is the p-th percentile of ds (nearest rank).
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	if i < 1 {
+		i = 1
+	}
+	return s[i-1]
+}
