@@ -42,6 +42,7 @@ func BenchmarkSandboxStart(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer full.Remove()
+	full.trace = true
 	partial := &Jail{h: h, p: p.Clean(), level: LevelPartial}
 	bwrap, _ := exec.LookPath("bwrap")
 	type variant struct {
@@ -85,6 +86,10 @@ func BenchmarkSandboxStart(b *testing.B) {
 	for _, v := range vs {
 		b.ReportMetric(ms(pct(times[v.name], 50)), v.name+"-p50-ms")
 		b.ReportMetric(ms(pct(times[v.name], 99)), v.name+"-p99-ms")
+	}
+	notes := full.Notes()
+	if len(notes) > 0 {
+		b.Logf("the last full start: %s", notes[len(notes)-1])
 	}
 	b.ReportMetric(ms(pct(times["full"], 50)-pct(times["bare"], 50)), "full-added-p50-ms")
 	b.ReportMetric(ms(pct(times["full"], 99)-pct(times["bare"], 99)), "full-added-p99-ms")

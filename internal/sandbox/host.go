@@ -162,6 +162,8 @@ type Jail struct {
 
 	mu    sync.Mutex
 	notes []string
+	// trace: the init reports its steps' times as notes (benchmarks).
+	trace bool
 }
 
 // Notes returns, and forgets, what the sandbox's starts since the last

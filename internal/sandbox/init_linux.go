@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,8 +11,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +60,9 @@ type orders struct {
 	ProxySocket string `json:"proxySocket,omitempty"`
 	// Probe: build the sandbox, report, exit 0 without starting anything.
 	Probe bool `json:"probe,omitempty"`
+	// Trace: report how long each step took, as notes (the benchmark's
+	// "where the time goes").
+	Trace bool `json:"trace,omitempty"`
 }
 
 // status is one line init reports.
@@ -107,6 +111,11 @@ func runInit() int {
 		report(s)
 		return 125
 	}
+	t0 := time.Now()
+	var steps []string
+	step := func(name string) {
+		steps = append(steps, fmt.Sprintf("%s %.2fms", name, float64(time.Since(t0))/float64(time.Millisecond)))
+	}
 	raw, err := io.ReadAll(os.NewFile(fdOrders, "orders"))
 	if err != nil {
 		return fail(err)
@@ -130,16 +139,20 @@ func runInit() int {
 			return fail(&StartError{Step: "open the proxy's socket", Err: err})
 		}
 	}
+	step("orders")
 	notes, err := makeRoot(o.Root, o.View)
 	if err != nil {
 		return fail(err)
 	}
+	step("mounts")
 	if err := pivot(o.Root); err != nil {
 		return fail(&StartError{Step: "pivot into the sandbox", Err: err})
 	}
+	step("pivot")
 	if err := loopbackUp(); err != nil {
 		return fail(&StartError{Step: "loopback", Err: err})
 	}
+	step("loopback")
 	if sockDir != nil {
 		path := "/proc/self/fd/" + strconv.Itoa(int(sockDir.Fd())) + "/" + filepath.Base(o.ProxySocket)
 		if err := bridge(path); err != nil {
@@ -154,12 +167,17 @@ func runInit() int {
 	if err != nil {
 		return fail(&StartError{Step: "landlock ruleset", Err: err})
 	}
+	step("landlock ruleset")
 	engine, err := startRestricted(o, fd, flags)
 	if fd >= 0 {
 		_ = unix.Close(fd)
 	}
 	if err != nil {
 		return fail(err)
+	}
+	step("engine started")
+	if o.Trace {
+		notes = append(notes, "steps since init's start: "+strings.Join(steps, ", "))
 	}
 	report(status{Started: true, Notes: notes})
 	go func() {
@@ -302,7 +320,7 @@ func carry(c net.Conn, sock string) {
 			_ = cw.CloseWrite()
 		}
 	}()
-	_, _ = io.Copy(c, bufio.NewReader(u))
+	_, _ = io.Copy(c, u) // TCP from unix: the kernel splices it
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}

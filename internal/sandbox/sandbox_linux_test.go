@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -429,5 +432,42 @@ func TestOpenLazy(t *testing.T) {
 	h.Report()
 	if calls != 1 {
 		t.Errorf("the callback ran %d times, want once", calls)
+	}
+}
+
+// TestProxyBridge: in a full sandbox the engine's proxy variables point at
+// 127.0.0.1:3128 inside, and what it sends there reaches the job's proxy
+// on its unix socket on the host (here a plain HTTP server standing in for
+// internal/egress).
+func TestProxyBridge(t *testing.T) {
+	h := openFull(t)
+	l := makeLayout(t, t.TempDir())
+	sock := filepath.Join(t.TempDir(), "proxy.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "proxied %s %s\n", r.Method, r.URL)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	p := l.policy
+	p.Net.ProxySocket = sock
+	j, err := h.Jail(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Remove()
+	out, res, err := runScript(context.Background(), j, l, `echo "proxy=$HTTPS_PROXY $http_proxy no=$NO_PROXY"
+exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'GET http://example.test/x HTTP/1.0\r\n\r\n' >&3 && cat <&3`, "0", "0", nonce(t), nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exit %d, %v:\n%s", res.ExitCode, err, out)
+	}
+	if !strings.Contains(out, "proxy=http://127.0.0.1:3128 http://127.0.0.1:3128 no=localhost") {
+		t.Errorf("the engine's proxy variables:\n%s", out)
+	}
+	if !strings.Contains(out, "proxied GET http://example.test/x") {
+		t.Errorf("the request did not reach the proxy through the bridge:\n%s", out)
 	}
 }
