@@ -35,8 +35,9 @@ problem prints one "FILE:LINE: what is wrong (how to fix)" line on stderr,
 all problems of a file at once. With --json, stdout is a JSON array of the
 valid jobs, normalised (the fields of 'aq validate --json' are stable).
 
-Exit status: 0 all files are valid, 1 any file is invalid or unreadable,
-2 usage or configuration error (such as a broken $AQ_HOME/profiles file).`,
+Exit status: 0 all files are valid, 1 any file is invalid, 2 usage or
+configuration error: a file that does not exist or cannot be read, or a
+broken $AQ_HOME/profiles file.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return aqerr.Usagef("name one or more manifests, e.g. aq validate jobs/*.md", "no manifest files given")
@@ -58,11 +59,15 @@ func runValidate(f *Factory, opts *validateOptions) error {
 		return err
 	}
 	jobs := []*job.Job{}
-	bad := 0
+	bad, unreadable := 0, 0
 	for _, file := range opts.Files {
 		j, err := manifest.ParseFile(file, cat)
 		if err != nil {
 			bad++
+			var ue *manifest.UnreadableError
+			if errors.As(err, &ue) {
+				unreadable++
+			}
 			printProblems(f, err)
 			continue
 		}
@@ -76,7 +81,11 @@ func runValidate(f *Factory, opts *validateOptions) error {
 			return err
 		}
 	}
-	if bad > 0 {
+	switch {
+	case unreadable > 0:
+		// A path that names no readable file is the command line's mistake.
+		return &aqerr.Silent{Code: aqerr.Usage}
+	case bad > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
 	}
 	return nil

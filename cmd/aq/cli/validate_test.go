@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
@@ -56,8 +57,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	missing := filepath.Join(jobs, "missing.md")
 
 	out, errOut, code := runAQ(t, "validate", good, bad, missing)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
+	if code != 2 {
+		t.Errorf("exit %d, want 2 (a file that cannot be read is a usage error)", code)
 	}
 	if out != "ok "+good+" id=good repo=svc engine=claude\n" {
 		t.Errorf("stdout %q", out)
@@ -104,6 +105,58 @@ func TestValidateJSON(t *testing.T) {
 	out, errOut, code = runAQ(t, "validate", "--json", bad)
 	if code != 1 || strings.TrimSpace(out) != "[]" || !strings.HasPrefix(errOut, bad+":2: ") {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+}
+
+// TestValidateUnreadableIsUsage: a file that does not exist, is a
+// directory or cannot be read is the command line's mistake — exit 2, as
+// aq submit gives — while a file that was read and is invalid is exit 1.
+func TestValidateUnreadableIsUsage(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
+	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: svc\ntitel: x\n---\nx\n")
+	locked := writeFile(t, filepath.Join(jobs, "locked.md"), goodManifest)
+	if err := os.Chmod(locked, 0); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := []string{filepath.Join(jobs, "missing.md"), jobs}
+	if f, err := os.Open(locked); err == nil {
+		f.Close() // root reads it anyway: nothing to test with it
+	} else {
+		unreadable = append(unreadable, locked)
+	}
+	for _, path := range unreadable {
+		for _, cmd := range []string{"validate", "submit"} {
+			_, errOut, code := runAQ(t, cmd, good, path)
+			if code != 2 || !strings.Contains(errOut, path+": ") {
+				t.Errorf("aq %s %s: exit %d, want 2; stderr %q", cmd, path, code, errOut)
+			}
+		}
+		if _, _, code := runAQ(t, "validate", bad, path); code != 2 {
+			t.Errorf("validate of an invalid and an unreadable file: exit %d, want 2", code)
+		}
+	}
+	if _, _, code := runAQ(t, "validate", good, bad); code != 1 {
+		t.Errorf("an invalid file alone: exit %d, want 1", code)
+	}
+}
+
+// TestValidateShowsTheRetryBackoffApplied: a manifest without
+// retry.backoff shows the 30s the runner waits before a retry (docs/manifest.md).
+func TestValidateShowsTheRetryBackoffApplied(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	plain := writeFile(t, filepath.Join(jobs, "plain.md"), goodManifest)
+	set := writeFile(t, filepath.Join(jobs, "set.md"), "---\nrepo: svc\nretry: { max: 1, backoff: 2m }\n---\nx\n")
+	out, errOut, code := runAQ(t, "validate", "--json", plain, set)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 2 {
+		t.Fatalf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+	if !strings.Contains(out, `"backoff": "30s"`) || got[0].Retry.Backoff.D() != job.DefaultBackoff {
+		t.Errorf("unset backoff shows %s, want 30s:\n%s", got[0].Retry.Backoff, out)
+	}
+	if got[1].Retry.Backoff.D() != 2*time.Minute {
+		t.Errorf("a set backoff shows %s, want 2m", got[1].Retry.Backoff)
 	}
 }
 
