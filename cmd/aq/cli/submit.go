@@ -35,7 +35,9 @@ func newSubmitCmd(f *Factory) *cobra.Command {
 		Long: `Validate each manifest, then enqueue it: into $AQ_HOME/queue/inbox (or blocked/,
 until its deps ship) in local mode. Nothing is enqueued if any manifest is
 invalid. A job whose idempotencyKey matches an existing job is refused with
-that job's id.`,
+that job's id. A job this host could not run or ship (its engine not
+installed, its repository not found, gh missing for ship: pr or merge) is
+queued with a "FILE: warning:" line on stderr saying what is missing.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Files = args
@@ -122,6 +124,7 @@ func submitEach(f *Factory, opts *submitOptions, ms []manifestFile, where func(j
 			continue
 		}
 		out = append(out, s)
+		warnHost(f, m.file, m.j, fleetRouted(f))
 	}
 	if opts.JSON {
 		if err := writeJSON(f.IO.Out, out); err != nil {

@@ -8,7 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/agent/preflight"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
@@ -32,7 +34,10 @@ profile (embedded, or $AQ_HOME/profiles/NAME.md) and apply the defaults.
 
 Each valid file prints "ok FILE id=... repo=... engine=..." on stdout; every
 problem prints one "FILE:LINE: what is wrong (how to fix)" line on stderr,
-all problems of a file at once. With --json, stdout is a JSON array of the
+all problems of a file at once. A valid job that this host could not run or
+ship — its engine not installed, its repository not under AQ_REPO_BASE nor
+in AQ_REPO_URLS, gh missing for ship: pr or merge — gets a "FILE: warning:"
+line on stderr; it stays valid (another host may have what this one lacks). With --json, stdout is a JSON array of the
 valid jobs, normalised (the fields of 'aq validate --json' are stable).
 
 Exit status: 0 all files are valid, 1 any file is invalid, 2 usage or
@@ -50,7 +55,27 @@ broken $AQ_HOME/profiles file.`,
 		},
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the valid jobs as a JSON array of normalised jobs")
+	// Where the warnings look for the job's repository.
+	config.AddKeyFlags(cmd.Flags(), "repo_base", "repo_urls")
 	return cmd
+}
+
+// warnHost prints, for a valid job, what this host lacks to run and ship
+// it (agent/preflight): one "FILE: warning: ..." line each on stderr. They
+// are warnings: the job is valid and, with submit, queued. fleet adds that
+// another factory may have what this host lacks.
+func warnHost(f *Factory, file string, j *job.Job, fleet bool) {
+	cfg, err := f.Config()
+	if err != nil {
+		return
+	}
+	red := f.Redactor()
+	for _, w := range preflight.Check(j, preflight.Host{RepoBase: cfg.RepoBase, RepoURLs: cfg.RepoURLs}) {
+		if fleet {
+			w += " — in fleet mode the coordinator may give it to a factory that has it"
+		}
+		fmt.Fprintln(f.IO.Err, red.String(file+": warning: "+w))
+	}
 }
 
 func runValidate(f *Factory, opts *validateOptions) error {
@@ -75,6 +100,7 @@ func runValidate(f *Factory, opts *validateOptions) error {
 		if !opts.JSON {
 			fmt.Fprintf(f.IO.Out, "ok %s id=%s repo=%s engine=%s\n", file, j.ID, j.Repo, j.Engine)
 		}
+		warnHost(f, file, j, false)
 	}
 	if opts.JSON {
 		if err := writeJSON(f.IO.Out, jobs); err != nil {

@@ -160,6 +160,53 @@ func TestValidateShowsTheRetryBackoffApplied(t *testing.T) {
 	}
 }
 
+// TestValidateAndSubmitWarnWhatThisHostLacks: a valid job this host could
+// not run or ship — its engine not installed, its repository misspelt, gh
+// missing for ship: pr — passes validate and is submitted, with one
+// "FILE: warning:" line on stderr for each, saying what happens and how to
+// fix it; a job the host can run gets none.
+func TestValidateAndSubmitWarnWhatThisHostLacks(t *testing.T) {
+	home, jobs := manifestEnv(t)
+	base := filepath.Join(home, "..", "src")
+	testenv.NewRepo(t, base, "webapp", nil)
+	t.Setenv("AQ_REPO_BASE", base)
+	t.Setenv("PATH", t.TempDir()) // no claude, no gh
+	typo := writeFile(t, filepath.Join(jobs, "norepo.md"), "---\nrepo: webap\nengine: claude\nship: pr\n---\n# Fix the title\n")
+	fine := writeFile(t, filepath.Join(jobs, "fine.md"), "---\nrepo: webapp\nengine: script\nscript: echo hi > hi.txt\n---\n# Say hi\n")
+	wants := []string{
+		typo + `: warning: engine claude is not installed on this host (no "claude" on PATH): aq run leaves the job in the inbox until it is`,
+		typo + ": warning: repo webap is not a git repository under AQ_REPO_BASE",
+		"(did you mean repo: webapp?",
+		typo + ": warning: ship: pr needs the GitHub CLI gh, which is not installed on this host",
+	}
+	for _, cmd := range []string{"validate", "submit"} {
+		out, errOut, code := runAQ(t, cmd, typo)
+		if code != 0 {
+			t.Fatalf("aq %s: exit %d (warnings do not refuse); stderr %q", cmd, code, errOut)
+		}
+		for _, w := range wants {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("aq %s: stderr lacks %q:\n%s", cmd, w, errOut)
+			}
+		}
+		if n := strings.Count(errOut, "\n"); n != 3 {
+			t.Errorf("aq %s: %d lines on stderr, want 3 warnings:\n%s", cmd, n, errOut)
+		}
+		if cmd == "submit" && out != "submitted norepo to inbox\n" {
+			t.Errorf("aq submit: stdout %q", out)
+		}
+		if _, errOut, code := runAQ(t, cmd, fine); code != 0 || errOut != "" {
+			t.Errorf("aq %s of a job this host can run: exit %d stderr %q", cmd, code, errOut)
+		}
+	}
+	// validate --json keeps stdout JSON; the warnings are on stderr.
+	out, errOut, code := runAQ(t, "validate", "--json", typo)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 1 || !strings.Contains(errOut, "warning: repo webap") {
+		t.Errorf("validate --json: exit %d stdout %q stderr %q", code, out, errOut)
+	}
+}
+
 func TestValidateUsage(t *testing.T) {
 	manifestEnv(t)
 	out, errOut, code := runAQ(t, "validate")
