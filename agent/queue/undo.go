@@ -57,8 +57,11 @@ func (q *Queue) Replace(j *job.Job, raw []byte) (State, job.Stage, error) {
 		}
 		if !slices.Contains(ReplaceFrom, old.Stage) {
 			se := &StageError{ID: j.ID, Op: "replace", Stage: old.Stage, Want: ReplaceFrom}
-			return aqerr.Wrap(aqerr.Usage, se, se.Error(),
-				fmt.Sprintf("its work is done: ship or reject it (`aq job reject %s`), or submit the new manifest under another id", j.ID))
+			fix := fmt.Sprintf("its work is done: `aq job rm %s` first, or submit the new manifest under another id", j.ID)
+			if old.Stage != job.Shipped {
+				fix = fmt.Sprintf("its work waits at the ship gate: `aq job reject %s` first, or submit the new manifest under another id", j.ID)
+			}
+			return aqerr.Wrap(aqerr.Usage, se, se.Error(), fix)
 		}
 		if j.IdempotencyKey != "" {
 			if err := q.checkKeyLocked(j, j.ID); err != nil {

@@ -23,11 +23,11 @@ func init() { register(newJobCmd) }
 func newJobCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "job",
-		Short: "Inspect or move one job: show, logs, requeue, ship, reject (fleet mode: through the coordinator)",
+		Short: "Inspect, move or remove one job: show, logs, requeue, ship, reject, rm (fleet mode: through the coordinator)",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f))
+	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f), newJobRmCmd(f))
 	// What every job command reads besides the global keys: in fleet mode,
 	// the coordinator.
 	config.AddKeyFlags(cmd.PersistentFlags(), config.OperatorKeys...)
@@ -304,6 +304,71 @@ func newJobRejectCmd(f *Factory) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&why, "why", "rejected by an operator", "the reason recorded on the job")
 	return cmd
+}
+
+func newJobRmCmd(f *Factory) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm ID",
+		Short: "Remove a job that is not running (its worktree and branches are left to aq gc)",
+		Long: `Remove a job from the queue — in fleet mode from the coordinator (DELETE
+/fleet/jobs/:id) — so that a mistake need not live on under its id: a job
+in any stage but building. A running job is refused and left as it is.
+
+Nothing of its work is deleted: its worktree, its checkpoint aq/wip/<id> and
+its branch aq/job/<id> are left to aq gc, which never deletes unmerged work
+(docs/gc.md), and its logs stay under $AQ_HOME/logs/<id>. A job submitted
+later under the same id starts afresh, but resumes from that checkpoint if it
+is still there (delete the ref for a clean start). Jobs that name it in their
+deps are listed on stderr: they wait until a job with its id ships.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runJobRm(cmd.Context(), f, args[0])
+		},
+	}
+}
+
+// runJobRm is `aq job rm ID`. An unknown job gives the line and exit code
+// aq job show gives.
+func runJobRm(ctx context.Context, f *Factory, id string) error {
+	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	var (
+		was        string
+		dependents []string
+		where      string
+	)
+	if useFleet(cfg) {
+		if err := checkJobID(id); err != nil {
+			return err
+		}
+		c, err := operatorClient(ctx, f)
+		if err != nil {
+			return err
+		}
+		a, err := c.RemoveJob(ctx, id)
+		if err != nil {
+			return jobOpError(id, "remove", err)
+		}
+		was, dependents, where = "the coordinator had it in "+orDash(a.Stage), a.Dependents, "the coordinator"
+	} else {
+		if _, err := jobEntry(f, id); err != nil {
+			return err
+		}
+		a, _ := f.Local()
+		st, deps, err := a.Queue.Remove(id)
+		if err != nil {
+			return err
+		}
+		was, dependents, where = "it was in "+string(st.Stage), deps, "the queue"
+	}
+	fmt.Fprintf(f.IO.Out, "removed %s from %s (%s); its worktree and branches are left to aq gc, which never deletes unmerged work\n", id, where, was)
+	if len(dependents) > 0 {
+		fmt.Fprintf(f.IO.Err, "aq: warning: %s name %s in their deps: they wait until a job %s ships (`aq job rm` them, or give them new deps with `aq submit --replace`)\n",
+			strings.Join(dependents, ", "), id, id)
+	}
+	return nil
 }
 
 // jobAction is `aq job requeue|ship|reject`: on the local queue, or in
