@@ -107,9 +107,16 @@ func (x *tmuxSession) waitText(texts ...string) string {
 	})
 }
 
-// selectRow presses Down until the cursor is on id's row.
+// selectRow moves the cursor to the first row (the row may be above it:
+// a shipped job the cursor followed is the last), then presses Down until
+// it is on id's row.
 func (x *tmuxSession) selectRow(id string) {
 	x.t.Helper()
+	if strings.Contains(x.screen(), "> "+id) {
+		return
+	}
+	x.keys("g")
+	time.Sleep(150 * time.Millisecond)
 	for range 30 {
 		if strings.Contains(x.screen(), "> "+id) {
 			return

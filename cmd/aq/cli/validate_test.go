@@ -33,10 +33,29 @@ func writeFile(t *testing.T, path, content string) string {
 	return path
 }
 
+// readyHost gives this test a host with what goodManifest needs, so that
+// aq validate has nothing to warn about whatever the machine has: claude
+// and gh on PATH (stand-ins that are never run) and repo svc under
+// AQ_REPO_BASE.
+func readyHost(t *testing.T) {
+	t.Helper()
+	bin := t.TempDir()
+	for _, name := range []string{"claude", "gh"} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	base := t.TempDir()
+	testenv.NewRepo(t, base, "svc", nil)
+	t.Setenv("AQ_REPO_BASE", base)
+}
+
 const goodManifest = "---\nrepo: svc\nprofile: backend-dev\nengine: claude\n---\n# Fix it\n\nFix the bug.\n\n## Acceptance\n- fixed\n"
 
 func TestValidateOK(t *testing.T) {
 	_, jobs := manifestEnv(t)
+	readyHost(t)
 	a := writeFile(t, filepath.Join(jobs, "fix-a.md"), goodManifest)
 	b := writeFile(t, filepath.Join(jobs, "fix-b.md"), "---\nid: other\nrepo: git@github.com:org/web.git\n---\nDo it.\n")
 
@@ -52,6 +71,7 @@ func TestValidateOK(t *testing.T) {
 
 func TestValidateReportsEveryProblem(t *testing.T) {
 	_, jobs := manifestEnv(t)
+	readyHost(t)
 	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
 	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: svc\ntitel: x\nengine: gpt\n---\nx\n")
 	missing := filepath.Join(jobs, "missing.md")
@@ -75,6 +95,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 
 func TestValidateJSON(t *testing.T) {
 	_, jobs := manifestEnv(t)
+	readyHost(t)
 	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
 	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: ../x\n---\nx\n")
 
