@@ -28,7 +28,7 @@ func newValidateCmd(f *Factory) *cobra.Command {
 	opts := &validateOptions{}
 	cmd := &cobra.Command{
 		Use:   "validate FILE.md...",
-		Short: "Check job manifests: print each normalised job, or every error as FILE:LINE",
+		Short: "Check job manifests: an ok line per valid file (--json: the normalised jobs), or every error as FILE:LINE",
 		Long: `Parse each job manifest (YAML front matter + markdown prompt), merge its
 profile (embedded, or $AQ_HOME/profiles/NAME.md) and apply the defaults.
 
