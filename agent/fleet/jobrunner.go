@@ -59,6 +59,8 @@ type JobRunner struct {
 	// Artifacts, when set, uploads the job's logs after each terminal
 	// report (never before it, never holding it up).
 	Artifacts *Artifacts
+	// LeaseHooks are the jobs' leases' seams for tests (nil: none).
+	LeaseHooks *LeaseHooks
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -119,6 +121,7 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 	defer cancel(nil)
 	lease := NewJobLease(r.Client, c, r.LeaseRenew, cancel, r.clock(), log)
 	lease.Failed = r.RenewFailed
+	lease.Hooks = r.LeaseHooks
 	// The renewer runs from now until the final report is settled: the lease
 	// is held while the report is out, so that a report the coordinator is
 	// slow to take (503s, a restart) cannot outlive it — were it to lapse,
@@ -218,7 +221,7 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 	defer cancel()
 	rctx, rspan := telemetry.Step(rctx, r.tracer(), telemetry.SpanReport)
 	defer func() { endReport(rspan, res) }()
-	lease.Reporting()
+	rctx = lease.Reporting(rctx)
 	var d Delivery
 	switch {
 	case out.Reason == job.ReasonFenced:
