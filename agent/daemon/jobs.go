@@ -5,7 +5,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -18,9 +17,9 @@ import (
 // runJob is the Handler of both dispatch paths: it runs one job holding a
 // slot (the source's) and the job's flock.
 func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
-	c, ok := a.Job.(*fleet.Claim)
-	if !ok || c == nil {
-		d.log.Error("dispatch handed over something that is not a claim", "type", fmt.Sprintf("%T", a.Job))
+	c := a.Claim
+	if c == nil {
+		d.log.Error("dispatch handed over no claim")
 		return
 	}
 	id := c.Job.ID
