@@ -20,6 +20,13 @@ const quickStartMarker = "<!-- quickstart:"
 // readmeQuickStart returns the README's quick-start block, as written.
 func readmeQuickStart(t *testing.T) string {
 	t.Helper()
+	return readmeBlock(t, quickStartMarker, "sh")
+}
+
+// readmeBlock returns the first fenced block of lang after the line that
+// holds after, as written.
+func readmeBlock(t *testing.T, after, lang string) string {
+	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -29,21 +36,35 @@ func readmeQuickStart(t *testing.T) string {
 		t.Fatalf("the README: %v", err)
 	}
 	readme := string(b)
-	i := strings.Index(readme, quickStartMarker)
+	i := strings.Index(readme, after)
 	if i < 0 {
-		t.Fatalf("README.md has no %q line before its quick start: the test cannot find the commands to run", quickStartMarker)
+		t.Fatalf("README.md has no %q line: the test cannot find the block after it", after)
 	}
 	rest := readme[i:]
-	open := strings.Index(rest, "\n```sh\n")
+	fence := "\n```" + lang + "\n"
+	open := strings.Index(rest, fence)
 	if open < 0 {
-		t.Fatal("no ```sh block after the quick-start marker")
+		t.Fatalf("no ```%s block after %q", lang, after)
 	}
-	rest = rest[open+len("\n```sh\n"):]
+	rest = rest[open+len(fence):]
 	end := strings.Index(rest, "\n```\n")
 	if end < 0 {
-		t.Fatal("the quick start's ```sh block is not closed")
+		t.Fatalf("the ```%s block after %q is not closed", lang, after)
 	}
 	return rest[:end+1]
+}
+
+// TestReadmeEngineManifestIsValid: the README's "same job with Claude Code
+// or Codex" manifest passes aq validate (it is not run: that needs the
+// engine's account).
+func TestReadmeEngineManifestIsValid(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	m := readmeBlock(t, "### The same job with Claude Code or Codex", "markdown")
+	file := writeFile(t, filepath.Join(jobs, "fix-title.md"), m)
+	out, errOut, code := runAQ(t, "validate", file)
+	if code != 0 || out != "ok "+file+" id=fix-title repo=webapp engine=claude\n" {
+		t.Fatalf("the README's claude manifest: exit %d stdout %q stderr %q\n%s", code, out, errOut, m)
+	}
 }
 
 // TestReadmeQuickStart runs the README's quick start exactly as written,
