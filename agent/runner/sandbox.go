@@ -173,31 +173,38 @@ func (ru *run) sandboxEnv(env []string) []string {
 	return append(out, ru.loginEnv...)
 }
 
-// permissionMode is claude's --permission-mode: the configured one, else
-// bypassPermissions inside the sandbox (which is what makes it safe: the
-// engine can run the build and the tests it is asked to) and acceptEdits
-// outside it.
+// permissionMode is claude's --permission-mode for this run (autonomy).
 func (ru *run) permissionMode() string {
-	if m := ru.r.Cfg.PermissionMode; m != "" {
-		return m
-	}
-	if ru.jail != nil {
-		return "bypassPermissions"
-	}
-	return engines.DefaultPermissionMode
+	m, _ := autonomy(ru.r.Cfg.PermissionMode, ru.r.Cfg.CodexSandbox, ru.jail != nil)
+	return m
 }
 
-// codexSandbox is codex's --sandbox: the configured one, else
-// danger-full-access inside aq's sandbox (codex's own would take the
-// network away again) and workspace-write outside it.
+// codexSandbox is codex's --sandbox for this run (autonomy).
 func (ru *run) codexSandbox() string {
-	if m := ru.r.Cfg.CodexSandbox; m != "" {
-		return m
+	_, c := autonomy(ru.r.Cfg.PermissionMode, ru.r.Cfg.CodexSandbox, ru.jail != nil)
+	return c
+}
+
+// autonomy is the engines' modes: the configured ones, else, inside the
+// sandbox (which is what makes it safe: the engine can run the build and
+// the tests it is asked to), claude's bypassPermissions and codex's
+// danger-full-access (codex's own sandbox would take the network away
+// again); outside it acceptEdits and workspace-write. devin follows
+// claude's.
+func autonomy(perm, codex string, sandboxed bool) (string, string) {
+	if perm == "" {
+		perm = engines.DefaultPermissionMode
+		if sandboxed {
+			perm = "bypassPermissions"
+		}
 	}
-	if ru.jail != nil {
-		return "danger-full-access"
+	if codex == "" {
+		codex = engines.DefaultCodexSandbox
+		if sandboxed {
+			codex = "danger-full-access"
+		}
 	}
-	return engines.DefaultCodexSandbox
+	return perm, codex
 }
 
 // sandboxFailure maps an engine or verify that could not start in its

@@ -135,23 +135,40 @@ func (r Report) Has(g Guarantee) bool {
 // Lacks says in one line what keeps the host from the full level ("" when
 // it is full): the message of a job refused under AQ_SANDBOX=on.
 func (r Report) Lacks() string {
-	var why []string
+	var full []Missing
 	for _, m := range r.Missing {
 		for _, g := range fullGuarantees {
 			if m.Guarantee == g {
-				why = append(why, string(m.Guarantee)+": "+m.Why)
+				full = append(full, m)
 			}
 		}
 	}
-	return strings.Join(why, "; ")
+	return joinMissing(full, ": ")
 }
 
 // MissingLine says in one line which guarantees are missing ("" when none
 // is), for the message aq logs once at start.
-func (r Report) MissingLine() string {
-	var parts []string
-	for _, m := range r.Missing {
-		parts = append(parts, string(m.Guarantee)+" ("+m.Why+")")
+func (r Report) MissingLine() string { return joinMissing(r.Missing, " (") }
+
+// joinMissing names each reason once, after the guarantees it takes:
+// "network, processes: why; limits: why" (sep ": "), or "network,
+// processes (why); limits (why)" (sep " (").
+func joinMissing(ms []Missing, sep string) string {
+	var whys []string
+	by := map[string][]string{}
+	for _, m := range ms {
+		if _, ok := by[m.Why]; !ok {
+			whys = append(whys, m.Why)
+		}
+		by[m.Why] = append(by[m.Why], string(m.Guarantee))
+	}
+	parts := make([]string, 0, len(whys))
+	for _, w := range whys {
+		p := strings.Join(by[w], ", ") + sep + w
+		if sep == " (" {
+			p += ")"
+		}
+		parts = append(parts, p)
 	}
 	return strings.Join(parts, "; ")
 }

@@ -239,3 +239,54 @@ func killMarked(mark string) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
+
+// TestSandboxWhereUserNamespacesAreBlocked runs aq where no user namespace
+// can be made (inside one whose max_user_namespaces is 0, as on a host
+// that blocks them): under AQ_SANDBOX=on the job is refused with one line
+// naming what the host lacks, sandbox_unavailable, back in the inbox;
+// under auto the job runs at the partial level (Landlock alone), aq says
+// which guarantees are missing, and it ships.
+func TestSandboxWhereUserNamespacesAreBlocked(t *testing.T) {
+	h := binHome(t)
+	h.Repo(t, "app", nil)
+	run := func(mode string) testenv.Result {
+		t.Helper()
+		cmd := h.Command(t, "run", "--once")
+		cmd.Path, cmd.Args = "/bin/sh", []string{"/bin/sh", "-c", `echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" run --once`, h.Bin}
+		cmd.Env = append(cmd.Env, "AQ_SANDBOX="+mode)
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+
+	h.Submit(t, "blocked-on", scriptJob("app", "echo x > x.txt", "ship: branch"))
+	r := run("on")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "sandbox_unavailable") || !strings.Contains(r.Stderr, "user.max_user_namespaces=0") {
+		t.Fatalf("AQ_SANDBOX=on where user namespaces are blocked: %s", r)
+	}
+	if v := show(t, h, "blocked-on"); v.State.Stage != job.Inbox || v.Reason != job.ReasonSandboxUnavailable {
+		t.Fatalf("the refused job is %s (%s), want back in the inbox", v.State.Stage, v.Reason)
+	}
+	if testenv.Exists(h.Worktree("app", testenv.ID("blocked-on"))) {
+		t.Error("a worktree was made for the refused job")
+	}
+
+	h.Submit(t, "blocked-auto", scriptJob("app", "echo x > x.txt", "ship: branch"))
+	r = run("auto")
+	if r.Code != 0 || !strings.Contains(r.Stderr, "engines run in a partial sandbox (landlock)") || !strings.Contains(r.Stderr, "stragglers") {
+		t.Fatalf("AQ_SANDBOX=auto where user namespaces are blocked: %s", r)
+	}
+	if v := show(t, h, "blocked-auto"); v.State.Stage != job.Shipped {
+		t.Fatalf("the partial-level job is %s", v.State.Stage)
+	}
+}
