@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,10 @@ import (
 //	bare      no sandbox (today's unsandboxed engine)
 //	partial   Landlock alone (no namespaces), as where user namespaces are blocked
 //	full      aq re-executed as the sandbox's init: namespaces, the job's file
-//	          view (a home, caches as overlays, hidden trees), Landlock on top
+//	          view (a home, eight caches as overlays, hidden trees), Landlock
+//	          on top
+//	full-nocache  the same without the caches: the overlays' cost (the init's
+//	          mount step, from its trace, is reported for both)
 //	bwrap     bubblewrap doing the same kind of job (new namespaces, the host
 //	          read-only, the worktree read-write, a fresh /dev, /proc and /tmp),
 //	          when it is installed (apt-get install bubblewrap)
@@ -43,6 +47,15 @@ func BenchmarkSandboxStart(b *testing.B) {
 	}
 	defer full.Remove()
 	full.trace = true
+	bare := p
+	bare.Caches = nil
+	bare.JobDir += "-nocache"
+	nocache, err := h.Jail(bare)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nocache.Remove()
+	nocache.trace = true
 	partial := &Jail{h: h, p: p.Clean(), level: LevelPartial}
 	bwrap, _ := exec.LookPath("bwrap")
 	type variant struct {
@@ -63,6 +76,7 @@ func BenchmarkSandboxStart(b *testing.B) {
 		{"bare", start("/bin/true", nil, nil)},
 		{"partial", start("/bin/true", nil, partial)},
 		{"full", start("/bin/true", nil, full)},
+		{"full-nocache", start("/bin/true", nil, nocache)},
 	}
 	if bwrap != "" {
 		vs = append(vs, variant{"bwrap", start(bwrap, []string{"--unshare-all", "--die-with-parent", "--new-session",
@@ -70,6 +84,7 @@ func BenchmarkSandboxStart(b *testing.B) {
 			"--bind", p.Worktree, p.Worktree, "--bind", p.JobHome(), p.Home, "--", "/bin/true"}, nil)})
 	}
 	times := make(map[string][]time.Duration, len(vs))
+	mounts := map[*Jail][]time.Duration{} // the init's mount step, from its trace
 	b.ResetTimer()
 	for i := range b.N {
 		for k := range vs {
@@ -80,6 +95,13 @@ func BenchmarkSandboxStart(b *testing.B) {
 			}
 			times[v.name] = append(times[v.name], time.Since(t0))
 		}
+		for _, j := range []*Jail{full, nocache} {
+			for _, n := range j.Notes() {
+				if d, ok := traceStep(n, "orders", "mounts"); ok {
+					mounts[j] = append(mounts[j], d)
+				}
+			}
+		}
 	}
 	b.StopTimer()
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -87,19 +109,26 @@ func BenchmarkSandboxStart(b *testing.B) {
 		b.ReportMetric(ms(pct(times[v.name], 50)), v.name+"-p50-ms")
 		b.ReportMetric(ms(pct(times[v.name], 99)), v.name+"-p99-ms")
 	}
-	notes := full.Notes()
-	if len(notes) > 0 {
-		b.Logf("the last full start: %s", notes[len(notes)-1])
-	}
+	b.ReportMetric(ms(pct(mounts[full], 50)), "full-mounts-p50-ms")
+	b.ReportMetric(ms(pct(mounts[nocache], 50)), "nocache-mounts-p50-ms")
 	b.ReportMetric(ms(pct(times["full"], 50)-pct(times["bare"], 50)), "full-added-p50-ms")
 	b.ReportMetric(ms(pct(times["full"], 99)-pct(times["bare"], 99)), "full-added-p99-ms")
 }
 
 // benchPolicy is a job's policy over a small world under root: a worktree,
-// a home with a toolchain and two caches, aq's trees hidden.
+// a home with a toolchain and eight caches, aq's trees hidden.
 func benchPolicy(b *testing.B, root string) Policy {
-	for _, d := range []string{"aq/worktrees/app/j", "src/app/.git", "home/.local/bin", "home/go/pkg/mod", "home/.npm", "home/.ssh"} {
+	for _, d := range []string{"aq/worktrees/app/j", "src/app/.git", "home/.local/bin", "home/.ssh"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var caches []string
+	for _, c := range HomeCaches[:8] { // as many as a developer's home has
+		caches = append(caches, filepath.Join(root, "home", c))
+	}
+	for _, d := range caches {
+		if err := os.MkdirAll(d, 0o755); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -108,7 +137,7 @@ func benchPolicy(b *testing.B, root string) Policy {
 		Home: filepath.Join(root, "home"), JobDir: filepath.Join(root, "aq/sandbox/j"),
 		Hidden:   []string{filepath.Join(root, "aq"), filepath.Join(root, "src"), "/run"},
 		ReadOnly: []string{filepath.Join(root, "home/.local/bin")},
-		Caches:   []string{filepath.Join(root, "home/go/pkg/mod"), filepath.Join(root, "home/.npm")},
+		Caches:   caches,
 	}
 }
 
@@ -124,4 +153,28 @@ func pct(ds []time.Duration, p int) time.Duration {
 		i = 1
 	}
 	return s[i-1]
+}
+
+// traceStep is the time between two steps of an init's trace note
+// ("steps since init's start: orders 0.36ms, mounts 2.05ms, …").
+func traceStep(note, from, to string) (time.Duration, bool) {
+	at := func(name string) (float64, bool) {
+		i := strings.Index(note, name+" ")
+		if i < 0 {
+			return 0, false
+		}
+		rest := note[i+len(name)+1:]
+		j := strings.Index(rest, "ms")
+		if j < 0 {
+			return 0, false
+		}
+		v, err := strconv.ParseFloat(rest[:j], 64)
+		return v, err == nil
+	}
+	a, ok1 := at(from)
+	b, ok2 := at(to)
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	return time.Duration((b - a) * float64(time.Millisecond)), true
 }

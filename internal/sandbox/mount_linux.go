@@ -125,10 +125,19 @@ func overlay(op mountOp, dst string) error {
 			return err
 		}
 	}
+	// volatile: the job's layer is thrown away with the job, so the kernel
+	// need not sync it — without it, each overlay's unmount when the
+	// sandbox ends syncs the upper file system (a journal commit each).
+	// A volatile mount leaves work/incompat/volatile behind, which refuses
+	// the next mount of the same layer (the job's verify after its
+	// engine): overlayfs makes its work directory afresh anyway.
+	if err := os.RemoveAll(filepath.Join(op.Work, "work")); err != nil {
+		return err
+	}
 	if err := ensureDir(dst); err != nil {
 		return err
 	}
-	data := "lowerdir=" + op.Src + ",upperdir=" + op.Upper + ",workdir=" + op.Work + ",userxattr"
+	data := "lowerdir=" + op.Src + ",upperdir=" + op.Upper + ",workdir=" + op.Work + ",userxattr,volatile"
 	return unix.Mount("overlay", dst, "overlay", unix.MS_NOSUID|unix.MS_NODEV, data)
 }
 
