@@ -69,6 +69,10 @@ type Config struct {
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
 	ClaudeTelemetry bool
+	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job whose
+	// manifest and profile set no verify_rounds gets after a failed verify
+	// (rounds.go). 0: none.
+	VerifyRounds int
 }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
