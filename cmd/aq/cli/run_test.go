@@ -161,8 +161,9 @@ echo done > %s.txt`, me, other, me)
 
 // k9Script is an engine that, on its first run, writes files and then keeps
 // writing (atomically, logging each write to $MARK/written) until it is
-// killed; a later run that finds its progress copies it to $MARK/seen.
-const k9Script = `if [ -f progress ]; then cp progress "$MARK/seen"; echo final > final.txt; exit 0; fi
+// killed; a later run that finds its progress copies it to $MARK/seen and
+// its prompt to $MARK/prompt.
+const k9Script = `if [ -f progress ]; then cp progress "$MARK/seen"; cat > "$MARK/prompt"; echo final > final.txt; exit 0; fi
 echo first > first.txt
 rm README.md
 i=0
@@ -259,6 +260,15 @@ func TestRunKill9MidJob(t *testing.T) {
 			}
 			if _, ok := files["README.md"]; ok {
 				t.Error("the first run's deletion was lost")
+			}
+			// The re-run was told why the killed attempt ended and that it
+			// resumes from that attempt's checkpoint.
+			prompt := testenv.ReadFile(t, filepath.Join(mark, "prompt"))
+			for _, want := range []string{"This job ran before. Its attempt 1 ended: crash (recovered: the process running it", "is gone; checkpoint ",
+				"cut off by the machine running it", "resumes from a checkpoint of the earlier work"} {
+				if !strings.Contains(prompt, want) {
+					t.Errorf("the retry's prompt lacks %q:\n%s", want, prompt)
+				}
 			}
 		})
 	}
