@@ -35,7 +35,7 @@ func newDemoCmd(f *Factory) *cobra.Command {
 narrating what happens and checking that every expected event happened.
 
 Act 1, local mode (the embedded default): a folder queue, two repositories,
-five jobs run by a scripted engine through the real pipeline.
+six jobs run by a scripted engine through the real pipeline.
 
 Act 2, the fleet on one machine: the coordinator stub, the local Service Bus
 peer (when Node and its packages are installed: make sbpeer; else the gated

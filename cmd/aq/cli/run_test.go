@@ -342,7 +342,9 @@ func TestRunFailureReasons(t *testing.T) {
 		{"timeout", scriptJob("app", wait, "budget: {wall: 1s}"), job.ReasonTimeout, "wall", false},
 		{"budget_tokens", scriptJob("app", "echo ::aq-usage tokens_in=600 tokens_out=600\n"+wait, "budget: {tokens: 1000}"), job.ReasonBudgetExceeded, "tokens", false},
 		{"budget_usd", scriptJob("app", "echo ::aq-usage cost_usd=1.25 turns=1\n"+wait, "budget: {usd: 1}"), job.ReasonBudgetExceeded, "$1.25", false},
-		{"verify_failed", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt"), job.ReasonVerifyFailed, "test -f y.txt", false},
+		// AQ_VERIFY_ROUNDS's default: two repair rounds before verify_failed.
+		{"verify_failed", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt"), job.ReasonVerifyFailed, "after 2 repair rounds", false},
+		{"verify_failed_no_rounds", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt", "verify_rounds: 0"), job.ReasonVerifyFailed, "test -f y.txt", false},
 		{"no_engine_path", scriptJob("app", "no-such-tool-xyz --fix"), job.ReasonNoEngine, "no-such-tool-xyz", true},
 		{"no_engine_127", scriptJob("app", "./tools/missing.sh"), job.ReasonNoEngine, "127", false},
 		{"engine_failed", scriptJob("app", "exit 2"), job.ReasonEngineFailed, "exited 2", false},
