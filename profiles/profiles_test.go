@@ -56,7 +56,7 @@ func TestEmbedded(t *testing.T) {
 			if len(p.Persona) < 1500 {
 				t.Errorf("persona is only %d bytes: write a real prompt", len(p.Persona))
 			}
-			for _, must := range []string{".aq_pr.md", "aq/job/", "never push", "Stop", "acceptance criteria", "worktree"} {
+			for _, must := range []string{".aq_pr.md", "aq/job/", "never push", "Stop", "acceptance criteria", "worktree", "repair round", "verify"} {
 				if !strings.Contains(strings.ToLower(p.Persona), strings.ToLower(must)) {
 					t.Errorf("persona does not mention %q", must)
 				}
