@@ -48,16 +48,16 @@ type Report struct {
 	Redelivered []string `json:"redelivered,omitempty"`
 	// InFlight: WIP or job-branch pushes that landed just after the
 	// coordinator revoked the pusher's lease (a preemption).
-	InFlight   []string `json:"inFlight,omitempty"`
-	Orphans    int      `json:"orphans"`
+	InFlight []string `json:"inFlight,omitempty"`
+	Orphans  int      `json:"orphans"`
 	// Repaired counts the shipped jobs with verify: whose accepted run
 	// passed it only after repair rounds (the rounds in all of them:
 	// RepairRounds) — the scripted engine fixes what verify checks only
 	// once it is handed verify's failure.
 	Repaired     int `json:"repaired"`
 	RepairRounds int `json:"repairRounds"`
-	FactoryErr int      `json:"factoryErrors"` // ERROR lines in the factories' logs
-	Pushes     int      `json:"pushes"`
+	FactoryErr   int `json:"factoryErrors"` // ERROR lines in the factories' logs
+	Pushes       int `json:"pushes"`
 	// Requests and Refused503 count the request log: every request the
 	// factories made of the stub, over all its incarnations.
 	Requests   int `json:"requests"`
