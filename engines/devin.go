@@ -90,15 +90,22 @@ func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
 	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, d.HelpTimeout, d.Probes, nil)
 }
 
-// devinFiles are the prompt and trajectory files of one attempt, in the
-// directory devin reaches (StateDir in a sandbox, else LogDir).
+// devinFiles are the prompt and trajectory files of one run: an attempt's
+// first, or one of its repair rounds (-repair<k>), in the directory devin
+// reaches (StateDir in a sandbox, else LogDir; the trajectory is kept in the
+// job's logs either way). Devin's CLI documents no way to continue a
+// session: a repair round is a fresh run with the task and the failure in
+// its prompt.
 func devinFiles(spec Spec) (prompt, export string) {
 	dir := spec.StateDir
 	if dir == "" {
 		dir = spec.LogDir
 	}
-	return filepath.Join(dir, fmt.Sprintf("devin-prompt-%d.md", spec.Attempt)),
-		filepath.Join(dir, fmt.Sprintf("devin-trajectory-%d.json", spec.Attempt))
+	n := fmt.Sprint(spec.Attempt)
+	if spec.Round > 0 {
+		n += fmt.Sprintf("-repair%d", spec.Round)
+	}
+	return filepath.Join(dir, "devin-prompt-"+n+".md"), filepath.Join(dir, "devin-trajectory-"+n+".json")
 }
 
 // Args is devin's command line for spec, without the program.

@@ -123,6 +123,8 @@ var Keys = []Key{
 		set: setSandboxMemory},
 	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Usage: "processes a job's sandbox may run at once (needs cgroup v2 delegated to aq; unset or 0: no limit)",
 		set: setSandboxPids},
+	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
+		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk (unset: bypassPermissions inside aq's sandbox, acceptEdits outside it); devin follows it (bypass or normal)",
 		set: setOptionalEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
 	{Name: "codex_sandbox", Group: GroupEngine, Env: []string{"AQ_CODEX_SANDBOX"}, Flag: "codex-sandbox", Usage: "codex --sandbox: read-only|workspace-write|danger-full-access (unset: danger-full-access inside aq's sandbox, which stands in for codex's own, workspace-write outside it)",
