@@ -86,12 +86,21 @@ func (j *Jail) prepare() error {
 	return nil
 }
 
-func hostStat(path string) (exists, dir bool) {
+func hostStat(path string) (exists, dir, empty bool) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return false, false
+		return false, false, false
 	}
-	return true, st.IsDir()
+	if !st.IsDir() {
+		return true, false, false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return true, true, false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return true, true, len(names) == 0
 }
 
 // Start starts cmd inside the jail (process.Jail).

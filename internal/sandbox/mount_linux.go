@@ -33,6 +33,9 @@ func makeRoot(root string, v view) (notes []string, err error) {
 				hides = append(hides, dst)
 			}
 		case mBind:
+			if op.RW && op.Optional {
+				_ = os.MkdirAll(op.Src, 0o700) // a cache's layer of the job's own
+			}
 			err = bindOne(op.Src, dst, op.RW, true)
 		case mFile:
 			err = bindOne(op.Src, dst, false, false)

@@ -57,8 +57,9 @@ func (m mountOp) replaces() bool {
 	return false
 }
 
-// pathInfo says whether a host path exists and whether it is a directory.
-type pathInfo func(path string) (exists, dir bool)
+// pathInfo says whether a host path exists, whether it is a directory,
+// and whether that directory is empty.
+type pathInfo func(path string) (exists, dir, empty bool)
 
 // view is what the plan gives the engine: its mounts, and the paths it
 // may write inside the sandbox (for Landlock on top).
@@ -78,7 +79,7 @@ func planMounts(p Policy, stat pathInfo) view {
 
 	// What the job owns, in place of what the host has there.
 	if h := p.Home; h != "" && h != "/" {
-		if ok, dir := stat(h); ok && dir {
+		if ok, dir, _ := stat(h); ok && dir {
 			ops = append(ops, mountOp{Kind: mBind, Src: p.JobHome(), Dst: h, RW: true})
 			v.Home = h
 		}
@@ -87,13 +88,13 @@ func planMounts(p Policy, stat pathInfo) view {
 		ops = append(ops, mountOp{Kind: mBind, Src: p.JobHome(), Dst: p.JobHome(), RW: true})
 	}
 	for _, t := range []string{"/tmp", "/var/tmp"} {
-		if ok, dir := stat(t); ok && dir {
+		if ok, dir, _ := stat(t); ok && dir {
 			ops = append(ops, mountOp{Kind: mBind, Src: p.JobTmp(), Dst: t, RW: true})
 			v.Writable = append(v.Writable, t)
 		}
 	}
 	for _, h := range p.Hidden {
-		if ok, dir := stat(h); ok && dir {
+		if ok, dir, _ := stat(h); ok && dir {
 			ops = append(ops, mountOp{Kind: mHide, Dst: h})
 		}
 	}
@@ -105,26 +106,32 @@ func planMounts(p Policy, stat pathInfo) view {
 		ops = append(ops, mountOp{Kind: mBind, Src: g, Dst: g})
 	}
 	for _, r := range p.ReadOnly {
-		if ok, _ := stat(r); ok {
+		if ok, _, _ := stat(r); ok {
 			ops = append(ops, mountOp{Kind: mBind, Src: r, Dst: r, Optional: true})
 		}
 	}
 	for i, c := range p.Caches {
-		ok, dir := stat(c)
+		ok, dir, empty := stat(c)
 		if !ok || !dir {
 			continue
 		}
 		layer := filepath.Join(p.JobDir, "cache", strconv.Itoa(i))
-		ops = append(ops, mountOp{Kind: mOverlay, Src: c, Dst: c, Upper: filepath.Join(layer, "upper"), Work: filepath.Join(layer, "work"), Optional: true})
+		if empty {
+			// Nothing to share: the job's own layer alone, without the
+			// overlay's cost (a mount that probes the upper file system).
+			ops = append(ops, mountOp{Kind: mBind, Src: filepath.Join(layer, "upper"), Dst: c, RW: true, Optional: true})
+		} else {
+			ops = append(ops, mountOp{Kind: mOverlay, Src: c, Dst: c, Upper: filepath.Join(layer, "upper"), Work: filepath.Join(layer, "work"), Optional: true})
+		}
 		v.Writable = append(v.Writable, c)
 	}
 	for _, f := range p.HiddenFiles {
-		if ok, dir := stat(f); ok && !dir {
+		if ok, dir, _ := stat(f); ok && !dir {
 			ops = append(ops, mountOp{Kind: mFile, Src: filepath.Join(p.JobDir, "etc", "empty"), Dst: f})
 		}
 	}
 	for _, f := range []string{"/etc/passwd", "/etc/group"} {
-		if ok, dir := stat(f); ok && !dir {
+		if ok, dir, _ := stat(f); ok && !dir {
 			ops = append(ops, mountOp{Kind: mFile, Src: filepath.Join(p.JobDir, "etc", filepath.Base(f)), Dst: f})
 		}
 	}

@@ -7,15 +7,19 @@ import (
 )
 
 // fakeFS answers planMounts' questions from a list: a path ending in "/"
-// is a directory, else a file.
+// is a directory (empty when it ends in "/0"), else a file.
 func fakeFS(paths ...string) pathInfo {
 	m := map[string]bool{}
+	empty := map[string]bool{}
 	for _, p := range paths {
+		if e, ok := strings.CutSuffix(p, "/0"); ok {
+			empty[e], p = true, e+"/"
+		}
 		m[strings.TrimSuffix(p, "/")] = strings.HasSuffix(p, "/")
 	}
-	return func(path string) (bool, bool) {
+	return func(path string) (bool, bool, bool) {
 		dir, ok := m[path]
-		return ok, dir
+		return ok, dir, empty[path]
 	}
 }
 
@@ -42,16 +46,17 @@ func TestPlanMounts(t *testing.T) {
 		JobDir:   "/srv/aq/sandbox/j1",
 		Hidden:   []string{"/srv/aq", "/srv/src", "/run", "/var/run"},
 		ReadOnly: []string{"/home/u/.local/bin", "/home/u/.rustup", "/usr/local/bin"},
-		Caches:   []string{"/home/u/go/pkg/mod", "/home/u/.npm"},
+		Caches:   []string{"/home/u/go/pkg/mod", "/home/u/.npm", "/home/u/.cache/pip"},
 	}
 	host := fakeFS("/home/u/", "/tmp/", "/var/tmp/", "/srv/aq/", "/srv/src/", "/run/", "/home/u/.local/bin/",
-		"/home/u/.rustup/", "/usr/local/bin/", "/home/u/go/pkg/mod/", "/etc/passwd", "/etc/group")
+		"/home/u/.rustup/", "/usr/local/bin/", "/home/u/go/pkg/mod/", "/home/u/.cache/pip/0", "/etc/passwd", "/etc/group")
 	// Parents before children (by depth, what the job owns first at one
 	// depth): the job's tmp over /tmp and /var/tmp and its home over $HOME,
 	// the hidden trees, the files, what is bound back into the hidden trees
 	// and the home, then /dev and /proc. /var/run does not exist here, nor
 	// does /home/u/.npm; /usr/local/bin is already seen read-only through
-	// the root, the worktree's own git dir through the repository's.
+	// the root, the worktree's own git dir through the repository's; an
+	// empty cache (.cache/pip) is the job's own layer alone, no overlay.
 	want := []string{
 		"root /",
 		"bind /tmp <- /srv/aq/sandbox/j1/tmp rw",
@@ -63,6 +68,7 @@ func TestPlanMounts(t *testing.T) {
 		"file /etc/passwd <- /srv/aq/sandbox/j1/etc/passwd",
 		"file /etc/group <- /srv/aq/sandbox/j1/etc/group",
 		"bind /home/u/.rustup",
+		"bind /home/u/.cache/pip <- /srv/aq/sandbox/j1/cache/0/upper rw",
 		"bind /srv/src/app/.git",
 		"bind /home/u/.local/bin",
 		"bind /srv/aq/worktrees/app/j1 rw",
