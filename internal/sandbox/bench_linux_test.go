@@ -38,6 +38,10 @@ func BenchmarkSandboxStart(b *testing.B) {
 		b.Fatal(err)
 	}
 	root := b.TempDir()
+	if d := os.Getenv("BENCH_ROOT"); d != "" { // e.g. /dev/shm: the layers on tmpfs
+		root, _ = os.MkdirTemp(d, "aq-bench-")
+		defer os.RemoveAll(root)
+	}
 	p := benchPolicy(b, root)
 	h := &Host{opts: Options{Init: exe, Mode: ModeAuto}, report: Report{Level: LevelFull}}
 	h.once.Do(func() {})
@@ -127,8 +131,11 @@ func benchPolicy(b *testing.B, root string) Policy {
 	for _, c := range HomeCaches[:8] { // as many as a developer's home has
 		caches = append(caches, filepath.Join(root, "home", c))
 	}
-	for _, d := range caches {
+	for _, d := range caches { // each with something in it: an empty one would not be an overlay
 		if err := os.MkdirAll(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "entry"), []byte("cached"), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -22,9 +22,17 @@ type fakeEntry struct {
 	dir  bool
 }
 
-func (e fakeEntry) Name() string               { return e.name }
-func (e fakeEntry) IsDir() bool                { return e.dir }
-func (e fakeEntry) Type() fs.FileMode          { return map[bool]fs.FileMode{true: fs.ModeDir}[e.dir] }
+func (e fakeEntry) Name() string { return e.name }
+func (e fakeEntry) IsDir() bool  { return e.dir }
+func (e fakeEntry) Type() fs.FileMode {
+	switch {
+	case e.dir:
+		return fs.ModeDir
+	case strings.HasPrefix(e.name, "@"): // a fifo, as /etc/initctl can be
+		return fs.ModeNamedPipe
+	}
+	return 0
+}
 func (e fakeEntry) Info() (fs.FileInfo, error) { return nil, fs.ErrInvalid }
 
 func fakeDirs(tree map[string][]string) func(string) ([]os.DirEntry, error) {
@@ -50,7 +58,7 @@ func TestPartialRules(t *testing.T) {
 	}
 	tree := map[string][]string{
 		"/":     {"usr/", "etc/", "srv/", "home/", "run/", "tmp/", "vmlinuz"},
-		"/etc":  {"passwd", "shadow", "ssl/"},
+		"/etc":  {"passwd", "shadow", "ssl/", "@initctl"},
 		"/srv":  {"aq/", "src/", "www/"},
 		"/home": {"u/", "v/"},
 	}

@@ -203,12 +203,18 @@ func grantSiblings(dir string, hidden []string, list func(string) ([]os.DirEntry
 		if slices.Contains(hidden, p) {
 			continue
 		}
-		if e.Type()&os.ModeSymlink != 0 {
-			// A link's target is granted (or not) where it lies; the link
-			// itself needs nothing to be followed.
-			if t, err := os.Stat(p); err == nil && t.IsDir() {
+		mode := e.Type()
+		if mode&os.ModeSymlink != 0 {
+			// A link's target is granted (or not) where it lies; a link
+			// to a regular file is granted as that file.
+			t, err := os.Stat(p)
+			if err != nil || !t.Mode().IsRegular() {
 				continue
 			}
+			mode = t.Mode().Type()
+		}
+		if !mode.IsRegular() {
+			continue // a device (the Dev rules), a socket, a fifo: not read as a file
 		}
 		r.ROFiles = append(r.ROFiles, p)
 	}

@@ -15,7 +15,8 @@ import (
 // tmpfs over what is hidden, the worktree read-write at its own path, the
 // job's git metadata and the toolchains bound back read-only where a hidden
 // or replaced tree covers them, the caches as overlays, generated
-// /etc/passwd and /etc/group, a minimal /dev and a fresh /proc. The plan is
+// /etc/passwd and /etc/group — all after a minimal /dev and a fresh
+// /proc, so that what lies below them lands on them. The plan is
 // a pure function of the Policy and what exists on the host, so it is
 // tested with tables (mounts_test.go).
 
@@ -151,7 +152,9 @@ func planMounts(p Policy, stat pathInfo) view {
 	// own, which the replacing tree is meant not to show — unless it is
 	// bound back on purpose: ReadOnly and GitDirs are); a read-only bind
 	// under no replaced tree (the host's root already shows it, read-only).
-	var kept []mountOp
+	// A fresh /dev and /proc first: what is bound below them (a worktree
+	// under /dev/shm) must land on them, not under them.
+	kept := []mountOp{{Kind: mDev, Dst: "/dev"}, {Kind: mProc, Dst: "/proc"}}
 	for _, op := range ops {
 		cover := coveringOp(kept, op.Dst)
 		switch {
@@ -168,7 +171,6 @@ func planMounts(p Policy, stat pathInfo) view {
 		kept = append(kept, op)
 	}
 	v.Mounts = append([]mountOp{{Kind: mRoot, Src: "/", Dst: "/"}}, kept...)
-	v.Mounts = append(v.Mounts, mountOp{Kind: mDev, Dst: "/dev"}, mountOp{Kind: mProc, Dst: "/proc"})
 	v.Writable = append(v.Writable, "/dev/shm")
 	return v
 }

@@ -50,15 +50,17 @@ func TestPlanMounts(t *testing.T) {
 	}
 	host := fakeFS("/home/u/", "/tmp/", "/var/tmp/", "/srv/aq/", "/srv/src/", "/run/", "/home/u/.local/bin/",
 		"/home/u/.rustup/", "/usr/local/bin/", "/home/u/go/pkg/mod/", "/home/u/.cache/pip/0", "/etc/passwd", "/etc/group")
-	// Parents before children (by depth, what the job owns first at one
-	// depth): the job's tmp over /tmp and /var/tmp and its home over $HOME,
-	// the hidden trees, the files, what is bound back into the hidden trees
-	// and the home, then /dev and /proc. /var/run does not exist here, nor
+	// /dev and /proc first, then parents before children (by depth, what
+	// the job owns first at one depth): the job's tmp over /tmp and
+	// /var/tmp and its home over $HOME, the hidden trees, the files, what
+	// is bound back into the hidden trees and the home. /var/run does not exist here, nor
 	// does /home/u/.npm; /usr/local/bin is already seen read-only through
 	// the root, the worktree's own git dir through the repository's; an
 	// empty cache (.cache/pip) is the job's own layer alone, no overlay.
 	want := []string{
 		"root /",
+		"dev /dev",
+		"proc /proc",
 		"bind /tmp <- /srv/aq/sandbox/j1/tmp rw",
 		"hide /run",
 		"bind /home/u <- /srv/aq/sandbox/j1/home rw",
@@ -74,8 +76,6 @@ func TestPlanMounts(t *testing.T) {
 		"bind /srv/aq/worktrees/app/j1 rw",
 		"bind /srv/aq/sandbox/j1/state rw",
 		"overlay /home/u/go/pkg/mod",
-		"dev /dev",
-		"proc /proc",
 	}
 	v := planMounts(base, host)
 	if got := show(v.Mounts); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -129,5 +129,28 @@ func TestPlanMountsNoHome(t *testing.T) {
 		if !found {
 			t.Errorf("%s is not writable: %v", w, v.Writable)
 		}
+	}
+}
+
+// TestPlanMountsUnderDevShm: aq's trees under /dev/shm lie in the
+// sandbox's own /dev: the worktree is bound onto it, not hidden under it.
+func TestPlanMountsUnderDevShm(t *testing.T) {
+	p := Policy{Worktree: "/dev/shm/aq/worktrees/app/j1", Home: "/home/u", JobDir: "/dev/shm/aq/sandbox/j1", Hidden: []string{"/dev/shm/aq"}}
+	v := planMounts(p, fakeFS("/dev/shm/aq/", "/home/u/", "/tmp/"))
+	got := show(v.Mounts)
+	idx := func(s string) int {
+		for i, g := range got {
+			if g == s {
+				return i
+			}
+		}
+		return -1
+	}
+	dev, wt := idx("dev /dev"), idx("bind /dev/shm/aq/worktrees/app/j1 rw")
+	if dev < 0 || wt < 0 || wt < dev {
+		t.Errorf("the worktree is not bound onto the sandbox's /dev:\n%s", strings.Join(got, "\n"))
+	}
+	if idx("hide /dev/shm/aq") >= 0 {
+		t.Errorf("a hide under the sandbox's own /dev:\n%s", strings.Join(got, "\n"))
 	}
 }
