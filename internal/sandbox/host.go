@@ -26,8 +26,6 @@ type Host struct {
 	opts   Options
 	report Report
 	plat   hostPlatform
-	mu     sync.Mutex
-	seq    int
 
 	once   sync.Once
 	onOpen func(*Host)
@@ -139,11 +137,7 @@ func (h *Host) Jail(p Policy) (*Jail, error) {
 	if p.Limits == (Limits{}) {
 		p.Limits = h.opts.Limits
 	}
-	h.mu.Lock()
-	h.seq++
-	n := h.seq
-	h.mu.Unlock()
-	j := &Jail{h: h, p: p, level: h.report.Level, seq: n}
+	j := &Jail{h: h, p: p, level: h.report.Level}
 	if err := j.prepare(); err != nil {
 		_ = removeTree(p.JobDir)
 		return nil, err
@@ -157,7 +151,6 @@ type Jail struct {
 	h     *Host
 	p     Policy
 	level Level
-	seq   int
 	plat  jailPlatform
 
 	mu    sync.Mutex
