@@ -25,10 +25,11 @@ import (
 // route out of its sandbox. A runner without one gives sandboxed engines
 // no network at all.
 type Egress interface {
-	// Start starts the proxy of job jobID listening on the unix socket
-	// sock, and also on 127.0.0.1 when tcp (a sandbox without a network
-	// namespace of its own reaches it there).
-	Start(ctx context.Context, jobID, sock string, tcp bool) (EgressProxy, error)
+	// Start starts the proxy of job jobID, whose engine is engine (its own
+	// API endpoints are allowed), listening on the unix socket sock, and
+	// also on 127.0.0.1 when tcp (a sandbox without a network namespace of
+	// its own reaches it there).
+	Start(ctx context.Context, jobID, engine, sock string, tcp bool) (EgressProxy, error)
 }
 
 // EgressProxy is one job's running proxy.
@@ -86,7 +87,7 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 			ru.fail(job.ReasonSandboxUnavailable, "the job's sandbox could not be made: "+err.Error())
 			return false
 		}
-		proxy, err := eg.Start(ctx, ru.j.ID, sock, sb.Level() != sandbox.LevelFull)
+		proxy, err := eg.Start(ctx, ru.j.ID, ru.eng.Name(), sock, sb.Level() != sandbox.LevelFull)
 		if err != nil {
 			ru.fail(job.ReasonSandboxUnavailable, "the job's egress proxy did not start: "+err.Error())
 			return false
