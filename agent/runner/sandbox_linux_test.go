@@ -2,6 +2,9 @@ package runner_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -132,5 +135,55 @@ func TestSandboxStartFails(t *testing.T) {
 	}
 	if testenv.Exists(filepath.Join(f.wt("unstartable"), "ran.txt")) {
 		t.Error("the engine ran")
+	}
+}
+
+// fakeEgress stands in for internal/egress behind the runner's Egress:
+// an HTTP server on the job's unix socket that answers every request.
+type fakeEgress struct {
+	t           *testing.T
+	job, engine string
+	tcp, closed bool
+	srv         *http.Server
+}
+
+func (e *fakeEgress) Start(_ context.Context, jobID, engine, sock string, tcp bool) (runner.EgressProxy, error) {
+	e.job, e.engine, e.tcp = jobID, engine, tcp
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	e.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "via the job's proxy: %s\n", r.URL.Host)
+	})}
+	go e.srv.Serve(ln)
+	return e, nil
+}
+func (e *fakeEgress) Port() int    { return 0 }
+func (e *fakeEgress) Close() error { e.closed = true; return e.srv.Close() }
+
+// TestSandboxedRunReachesItsProxy: with an egress proxy, the sandboxed
+// engine finds it through its proxy variables (the bridge inside its
+// network namespace) and nothing else; the proxy ends with the run.
+func TestSandboxedRunReachesItsProxy(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+		t.Skipf("this host sandboxes at level %s", lvl)
+	}
+	eg := &fakeEgress{t: t}
+	f.r.Egress = eg
+	j := f.job("proxied", `echo "$HTTPS_PROXY" > proxy.txt
+bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128 && printf "GET http://registry.example/pkg HTTP/1.0\r\n\r\n" >&3 && cat <&3' > answer.txt`)
+	out := f.run(context.Background(), j, runner.Options{Attempt: 1})
+	if out.Failed() {
+		t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
+	}
+	files := testenv.TreeFiles(t, f.repo, out.Commit)
+	if files["proxy.txt"] != "http://127.0.0.1:3128" || !strings.Contains(files["answer.txt"], "via the job's proxy: registry.example") {
+		t.Errorf("the engine's proxy: %q, its answer %q", files["proxy.txt"], files["answer.txt"])
+	}
+	if eg.job != j.ID || eg.engine != "script" || eg.tcp || !eg.closed {
+		t.Errorf("the proxy: started for %q (%q, tcp %v), closed %v", eg.job, eg.engine, eg.tcp, eg.closed)
 	}
 }
