@@ -30,9 +30,40 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	if mode := os.Getenv(childModeEnv); mode != "" {
+		defaultSignals()
 		os.Exit(child(mode, os.Args[1:]))
 	}
 	os.Exit(m.Run())
+}
+
+// stopSignals are the signals the children of these tests are stopped by or
+// send themselves.
+var stopSignals = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT}
+
+// defaultSignals gives a child the default disposition of stopSignals, as
+// an engine started from an interactive shell has them. A process started
+// with one of them ignored — under nohup (SIGHUP), or in the background of a
+// shell without job control (SIGINT, SIGQUIT) — keeps it ignored, and a Go
+// program does too; the child sets its own: it catches the ignored ones,
+// then executes itself again, and exec resets a caught signal to its default
+// (an ignored one would stay ignored). The pid stays the same.
+func defaultSignals() {
+	var ignored []os.Signal
+	for _, s := range stopSignals {
+		if signal.Ignored(s) {
+			ignored = append(ignored, s)
+		}
+	}
+	if len(ignored) == 0 {
+		return
+	}
+	signal.Notify(make(chan os.Signal, 1), ignored...)
+	self, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(self, os.Args, os.Environ())
+	}
+	fmt.Fprintln(os.Stderr, "child: cannot reset the ignored signals", ignored, "by executing itself again:", err)
+	os.Exit(97)
 }
 
 // child runs one mode and returns its exit code. Modes that must be signalled
@@ -149,8 +180,9 @@ func child(mode string, args []string) int {
 
 	case "self-signal": // dies of SIGHUP without anyone stopping it
 		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-		time.Sleep(time.Hour)
-		return 0
+		time.Sleep(time.Minute) // a guard: SIGHUP ends it long before
+		fmt.Fprintln(os.Stderr, "self-signal: still alive a minute after SIGHUP (is it ignored?)")
+		return 95
 	}
 	fmt.Fprintln(os.Stderr, "unknown child mode", mode)
 	return 98
