@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/gc"
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
@@ -232,7 +233,7 @@ func runLocalRun(ctx context.Context, s *session) {
 		return "verify exited 1: verify_failed, dead_letter (no retries), broken.txt checkpointed, verify.log written", nil
 	})
 	g := &gc.GC{
-		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: worktree.Policy{WIPRetention: 336 * time.Hour}},
+		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: plan.Policy{WIPRetention: 336 * time.Hour}},
 		Git: s.ws.git, Queue: l.a.Queue, Now: time.Now,
 		Base: func(path string) (string, error) {
 			j, err := manifest.ParseFile(path, s.ws.cat)
