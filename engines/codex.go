@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -276,7 +277,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 			p.classify(&res, kind, ex, p.failure)
 		} else {
 			res.Outcome = TaskFailed
-			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(oneLine(p.failure, 300)))
+			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(brief.OneLine(p.failure, 300)))
 		}
 		if pres.Stopped && !graceStop && p.last == "error" {
 			// An error event codex may still have retried from: aq's stop,
@@ -323,7 +324,7 @@ func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
 
 func stderrSuffix(t tail) string {
 	if l := t.last(); l != "" {
-		return "; stderr: " + oneLine(l, 200)
+		return "; stderr: " + brief.OneLine(l, 200)
 	}
 	return ""
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -133,21 +134,12 @@ func (h *hostEnv) output(ctx context.Context, bin string, args ...string) (strin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		if line := firstLine(errb.String()); line != "" {
+		if line := brief.FirstLine(errb.String(), 0); line != "" {
 			return out.String(), fmt.Errorf("%v: %s", err, line)
 		}
 		return out.String(), err
 	}
 	return out.String(), nil
-}
-
-func firstLine(s string) string {
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			return l
-		}
-	}
-	return ""
 }
 
 // --- gh --------------------------------------------------------------------
@@ -216,7 +208,7 @@ func checkGHPresent(ctx context.Context, s *session) (string, error) {
 	if err != nil {
 		return "", failf("%s --version failed: %v", p, err)
 	}
-	return fmt.Sprintf("%s at %s", firstLine(out), p), nil
+	return fmt.Sprintf("%s at %s", brief.FirstLine(out, 0), p), nil
 }
 
 func checkGHAuth(ctx context.Context, s *session) (string, error) {
@@ -673,7 +665,7 @@ func checkQueuedManifests(ctx context.Context, s *session) (string, error) {
 	var bad []string
 	for _, q := range qs {
 		if q.err != nil {
-			bad = append(bad, oneLine(q.err.Error()))
+			bad = append(bad, brief.OneLine(q.err.Error(), maxReason))
 		}
 	}
 	if len(bad) > 0 {

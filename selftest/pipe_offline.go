@@ -13,6 +13,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
 )
@@ -93,7 +94,7 @@ func manifestScenario() *scenario {
 			if !strings.Contains(msg, "st-typo.md:4:") || !strings.Contains(msg, `"titel"`) || !strings.Contains(msg, `"title"`) {
 				return "", failf("refused, but the error does not name FILE:LINE and the fix: %s", msg)
 			}
-			return "refused: " + firstLine(msg), nil
+			return "refused: " + brief.FirstLine(msg, 0), nil
 		})
 		s.step(ctx, "pipeline.manifest.bad-id", 5*time.Second, func(ctx context.Context) (string, error) {
 			for _, id := range []string{"../escape", "a/../b", ".hidden"} {

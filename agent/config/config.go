@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -297,7 +298,7 @@ func readFile(v *viper.Viper, explicit, home string) (string, map[string]bool, e
 	fv := viper.New()
 	fv.SetConfigType("yaml")
 	if err := fv.ReadConfig(bytes.NewReader(b)); err != nil {
-		return "", nil, aqerr.Usagef("fix the YAML syntax", "config file %s is not valid YAML: %s", path, firstLine(err.Error()))
+		return "", nil, aqerr.Usagef("fix the YAML syntax", "config file %s is not valid YAML: %s", path, brief.FirstLine(err.Error(), 0))
 	}
 	byEnv := map[string]string{}
 	for _, k := range Keys {
@@ -352,11 +353,6 @@ func defaultFiles(home string) []string {
 		out = append(out, filepath.Join(xdg, "aq", "config.yaml"))
 	}
 	return out
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(s, "\n")
-	return s
 }
 
 // derive fills values computed from other keys.

@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Message is a dispatch message (DESIGN §10): small, no job body. The broker
@@ -131,7 +133,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		return m, "", err
 	}
 	if messageID != "" && messageID != m.JobID && !strings.HasPrefix(messageID, m.JobID+":") {
-		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", clip(messageID), clip(m.JobID))
+		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", brief.Clip(messageID, 200), brief.Clip(m.JobID, 200))
 	}
 	for _, p := range []struct {
 		name, body string
@@ -142,7 +144,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 			continue
 		}
 		if s, _ := v.(string); s != p.body {
-			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, clip(fmt.Sprint(v)), clip(p.body))
+			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, brief.Clip(fmt.Sprint(v), 200), brief.Clip(p.body, 200))
 			if p.routing {
 				return m, "", &invalid{ReasonMalformed, msg}
 			}
@@ -154,7 +156,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		if pool != "" {
 			this += fmt.Sprintf(" of pool %q", pool)
 		}
-		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", clip(m.TargetFactoryID), this)}
+		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", brief.Clip(m.TargetFactoryID, 200), this)}
 	}
 	return m, warning, nil
 }
@@ -165,7 +167,7 @@ func parseBody(body []byte) (Message, error) {
 	var m Message
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&m); err != nil {
-		return m, &invalid{ReasonMalformed, "body is not a dispatch message: " + clip(err.Error())}
+		return m, &invalid{ReasonMalformed, "body is not a dispatch message: " + brief.Clip(err.Error(), 200)}
 	}
 	if dec.More() {
 		return m, &invalid{ReasonMalformed, "body has data after the JSON object"}
@@ -177,13 +179,4 @@ func parseBody(body []byte) (Message, error) {
 		return m, &invalid{ReasonMalformed, "body has no targetFactoryId"}
 	}
 	return m, nil
-}
-
-// clip keeps broker-supplied text short in a dead-letter description.
-func clip(s string) string {
-	const max = 200
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
 }

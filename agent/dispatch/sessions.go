@@ -12,6 +12,7 @@ import (
 	"github.com/Azure/go-amqp"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Sessions keyed by repo (AQ_SB_SESSIONS=1; FLEET_DISPATCH_REDESIGN §4.2,
@@ -78,7 +79,7 @@ func (r *Receiver) kindMismatch(err error) error {
 	if !errors.As(err, &ae) || ae.Condition != amqp.ErrCondNotAllowed {
 		return nil
 	}
-	said := r.red.String(clip(ae.Description))
+	said := r.red.String(brief.Clip(ae.Description, 200))
 	if r.opts.Sessions {
 		return aqerr.Wrap(aqerr.Usage, err,
 			fmt.Sprintf("AQ_SB_SESSIONS=1 but subscription %s does not require sessions (the broker said: %s)", r.path, said),

@@ -25,6 +25,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
@@ -201,7 +202,7 @@ func narrate(say func(string, ...any), r *agentlocal.Result) {
 	if o.Failed() {
 		say("     ✗ %s: %s", o.Reason, o.Detail)
 		if o.Checkpoint != "" {
-			say("       work checkpointed to %s (%s)", job.WIPBranch(r.JobID), short(o.Checkpoint))
+			say("       work checkpointed to %s (%s)", job.WIPBranch(r.JobID), brief.SHA(o.Checkpoint))
 		}
 		say("       → %s", r.Stage)
 		return
@@ -313,13 +314,6 @@ func makeRepo(ctx context.Context, base, origins, name string, files map[string]
 		}
 	}
 	return nil
-}
-
-func short(sha string) string {
-	if len(sha) > 10 {
-		return sha[:10]
-	}
-	return sha
 }
 
 func orDash(s string) string {

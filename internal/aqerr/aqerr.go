@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Code is a process exit status with a documented meaning.
@@ -62,7 +64,7 @@ func (e *Error) Error() string {
 		b.WriteString(e.Fix)
 		b.WriteString(")")
 	}
-	return oneLine(b.String())
+	return brief.OneLine(b.String(), 0)
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -114,13 +116,5 @@ func IsSilent(err error) bool {
 
 // Message renders err as the single line main prints to stderr.
 func Message(err error) string {
-	return oneLine(err.Error())
-}
-
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	if !strings.ContainsAny(s, "\r\n") {
-		return s
-	}
-	return strings.Join(strings.Fields(strings.NewReplacer("\r", " ", "\n", " ").Replace(s)), " ")
+	return brief.OneLine(err.Error(), 0)
 }

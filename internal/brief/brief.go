@@ -17,7 +17,7 @@ func Clip(s string, max int) string {
 		return s
 	}
 	cut := max
-	for cut > 0 && !runeStart(s[cut]) {
+	for cut > 0 && cut > max-4 && !runeStart(s[cut]) { // a rune is at most 4 bytes
 		cut--
 	}
 	return s[:cut] + Ellipsis
