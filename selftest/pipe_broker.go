@@ -73,7 +73,7 @@ func runBroker(ctx context.Context, s *session) {
 	}
 
 	wd, err := w.newWorld(ctx, "broker")
-	var st *stub
+	var st *coord.Served
 	if err == nil {
 		st, err = startStub(ctx, coord.Options{}, "127.0.0.1:0")
 	}
@@ -82,7 +82,7 @@ func runBroker(ctx context.Context, s *session) {
 		return
 	}
 	wd.st = st
-	defer st.kill()
+	defer st.Kill()
 	f, err := wd.newFactory(ctx, fid, nil)
 	if err == nil {
 		_, err = f.enroll(ctx)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -28,7 +29,7 @@ func fleetSetup(ctx context.Context, s *session, name string, o coord.Options) (
 		return nil, nil
 	}
 	wd.st = st
-	return wd, func() { wd.st.kill() }
+	return wd, func() { wd.st.Kill() }
 }
 
 // await waits for a run started in the background.
@@ -346,7 +347,7 @@ func fleetFailScenario() *scenario {
 			if j, _ := wd.st.Job(bad); j.Stage != coord.StageFailed {
 				return "", failf("the coordinator has it %s, want failed (not retried)", j.Stage)
 			}
-			return "invalid_manifest (" + firstLine(res.Outcome.Detail) + "): failed, not retried", nil
+			return "invalid_manifest (" + brief.FirstLine(res.Outcome.Detail, 0) + "): failed, not retried", nil
 		})
 	}}
 }
@@ -371,7 +372,7 @@ func fleetSpoolScenario() *scenario {
 			return
 		}
 		wd.st = st1
-		defer func() { wd.st.kill() }()
+		defer func() { wd.st.Kill() }()
 		var f *factory
 		var id string
 		if !s.step(ctx, "pipeline.fleet.spool", 45*time.Second, func(ctx context.Context) (string, error) {
@@ -383,7 +384,7 @@ func fleetSpoolScenario() *scenario {
 			if err != nil {
 				return "", err
 			}
-			st1.kill() // the coordinator dies mid-job
+			st1.Kill() // the coordinator dies mid-job
 			if err := writeFile(goFile, "go"); err != nil {
 				return "", err
 			}
@@ -404,7 +405,7 @@ func fleetSpoolScenario() *scenario {
 		}
 		s.step(ctx, "pipeline.fleet.spool-order", 45*time.Second, func(ctx context.Context) (string, error) {
 			opts.FailRate = 0
-			st2, err := startStub(ctx, opts, st1.addr)
+			st2, err := startStub(ctx, opts, st1.Addr)
 			if err != nil {
 				return "", err
 			}

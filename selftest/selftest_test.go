@@ -3,7 +3,6 @@ package selftest
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -263,16 +263,11 @@ func TestHungCheckFails(t *testing.T) {
 // with the token, compare clocks, and fail with a clear reason when the token
 // is refused; secrets never appear in a reason.
 func TestFleetHostChecks(t *testing.T) {
-	s, err := coord.New(coord.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s)
-	defer hs.Close()
+	s := coordtest.Start(t, coord.Options{})
 	only := regexp.MustCompile(`^host\.(fleet|clock\.coordinator|credentials|sb)`)
 	run := func(token string) map[string]Result {
 		cfg := hostConfig(t)
-		cfg.Fleet, cfg.FleetAPI, cfg.FleetToken = true, hs.URL+"/api", token
+		cfg.Fleet, cfg.FleetAPI, cfg.FleetToken = true, s.API, token
 		rep, err := Run(context.Background(), Options{Config: cfg, Only: only})
 		if err != nil {
 			t.Fatal(err)

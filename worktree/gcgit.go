@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // RefInfo is a ref, the commit it points at and that commit's committer
@@ -502,7 +504,7 @@ func mergeTreeContained(ctx context.Context, g Git, dir string, tips, candidates
 						mu.Unlock()
 						break
 					}
-					if err == nil && firstLine(res) == trees[i] {
+					if err == nil && brief.FirstLine(res, 0) == trees[i] {
 						mu.Lock()
 						out = append(out, c)
 						mu.Unlock()
@@ -535,11 +537,6 @@ feed:
 		return nil, err
 	}
 	return out, nil
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return strings.TrimSpace(line)
 }
 
 // RefOutcome is what happened to one ref a batched delete was asked to

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -259,21 +260,13 @@ func firstMeaningfulLine(stderr string) string {
 			continue
 		}
 		if strings.HasPrefix(line, "fatal:") || strings.HasPrefix(line, "error:") {
-			return clip(line)
+			return brief.Clip(line, 300)
 		}
 		if first == "" {
 			first = line
 		}
 	}
-	return clip(first)
-}
-
-func clip(s string) string {
-	const max = 300
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
+	return brief.Clip(first, 300)
 }
 
 // subcommand names the git command in args for messages: "worktree add",

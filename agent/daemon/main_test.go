@@ -26,6 +26,7 @@ import (
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -164,19 +165,8 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.coord != nil {
 		o.coord(&co)
 	}
-	s, err := coord.New(co)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	r.hs = httptest.NewServer(s)
-	t.Cleanup(func() {
-		r.hs.Close()
-		cancel()
-		s.Close()
-	})
-	r.stub, r.api = s, r.hs.URL+"/api"
+	s := coordtest.Start(t, co)
+	r.stub, r.api = s.Server, s.API
 
 	hb := o.heartbeat
 	if hb == 0 {

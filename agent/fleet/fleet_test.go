@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
@@ -242,7 +243,7 @@ func TestRequeuedWhileRunningIsFenced(t *testing.T) {
 func TestLeaseExpiryWhilePartitioned(t *testing.T) {
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))
-		p, err := coord.NewPartition(strings.TrimPrefix(s.http.URL, "http://"))
+		p, err := coord.NewPartition(s.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -478,13 +479,8 @@ func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
 func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 	stateFile := filepath.Join(t.TempDir(), "coord.json")
 	opts := coord.Options{StateFile: stateFile, LeaseTTL: time.Minute, FailRate: 1, FaultRoutes: []string{coord.RoutePatch}}
-	s1, err := coord.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv1 := newServerOn(t, "127.0.0.1:0", s1)
-	addr := srv1.addr
-	st := &stub{Server: s1, API: "http://" + addr + "/api"}
+	st := startStub(t, opts)
+	addr := st.Addr
 	w := newWorld(t, "app")
 	script, started, goFile := w.waitScript(idDurable)
 	st.submit(t, idDurable, "app", "script: "+script+"\nship: none")
@@ -496,7 +492,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 		done <- res
 	}()
 	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
-	srv1.kill() // the stub dies mid-job
+	st.Kill() // the stub dies mid-job
 	testenv.WriteFile(t, goFile, "go")
 	res := <-done
 	if res.Outcome.Failed() || res.Stage != job.Testing || res.Report != "spooled" {
@@ -509,11 +505,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 
 	// The stub comes back with its state (no more faults); a new aq starts.
 	opts.FailRate = 0
-	s2, err := coord.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	newServerOn(t, addr, s2)
+	s2 := coordtest.StartOn(t, addr, opts, nil)
 	if j, _ := s2.Job(idDurable); j.Stage != coord.StageAssigned || j.Holder != "survivor" {
 		t.Fatalf("restored job %+v", j)
 	}

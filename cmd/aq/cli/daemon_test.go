@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/aqfleet/aq/agent/daemon"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -75,21 +75,10 @@ func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...strin
 		}
 		co.Publisher = pub
 	}
-	s, err := coord.New(co)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	e.stub = s
+	s := coordtest.Start(t, co)
+	e.stub = s.Server
 	e.h.Env = append([]string{
-		"AQ_FLEET=1", "AQ_FLEET_API=" + hs.URL + "/api", "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
+		"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
 		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
 	}, env...)
 	if broker {
