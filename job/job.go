@@ -23,7 +23,7 @@ type Job struct {
 	Base           string   `json:"base"`
 	Product        string   `json:"product,omitempty"`
 	Profile        string   `json:"profile,omitempty"`
-	Engine         string   `json:"engine"` // claude|codex|devin|script|any
+	Engine         string   `json:"engine"` // an engine of engines.Known()
 	Model          string   `json:"model,omitempty"`
 	Capabilities   []string `json:"capabilities"`
 	Priority       int      `json:"priority"`
@@ -73,9 +73,6 @@ const (
 // DefaultWall bounds a job whose manifest sets no wall budget, so a hung
 // engine can never hold a slot forever.
 const DefaultWall = 2 * time.Hour
-
-// Engines are the engine names a manifest may ask for.
-var Engines = []string{"claude", "codex", "devin", "script", "any"}
 
 // ShipModes are the ship: values.
 var ShipModes = []string{"none", "branch", "pr", "merge"}

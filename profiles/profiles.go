@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
@@ -232,8 +233,8 @@ func Parse(file string, data []byte) (Profile, error) {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !slices.Contains(job.Engines, v) {
-					d.Addf(f.Line, "use one of: "+strings.Join(job.Engines, ", "), "engine %q is not known", v)
+				if !slices.Contains(engines.Known(), v) {
+					d.Addf(f.Line, "use one of: "+strings.Join(engines.Known(), ", "), "engine %q is not known", v)
 				}
 				p.Engine = v
 			}

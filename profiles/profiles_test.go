@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
@@ -43,7 +44,7 @@ func TestEmbedded(t *testing.T) {
 			if p.Source != SourceEmbedded {
 				t.Errorf("source %q", p.Source)
 			}
-			if !slices.Contains(job.Engines, p.Engine) {
+			if !slices.Contains(engines.Known(), p.Engine) {
 				t.Errorf("engine %q", p.Engine)
 			}
 			if !slices.Contains(p.Capabilities, "has:git") {

@@ -277,13 +277,13 @@ func checkScriptEngine(ctx context.Context, s *session) (string, error) {
 
 func checkAnyEngine(ctx context.Context, s *session) (string, error) {
 	var have []string
-	for _, n := range caps.EngineBinaries {
+	for _, n := range engines.Coding() {
 		if s.h.lookPath(n) != "" {
 			have = append(have, n)
 		}
 	}
 	if len(have) == 0 {
-		return "", skipf("no coding engine (claude, codex, devin) is installed: only engine: script jobs can run here")
+		return "", skipf("no coding engine (%s) is installed: only engine: script jobs can run here", strings.Join(engines.Coding(), ", "))
 	}
 	return "coding engines: " + strings.Join(have, ", "), nil
 }

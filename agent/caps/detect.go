@@ -27,10 +27,6 @@ import (
 // DefaultProbeTimeout bounds each `<bin> --version` probe.
 const DefaultProbeTimeout = 3 * time.Second
 
-// EngineBinaries are the engines aq detects by their binary on PATH (DESIGN §7).
-// ScriptEngine is built in and always offered.
-var EngineBinaries = []string{"claude", "codex", "devin"}
-
 // ScriptEngine is aq's built-in engine that runs a user command.
 const ScriptEngine = "script"
 
@@ -177,7 +173,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		flagNotes []string
 	}
 	var found []*engineProbe
-	for _, name := range EngineBinaries {
+	for _, name := range engines.Coding() { // found by their binary on PATH; script is built in
 		if p := lookPath(name, dirs); p != "" {
 			found = append(found, &engineProbe{info: EngineInfo{Name: name, Path: p}})
 		}

@@ -20,6 +20,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -226,8 +227,8 @@ func (p *parser) decode() {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !slices.Contains(job.Engines, v) {
-					d.Addf(f.Line, oneOf(v, job.Engines), "engine %q is not known", v)
+				if !slices.Contains(engines.Known(), v) {
+					d.Addf(f.Line, oneOf(v, engines.Known()), "engine %q is not known", v)
 				}
 				j.Engine = v
 			}
@@ -484,7 +485,7 @@ func (p *parser) check() {
 		d.Addf(p.doc.OpenLine, "add repo: NAME (a git repository under AQ_REPO_BASE) or repo: a git URL", "repo is required")
 	}
 	switch {
-	case !slices.Contains(job.Engines, j.Engine): // already reported
+	case !slices.Contains(engines.Known(), j.Engine): // already reported
 	case j.Engine == "script" && !p.set("script"):
 		line := p.at["engine"]
 		if line == 0 {
