@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -197,7 +198,7 @@ func (wd *world) runWaiting(ctx context.Context, f *factory, id, ship string) (d
 		return nil, "", err
 	}
 	done = f.runOnceBackground(ctx)
-	if err := waitFor(ctx, "the engine to start", func() bool { return fileExists(started) }); err != nil {
+	if err := fixture.WaitFor(ctx, "the engine to start", func() bool { return fixture.Exists(started) }); err != nil {
 		return nil, "", err
 	}
 	return done, goFile, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -329,7 +330,7 @@ func homeScenario() *scenario {
 			if home == "" {
 				return "", failf("AQ_HOME is not set and there is no home directory: set AQ_HOME")
 			}
-			existed := fileExists(home)
+			existed := fixture.Exists(home)
 			if err := mkdir(home); err != nil {
 				return "", failf("cannot create AQ_HOME %s: %v (set AQ_HOME to a writable directory)", home, unwrapPath(err))
 			}
@@ -385,7 +386,7 @@ func homeScenario() *scenario {
 		})
 		s.step(ctx, "host.home.space", 5*time.Second, func(ctx context.Context) (string, error) {
 			dir := home
-			for dir != "" && !fileExists(dir) && filepath.Dir(dir) != dir {
+			for dir != "" && !fixture.Exists(dir) && filepath.Dir(dir) != dir {
 				dir = filepath.Dir(dir)
 			}
 			free, err := freeBytes(dir)
@@ -647,7 +648,7 @@ func checkProfiles(ctx context.Context, s *session) (string, error) {
 	}
 	names := cat.Names()
 	r := fmt.Sprintf("%d profiles: %s", len(names), strings.Join(names, ", "))
-	if dir != "" && fileExists(dir) {
+	if dir != "" && fixture.Exists(dir) {
 		r += " (with the overrides in " + dir + ")"
 	}
 	return r, nil
@@ -655,7 +656,7 @@ func checkProfiles(ctx context.Context, s *session) (string, error) {
 
 func checkQueuedManifests(ctx context.Context, s *session) (string, error) {
 	home := s.h.home()
-	if home == "" || !fileExists(filepath.Join(home, "queue")) {
+	if home == "" || !fixture.Exists(filepath.Join(home, "queue")) {
 		return "", skipf("no local queue yet ($AQ_HOME/queue does not exist)")
 	}
 	qs := s.h.queuedManifests()

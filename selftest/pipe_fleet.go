@@ -12,6 +12,7 @@ import (
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -157,7 +158,7 @@ func fleetBasicScenario() *scenario {
 			return "", failf("the coordinator does not know %s", f.id)
 		})
 		s.step(ctx, "pipeline.fleet.auth-refused", 10*time.Second, func(ctx context.Context) (string, error) {
-			c, err := fleet.NewClient(fleet.ClientOptions{API: wd.st.API, Token: "aqf_not_a_token_" + randomHex(6), FactoryID: "selftest-intruder", Budgets: fastBudgets()})
+			c, err := fleet.NewClient(fleet.ClientOptions{API: wd.st.API, Token: "aqf_not_a_token_" + fixture.RandomHex(6), FactoryID: "selftest-intruder", Budgets: fastBudgets()})
 			if err != nil {
 				return "", err
 			}
@@ -180,7 +181,7 @@ func fleetBasicScenario() *scenario {
 				got <- err
 			}()
 			n503 := func() int64 { return wd.st.Stats().Routes[coord.RouteQueueState].Status["503"] }
-			werr := waitFor(ctx, "a 503", func() bool { return n503() >= 2 })
+			werr := fixture.WaitFor(ctx, "a 503", func() bool { return n503() >= 2 })
 			wd.st.SetFaults(0, 0)
 			if err := <-got; err != nil {
 				return "", failf("the call failed instead of being retried: %v", err)
@@ -385,7 +386,7 @@ func fleetSpoolScenario() *scenario {
 				return "", err
 			}
 			st1.Kill() // the coordinator dies mid-job
-			if err := writeFile(goFile, "go"); err != nil {
+			if err := fixture.WriteFile(goFile, "go"); err != nil {
 				return "", err
 			}
 			res, err := await(ctx, done)
