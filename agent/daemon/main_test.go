@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,7 +56,6 @@ type rig struct {
 	o       rigOptions
 	limits  daemon.Limits
 	stub    *coord.Server
-	hs      *httptest.Server
 	api     string
 	peer    *sbpeertest.Peer
 	pub     *coord.Publisher

@@ -183,16 +183,6 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 	return nil
 }
 
-// fleetJobAction is requeue, reject or ship through the coordinator.
-func fleetJobAction(ctx context.Context, f *Factory, id, action, detail string) error {
-	msg, err := fleetAct(ctx, f, id, action, detail)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(f.IO.Out, msg)
-	return nil
-}
-
 // fleetAct applies action and says what became of the job.
 func fleetAct(ctx context.Context, f *Factory, id, action, detail string) (string, error) {
 	if err := checkJobID(id); err != nil {
@@ -266,7 +256,7 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 		if len(names) > 1 {
 			fmt.Fprintf(f.IO.Out, "--- %s.log (artifact %s from %s, attempt %d) ---\n", n, a.ID, orDash(a.FactoryID), a.Attempt)
 		}
-		f.IO.Out.Write(b)
+		_, _ = f.IO.Out.Write(b)
 		shown++
 	}
 	if shown == 0 {
