@@ -49,8 +49,8 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 	}
 	defer errF.Close()
 	header := fmt.Sprintf("=== aq job %s attempt %d: %s at %s ===\n", spec.JobID, spec.Attempt, filepath.Base(inv.Path), time.Now().UTC().Format(time.RFC3339))
-	outF.WriteString(header)
-	errF.WriteString(header)
+	_, _ = outF.WriteString(header) // a log header: the engine runs whether or not it is written
+	_, _ = errF.WriteString(header)
 
 	outLog := secrets.NewWriter(outF, spec.Redactor)
 	errLog := secrets.NewWriter(errF, spec.Redactor)

@@ -136,7 +136,7 @@ func TestBadProfiles(t *testing.T) {
 		line                int
 		want                string
 	}{
-		{"unknown key", "a.md", "---\nengine: claude\nmodle: x\n---\nP.\n", 3, `unknown key "modle" (did you mean "model"?)`},
+		{"unknown key", "a.md", "---\nengine: claude\nmodle: x\n---\nP.\n", 3, `unknown key "modle" (did you mean "model"?)`}, //nolint:misspell // the typo is the test
 		{"unknown budget key", "a.md", "---\nbudget:\n  walltime: 1h\n---\nP.\n", 3, `unknown key "budget.walltime"`},
 		{"name mismatch", "a.md", "---\nname: b\n---\nP.\n", 2, `name "b" does not match the file name "a.md"`},
 		{"bad name", "a b.md", "---\n---\nP.\n", 1, `profile name "a b"`},

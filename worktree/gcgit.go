@@ -400,7 +400,7 @@ func baseWindow(ctx context.Context, g Git, dir string, tips []string, want map[
 			after--
 		}
 	}
-	io.Copy(io.Discard, stdout)
+	_, _ = io.Copy(io.Discard, stdout) // drain: git must not block on a full pipe before Wait
 	werr := cmd.Wait()
 	if werr != nil && after != 0 {
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -438,7 +438,7 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 	}
 	if err := pidCmd.Start(); err != nil {
 		cancel()
-		logCmd.Wait()
+		_ = logCmd.Wait()
 		return nil, err
 	}
 	pidWait := pidCmd.Wait()

@@ -46,7 +46,7 @@ func checkRoutes(o *Options) error {
 	}
 	for _, r := range o.Without {
 		if !slices.Contains(allRoutes, r) {
-			return fmt.Errorf("Without: %q is not one of the stub's routes", r)
+			return fmt.Errorf("Options.Without: %q is not one of the stub's routes", r)
 		}
 	}
 	return nil

@@ -116,7 +116,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	names, _ := fs.Glob(jobFiles, "jobs/*.md")
 	sort.Strings(names)
 	jobsDir := filepath.Join(dir, "jobs")
-	os.MkdirAll(jobsDir, 0o755)
+	if err := os.MkdirAll(jobsDir, 0o755); err != nil {
+		return nil, err
+	}
 	for _, n := range names {
 		raw, _ := jobFiles.ReadFile(n)
 		p := filepath.Join(jobsDir, filepath.Base(n))

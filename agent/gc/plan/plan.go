@@ -619,14 +619,14 @@ func (pl *planner) ref(r RefState, where string) Decision {
 	return d.keep(RuleNotJobRef, "not an aq/job/<id> or aq/wip/<id> ref")
 }
 
-func (d Decision) keep(rule Rule, format string, args ...any) Decision {
-	d.Action, d.Rule, d.Reason = Keep, rule, fmt.Sprintf(format, args...)
-	return d
+func (x Decision) keep(rule Rule, format string, args ...any) Decision {
+	x.Action, x.Rule, x.Reason = Keep, rule, fmt.Sprintf(format, args...)
+	return x
 }
 
-func (d Decision) del(rule Rule, format string, args ...any) Decision {
-	d.Action, d.Rule, d.Reason = Delete, rule, fmt.Sprintf(format, args...)
-	return d
+func (x Decision) del(rule Rule, format string, args ...any) Decision {
+	x.Action, x.Rule, x.Reason = Delete, rule, fmt.Sprintf(format, args...)
+	return x
 }
 
 func (pl *planner) jobBranch(d Decision, r RefState) Decision {

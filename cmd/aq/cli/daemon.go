@@ -81,7 +81,7 @@ func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {
 	if err != nil {
 		return err
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}

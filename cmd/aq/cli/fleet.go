@@ -49,7 +49,7 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 	if opts.JobID == "" && (cfg.SBNamespace != "" || cfg.SBConnectionString != "") {
 		return runFleetBroker(ctx, f, cfg, opts)
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		mu sync.Mutex
 		t  fleetTally
 	)
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func fleetError(err error) error {
 
 func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	if opts.JSON {
-		writeJSONLine(f.IO.Out, r)
+		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome

@@ -211,7 +211,7 @@ func printLocalLogs(f *Factory, dir, id string, names []string) {
 		if len(names) > 1 {
 			fmt.Fprintf(f.IO.Out, "--- %s.log ---\n", n)
 		}
-		f.IO.Out.Write(b)
+		_, _ = f.IO.Out.Write(b)
 		shown++
 	}
 	if shown == 0 {

@@ -83,7 +83,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	if err != nil {
 		return err
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ func exitFor(last *local.Result, failed int) error {
 
 func printResult(f *Factory, opts *runOptions, r *local.Result) {
 	if opts.JSON {
-		writeJSONLine(f.IO.Out, r)
+		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome
