@@ -1,4 +1,4 @@
-// Package profiles owns the persona catalog (DESIGN §4): markdown files whose
+// Package profiles owns the persona catalog (docs/manifest.md, "Profiles"): markdown files whose
 // front matter gives a job's defaults — engine, model, capabilities, budget —
 // and whose body is the persona prompt, the engine's standing instructions.
 // Every *.md file in this directory is a profile, embedded in the binary;

@@ -371,9 +371,9 @@ func inodes(t *testing.T, dir string) map[string]string {
 // exactly a fresh one.
 func TestPoolDiscardsWhatCannotBeMadeClean(t *testing.T) {
 	cases := []struct {
-		name   string
+		name    string
 		breakIt func(t *testing.T, pooled string) (undo func())
-		aside  bool // set aside rather than removed
+		aside   bool // set aside rather than removed
 	}{
 		{name: "locked index", breakIt: func(t *testing.T, pooled string) func() {
 			testenv.WriteFile(t, gitPath(t, pooled, "index.lock"), "")

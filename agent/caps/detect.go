@@ -44,7 +44,7 @@ var defaultTools = []string{
 // nil: each one found on PATH is offered as has:<tool>.
 func DefaultTools() []string { return append([]string(nil), defaultTools...) }
 
-// repoNamePattern is the id rule of DESIGN §4: a repo: name is a manifest's
+// repoNamePattern is the id rule of docs/manifest.md ("Keys"): a repo: name is a manifest's
 // repo value, so a folder whose name could not be written there is no repo.
 var repoNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 

@@ -1,4 +1,4 @@
-// Package config owns aq's configuration (DESIGN §3): the keys, their flag and
+// Package config owns aq's configuration (README.md, "Configuration"; `aq config` lists every key): the keys, their flag and
 // environment bindings (including the legacy agent-queue.sh names), the config
 // file, precedence flag > environment > file > default, validation, and where
 // each effective value came from. Everything is bound in one place, with viper.
@@ -432,7 +432,7 @@ func (c *Config) Secrets() []string {
 	return out
 }
 
-// Paths under Home (DESIGN §5, §6).
+// Paths under Home (docs/local.md, "The queue on disk"; docs/architecture.md, "Running a job").
 func (c *Config) QueueDir() string     { return filepath.Join(c.Home, "queue") }
 func (c *Config) WorktreesDir() string { return filepath.Join(c.Home, "worktrees") }
 func (c *Config) LocksDir() string     { return filepath.Join(c.Home, "locks") }

@@ -1,4 +1,4 @@
-// Package daemon is `aq daemon`: the long-running fleet factory (DESIGN §10a,
+// Package daemon is `aq daemon`: the long-running fleet factory (docs/daemon.md,
 // §11). It owns the loops of a factory and their lifetimes:
 //
 //   - the fleet session (agent/fleet): enrollment, the first heartbeat, the

@@ -101,7 +101,7 @@ type rigOptions struct {
 	routes string
 }
 
-// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// eachRouteSet runs fn once per route set of the stub — full (docs/contract.md)
 // and legacy (the coordinator in service today) — so the daemon's fleet
 // path is held to both (a table over route sets, not copies of tests).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {

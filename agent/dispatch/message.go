@@ -1,5 +1,6 @@
-// Package dispatch owns the factory's side of Service Bus delivery (DESIGN §10,
-// FLEET_DISPATCH_REDESIGN §4.2, §5.2, §5.3): it receives the targeted dispatch
+// Package dispatch owns the factory's side of Service Bus delivery
+// (docs/servicebus.md; the message and its settlement in docs/contract.md,
+// "Broker messages"; the background is the coordinator team's "Fleet dispatch redesign"): it receives the targeted dispatch
 // messages of this factory's subscription with the azservicebus SDK (PeekLock),
 // asks the coordinator to accept each job through a consumer-side Acceptor,
 // settles the message by the outcome table, hands accepted jobs to a Handler,
@@ -22,7 +23,7 @@ import (
 	"github.com/aqfleet/aq/internal/brief"
 )
 
-// Message is a dispatch message (DESIGN §10): small, no job body. The broker
+// Message is a dispatch message (docs/contract.md, "Broker messages"): small, no job body. The broker
 // is transport; the coordinator holds the job.
 type Message struct {
 	JobID           string   `json:"jobId"`

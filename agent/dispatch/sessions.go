@@ -15,8 +15,8 @@ import (
 	"github.com/aqfleet/aq/internal/brief"
 )
 
-// Sessions keyed by repo (AQ_SB_SESSIONS=1; FLEET_DISPATCH_REDESIGN §4.2,
-// §5.5 item 3). The dispatcher sets SessionId = repo on every message and
+// Sessions keyed by repo (AQ_SB_SESSIONS=1; docs/servicebus.md, "Sessions";
+// the background is the coordinator team's "Fleet dispatch redesign" on one repo's jobs). The dispatcher sets SessionId = repo on every message and
 // the subscription requires sessions; the broker then hands each repo's
 // messages, in order, to one receiver at a time — the one holding the
 // session's lock — so same-repo work is serialised across every factory
@@ -26,7 +26,7 @@ import (
 // (AcceptNextSessionForSubscription) and holds it in that slot: it renews
 // the session's lock, takes the session's messages one at a time, and runs
 // each accepted job to its end before it takes the next (complete-on-claim,
-// the outcome table of DESIGN §10 per message). With no message for the
+// the outcome table of docs/servicebus.md per message). With no message for the
 // session within SessionIdle it closes the session, which frees it for any
 // receiver, and gives the slot back.
 //

@@ -34,7 +34,7 @@ func fastBudgets() Budgets {
 	}
 }
 
-// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// eachRouteSet runs fn once per route set of the stub — full (docs/contract.md)
 // and legacy (the coordinator in service today: no /fleet/fail, accept,
 // deregister) — so the fleet pipeline is held to both (a table over route
 // sets, not copies of tests).

@@ -1,4 +1,4 @@
-// Package gc is `aq gc` (DESIGN §8): idempotent cleanup of the branches,
+// Package gc is `aq gc` (docs/gc.md): idempotent cleanup of the branches,
 // WIP refs and worktrees aq leaves behind, safe to run from cron while jobs
 // run.
 //

@@ -1,4 +1,4 @@
-// Package manifest owns job manifests (DESIGN §4): it reads a markdown file
+// Package manifest owns job manifests (docs/manifest.md): it reads a markdown file
 // with YAML front matter, validates every key strictly (unknown keys, wrong
 // types and bad values are errors that name the line), merges the named
 // profile under it, applies aq's defaults and returns the normalised
@@ -39,7 +39,7 @@ type Errors = mdmeta.Errors
 // before it is parsed.
 const MaxSize = mdmeta.MaxSize
 
-// Keys are the front matter keys a manifest may use (DESIGN §4, plus model);
+// Keys are the front matter keys a manifest may use (docs/manifest.md, "Keys");
 // any other key is an error.
 var Keys = []string{"id", "title", "repo", "base", "product", "profile", "engine", "model", "capabilities",
 	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "script", "ship"}

@@ -1,4 +1,4 @@
-// Package runner runs one job through DESIGN §6, whatever its source (the
+// Package runner runs one job (docs/architecture.md, "Running a job"), whatever its source (the
 // local folder queue or the fleet): engine pre-flight, the per-(host, repo)
 // lock, a linked worktree started from the job's WIP checkpoint or its base,
 // the engine under its budgets and the kill ladder, a checkpoint on every exit

@@ -1,5 +1,5 @@
 // Package ship opens pull requests and enables auto-merge with the GitHub CLI
-// `gh` (ship: pr | merge, DESIGN §6 step 5): the tool users already have and
+// `gh` (ship: pr | merge, docs/ship.md): the tool users already have and
 // are logged in to. The runner has pushed the job branch before it calls
 // Ship; nothing here pushes.
 //

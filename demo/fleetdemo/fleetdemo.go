@@ -390,7 +390,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 		r.say("   no Service Bus:   %s — the factories take jobs over the gated poll path (AQ_FLEET_GATE=1) instead", r.why)
 	}
 	if r.legacy() {
-		r.say("   route set legacy: the stub serves exactly the coordinator in service today (GIGAFACTORY_SYSTEM_OVERVIEW §9): no %s",
+		r.say("   route set legacy: the stub serves exactly the coordinator in service today: no %s",
 			strings.Join(coord.ProposedRoutes, ", "))
 		if r.refuse {
 			r.say("                     each factory is still given the Service Bus peer (AQ_SB_CONNECTION_STRING) and must refuse it at start")

@@ -1,5 +1,5 @@
 // Package aqerr owns aq's user-facing error type and the mapping from errors to
-// process exit codes (DESIGN §2). Commands and packages return *Error values (or
+// process exit codes (README.md, "Exit codes"). Commands and packages return *Error values (or
 // wrap them); only cmd/aq prints them and turns them into an exit status, once.
 package aqerr
 
@@ -14,7 +14,7 @@ import (
 // Code is a process exit status with a documented meaning.
 type Code int
 
-// Exit codes of aq (DESIGN §2). They are part of the contract: scripts and
+// Exit codes of aq (README.md, "Exit codes"). They are part of the contract: scripts and
 // systemd units depend on them.
 const (
 	OK       Code = 0 // a job ran and succeeded (or the command did its work)

@@ -24,7 +24,7 @@ import (
 	"github.com/aqfleet/aq/internal/brief"
 )
 
-// MaxSize is the largest file accepted (1 MiB, DESIGN §4). Larger files are
+// MaxSize is the largest file accepted (1 MiB, docs/manifest.md). Larger files are
 // refused before any parsing.
 const MaxSize = 1 << 20
 

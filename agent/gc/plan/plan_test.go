@@ -312,7 +312,7 @@ func randomState(r *rand.Rand) State {
 	return st
 }
 
-// The invariants of DESIGN §8 hold for any state: nothing outside aq/ is
+// The rules of docs/gc.md ("Never") hold for any state: nothing outside aq/ is
 // ever deleted; no worktree of a job in flight (or in a locked repository);
 // no job branch whose commits or change are not in base; no WIP ref of a
 // job that is running, unknown (unless merged) or failed within retention;

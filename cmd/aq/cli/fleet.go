@@ -168,7 +168,7 @@ func (t *fleetTally) exit() error {
 	last, failed := t.last, t.failed
 	switch {
 	case last != nil && (last.Fenced || last.Outcome.Reason == job.ReasonLeaseLost):
-		// Lease lost counts as fenced (DESIGN §9): another factory may own it.
+		// Lease lost counts as fenced (docs/contract.md, "Leases and fencing"): another factory may own it.
 		return &aqerr.Silent{Code: aqerr.Fenced}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}

@@ -35,7 +35,7 @@ func fleetEnv(t *testing.T) (s *coord.Served, dir, origin string) {
 	return fleetEnvRoutes(t, coord.RoutesFull)
 }
 
-// eachRouteSet runs fn once per route set of the stub (full: DESIGN §9;
+// eachRouteSet runs fn once per route set of the stub (full: docs/contract.md;
 // legacy: the coordinator in service today).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
 	for _, rs := range coord.RouteSets {

@@ -150,7 +150,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	}
 }
 
-// exitFor maps the run's results to DESIGN §2's exit codes.
+// exitFor maps the run's results to the exit codes (README.md, "Exit codes").
 func exitFor(last *local.Result, failed int) error {
 	switch {
 	case last != nil && last.Outcome.Reason == job.ReasonFenced:
