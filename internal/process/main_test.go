@@ -30,7 +30,11 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	if mode := os.Getenv(childModeEnv); mode != "" {
-		defaultSignals()
+		switch mode {
+		case "disposition", "run-ignoring-int": // they look at an inherited disposition
+		default:
+			defaultSignals()
+		}
 		os.Exit(child(mode, os.Args[1:]))
 	}
 	os.Exit(m.Run())
@@ -177,6 +181,30 @@ func child(mode string, args []string) int {
 		<-c
 		_ = os.WriteFile(arg(0, ""), []byte("cleaned up\n"), 0o644)
 		return 130
+
+	case "disposition": // how it found SIGINT: "ignored" or "default"
+		if signal.Ignored(syscall.SIGINT) {
+			fmt.Println("ignored")
+		} else {
+			fmt.Println("default")
+		}
+		return 0
+
+	case "run-ignoring-int": // started with SIGINT ignored, runs an engine through process.Run
+		self, _ := os.Executable()
+		if !signal.Ignored(syscall.SIGINT) {
+			fmt.Println("SIGINT is not ignored here: the test's set-up failed")
+			return 94
+		}
+		res, err := process.Run(context.Background(), process.Spec{
+			Path: self, Env: append(os.Environ(), childModeEnv+"=disposition"), Tag: "disposition-" + strconv.Itoa(os.Getpid()),
+			Stdout: os.Stdout, Stderr: os.Stderr, Grace: 10 * time.Second,
+		})
+		if err != nil || res.ExitCode != 0 {
+			fmt.Fprintln(os.Stderr, "run:", err, res.ExitCode)
+			return 93
+		}
+		return 0
 
 	case "self-signal": // dies of SIGHUP without anyone stopping it
 		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
