@@ -3,6 +3,7 @@ package runner_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -101,6 +102,41 @@ func TestPeriodicCheckpointsWhileTheEngineRuns(t *testing.T) {
 	}
 	if got := testenv.RemoteRefs(t, origin, "refs/heads/aq/wip/")["refs/heads/aq/wip/"+j.ID]; got != out.Checkpoint {
 		t.Errorf("origin's aq/wip = %s, want the final checkpoint %s", got, out.Checkpoint)
+	}
+}
+
+// TestFinalPushAfterAStoppedPeriodicPush: the engine ends while a periodic
+// checkpoint's push is in flight. That push is stopped after origin took
+// it (git updates the ref before it reports; here origin's post-receive hook
+// holds the report back), so aq does not know it landed — and the final
+// checkpoint's push, a compare-and-swap against what aq last knew, was
+// refused as stale: the final checkpoint stayed on this host, origin kept
+// the older one. aq now asks origin about a push in doubt first.
+func TestFinalPushAfterAStoppedPeriodicPush(t *testing.T) {
+	f := newFixture(t)
+	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
+	origin := testenv.AddOrigin(t, f.repo)
+	sig := t.TempDir()
+	landed, release := filepath.Join(sig, "landed"), filepath.Join(sig, "release")
+	// The first push that reaches origin is held after its ref update until
+	// the test ends; later ones pass.
+	testenv.WriteFile(t, filepath.Join(origin, "hooks", "post-receive"), "#!/bin/sh\ncat >/dev/null\n"+
+		"if [ ! -e '"+landed+"' ]; then : > '"+landed+"'; while [ ! -e '"+release+"' ]; do sleep 0.05; done; fi\n")
+	if err := os.Chmod(filepath.Join(origin, "hooks", "post-receive"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.WriteFile(t, release, "") })
+	j := f.job("push-in-doubt", "echo one > one.txt\nwhile [ ! -e '"+landed+"' ]; do sleep 0.05; done\necho two > two.txt\n")
+	out := f.run(context.Background(), j, runner.Options{Attempt: 1})
+	if out.Failed() {
+		t.Fatalf("%+v", out)
+	}
+	got := testenv.RemoteRefs(t, origin, "refs/heads/aq/wip/")["refs/heads/aq/wip/"+j.ID]
+	if !out.WIPPushed || got != out.Checkpoint {
+		t.Fatalf("origin's aq/wip = %s, want the final checkpoint %s (pushed: %v)", got, out.Checkpoint, out.WIPPushed)
+	}
+	if files := testenv.TreeFiles(t, origin, got); files["two.txt"] != "two" {
+		t.Fatalf("origin's checkpoint lacks the engine's last file: %v", files)
 	}
 }
 

@@ -227,6 +227,10 @@ type run struct {
 	// wipOnOrigin is origin's aq/wip/<id> when the run started ("" = none):
 	// the WIP push is a compare-and-swap against it.
 	wipOnOrigin string
+	// wipInDoubt is a checkpoint whose push failed or was stopped: it may
+	// have reached origin all the same (git updates the ref before it
+	// reports), so the next push first asks origin (pushExpect).
+	wipInDoubt string
 	// jobOnOrigin is origin's aq/job/<id> when the run started ("" = none):
 	// the result push is a compare-and-swap against it.
 	jobOnOrigin string
