@@ -89,6 +89,7 @@ func TestCatalog(t *testing.T) {
 // with the aq binary for the child-process checks: on this machine every
 // check passes or is skipped with a reason; nothing is left behind.
 func TestRunAllPassOrSkip(t *testing.T) {
+	testenv.Slow(t, "runs every check, the offline pipeline included")
 	cfg := hostConfig(t)
 	tmp := t.TempDir()
 	rep, err := Run(context.Background(), Options{Config: cfg, Exe: testenv.BuildAQ(t), TempDir: tmp})
@@ -127,6 +128,7 @@ func TestRunAllPassOrSkip(t *testing.T) {
 // kill -9 recovery, budgets, the peer) leave no process carrying one of their
 // tags, and their temp dir is removed; the real AQ_HOME is not touched.
 func TestNothingLeftBehind(t *testing.T) {
+	testenv.Slow(t, "runs every check, the offline pipeline included")
 	cfg := hostConfig(t)
 	tmp := t.TempDir()
 	rep, err := Run(context.Background(), Options{Config: cfg, Exe: testenv.BuildAQ(t), TempDir: tmp,

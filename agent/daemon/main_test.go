@@ -121,6 +121,7 @@ func failKinds(routes, stage string) []string {
 
 func newRig(t testing.TB, o rigOptions) *rig {
 	t.Helper()
+	testenv.Slow(t, "runs a whole factory: the stub, git repositories, the daemon's loops and its jobs")
 	if o.factory == "" {
 		o.factory = "fa"
 	}

@@ -174,6 +174,7 @@ func TestClaimRaceExactlyOneWins(t *testing.T) {
 // stopped and its work checkpointed locally, and it pushes nothing, opens no
 // PR and sends no report after the 409.
 func TestRequeuedWhileRunningIsFenced(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 30 * time.Second}))
 		w := newWorld(t, "app")
@@ -241,6 +242,7 @@ func TestRequeuedWhileRunningIsFenced(t *testing.T) {
 // the job with the epoch bumped and the checkpoint kept. When the network
 // returns, the factory's spooled fail is refused (409) and dropped.
 func TestLeaseExpiryWhilePartitioned(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))
 		p, err := coord.NewPartition(s.Addr)
@@ -477,6 +479,7 @@ func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
 // and its reports wait in the spool. aq exits; the stub restarts from its
 // state file; the next aq start delivers both reports, in order.
 func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	stateFile := filepath.Join(t.TempDir(), "coord.json")
 	opts := coord.Options{StateFile: stateFile, LeaseTTL: time.Minute, FailRate: 1, FaultRoutes: []string{coord.RoutePatch}}
 	st := startStub(t, opts)
@@ -536,6 +539,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 // within its budgets and every job still ends where it should, with every
 // report delivered.
 func Test503Storm(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{FailRate: 0.3, Seed: 42}))
 		w := newWorld(t, "app")
@@ -862,6 +866,7 @@ func TestStoppedBeforeStartReleasesLease(t *testing.T) {
 // and the fail came back 409: the failed job's lease was freed by the reaper,
 // not by its /fleet/fail.
 func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	// The factory counts its lease from the coordinator's Date header less a
 	// second (the header's resolution), then stops a second before that: the
 	// lease must outlast both.

@@ -121,6 +121,7 @@ func TestPeriodicCheckpointsWhileTheEngineRuns(t *testing.T) {
 // refused as stale: the final checkpoint stayed on this host, origin kept
 // the older one. aq now asks origin about a push in doubt first.
 func TestFinalPushAfterAStoppedPeriodicPush(t *testing.T) {
+	testenv.Slow(t, "waits out git's WaitDelay after the stopped push")
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
 	origin := testenv.AddOrigin(t, f.repo)

@@ -223,10 +223,21 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
+// Slow skips the test under -short (`make unit`), saying why it is slow;
+// `make test` runs it. why finishes "skipped under -short: …".
+func Slow(tb testing.TB, why string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("skipped under -short: " + why)
+	}
+}
+
 // BuildAQ builds the aq binary once per test binary (with -race when the
-// tests run with it) and returns its path.
+// tests run with it) and returns its path. A test that runs the binary is
+// slow (a build, then whole processes): it skips under -short.
 func BuildAQ(tb testing.TB) string {
 	tb.Helper()
+	Slow(tb, "builds and runs the aq binary")
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if aqBin == "" && buildErr == nil {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -319,6 +320,7 @@ func randomState(r *rand.Rand) State {
 // every candidate gets exactly one decision with a reason; Plan is
 // deterministic and leaves its input alone.
 func TestPlanInvariants(t *testing.T) {
+	testenv.Slow(t, "a property test over many random states")
 	t.Parallel()
 	r := rand.New(rand.NewPCG(8, 8))
 	for iter := range 2000 {
@@ -408,6 +410,7 @@ func TestPlanInvariants(t *testing.T) {
 // if the ceiling is met without them; a repository never keeps more than
 // PoolSize pooled worktrees, and the ones it keeps are its newest.
 func TestPlanPoolInvariants(t *testing.T) {
+	testenv.Slow(t, "a property test over many random states")
 	t.Parallel()
 	r := rand.New(rand.NewPCG(9, 9))
 	for iter := range 2000 {

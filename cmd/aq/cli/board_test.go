@@ -128,6 +128,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // job; requeue through r and y, after which the job really is in the inbox;
 // a resize; Ctrl-C exits 0 and gives the terminal back.
 func TestBoardTmuxLocal(t *testing.T) {
+	testenv.Slow(t, "drives the live board in a real tmux")
 	h, mark := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
@@ -275,6 +276,7 @@ func makeFleetScene(t *testing.T, s *coord.Server, base, dir string) fleetScene 
 // coordinator that lacks GET /fleet/factories named; one that goes away
 // shown as unreachable with its last data kept.
 func TestBoardTmuxFleet(t *testing.T) {
+	testenv.Slow(t, "drives the live board in a real tmux")
 	bin := testenv.BuildAQ(t) // first: the scene's heartbeat must be fresh when the board reads it
 	s, dir, _ := fleetEnv(t)
 	sc := makeFleetScene(t, s.Server, "http://"+s.Addr, dir)

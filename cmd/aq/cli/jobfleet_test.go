@@ -34,6 +34,7 @@ func oneErrLine(t *testing.T, stderr, want string) {
 // (409 with its reason), a route it lacks and a coordinator that is down
 // each give one line and their exit code.
 func TestFleetJobCommands(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against the stub end to end")
 	s, dir, _ := fleetEnv(t)
 	m := writeManifest(t, dir, idFleetShow, "script: echo shown > s.txt\nship: branch")
 	q := writeManifest(t, dir, idFleetQueued, "script: true\ncapabilities: [has:no-such-tool-anywhere]")
@@ -121,6 +122,7 @@ func TestFleetJobCommands(t *testing.T) {
 // the coordinator's view — counts, jobs, factories with health and load,
 // alerts — names a route the coordinator lacks, and says when it is down.
 func TestFleetStatusJSONCoordinator(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against the stub end to end")
 	s, dir, _ := fleetEnv(t)
 	q := writeManifest(t, dir, idFleetQueued, "script: true\ncapabilities: [has:no-such-tool-anywhere]")
 	if _, errOut, code := runAQ(t, "submit", q); code != 0 {
