@@ -215,6 +215,7 @@ func sh(t *testing.T, dir, script string) {
 // worktree from the pool, sees exactly what a new `git worktree add` would
 // show it.
 func TestPoolHandsNothingOn(t *testing.T) {
+	testenv.Slow(t, "hands many pooled worktrees on through every way they can be left dirty")
 	scenarios := []struct {
 		name  string
 		plant string // run in the first job's worktree

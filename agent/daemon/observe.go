@@ -144,6 +144,16 @@ func (b *brokerDepth) set(active, dead int64, known bool) {
 	b.known, b.nActive, b.nDead = known, active, dead
 }
 
+// depthReadTimeout bounds one depth read: the interval, but never less than
+// depthReadFloor — a management API slow to answer on a busy host is not a
+// failed read because the interval is short (a read that outlasts the
+// interval only delays the next) — nor more than 30 s.
+func depthReadTimeout(every time.Duration) time.Duration {
+	return min(max(every, depthReadFloor), 30*time.Second)
+}
+
+const depthReadFloor = 5 * time.Second
+
 // watchDepth reads the subscription's depth every interval until ctx ends.
 // A read that fails makes the depth unknown with one warning per outage (a
 // credential without Manage rights is named as such); the daemon goes on.
@@ -152,7 +162,7 @@ func watchDepth(ctx context.Context, r depthReader, b *brokerDepth, every time.D
 	defer t.Stop()
 	warned := false
 	for {
-		rctx, cancel := context.WithTimeout(ctx, min(every, 30*time.Second))
+		rctx, cancel := context.WithTimeout(ctx, depthReadTimeout(every))
 		rp, err := r.GetSubscriptionRuntimeProperties(rctx, b.topic, b.sub, nil)
 		cancel()
 		switch {
