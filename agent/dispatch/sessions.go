@@ -185,12 +185,56 @@ type sessionReceiver interface {
 
 var _ sessionReceiver = (*azservicebus.SessionReceiver)(nil)
 
+// serialSession lets one call at a time reach a session receiver for the
+// lock renewal, the settlements and Close. The SDK's SessionReceiver
+// (v1.11) is not safe for a renewal beside a settlement that re-attaches a
+// failed link: both write the session's lock time (the race detector caught
+// it when the local peer was killed and restarted mid-session). A
+// settlement is bounded by SettleTimeout, so a renewal waits at most that.
+type serialSession struct {
+	sessionReceiver
+	mu sync.Mutex
+}
+
+var _ sessionReceiver = (*serialSession)(nil)
+
+func (s *serialSession) RenewSessionLock(ctx context.Context, o *azservicebus.RenewSessionLockOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.RenewSessionLock(ctx, o)
+}
+
+func (s *serialSession) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.CompleteMessage(ctx, m, o)
+}
+
+func (s *serialSession) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.AbandonMessage(ctx, m, o)
+}
+
+func (s *serialSession) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.DeadLetterMessage(ctx, m, o)
+}
+
+func (s *serialSession) Close(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.Close(ctx)
+}
+
 // holdSession runs one held session in its slot: the session's messages one
 // at a time, each accepted job to its end, until the session has no message
 // within SessionIdle, its lock is lost, the link fails, or ctx is done (a
 // drain: the job in hand finishes first, the session held meanwhile). Then
 // it closes the session, which frees it.
 func (r *Receiver) holdSession(ctx context.Context, sr sessionReceiver) {
+	sr = &serialSession{sessionReceiver: sr} // the renewer and the settlements take turns
 	log := r.log.With("session", sr.SessionID())
 	// Read once, before the renewer starts: the SDK writes it on renewal.
 	lockFor := time.Until(sr.LockedUntil())
