@@ -22,6 +22,7 @@ import (
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // DefaultProbeTimeout bounds each `<bin> --version` probe.
@@ -461,7 +462,10 @@ func isGitCheckout(dir string) bool {
 		return false
 	}
 	if fi.IsDir() {
-		return true
+		// As the runner judges it (worktree.IsRepo): a .git that a clone in
+		// progress has only just made is no repository yet — offered, its
+		// job would be claimed and fail repo_unavailable.
+		return worktree.IsGitDir(p)
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > 4096 {
 		return false

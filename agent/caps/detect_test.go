@@ -471,6 +471,11 @@ func TestDetectRepos(t *testing.T) {
 	if err := os.Symlink(in("nowhere"), in("dangling")); err != nil {
 		t.Fatal(err)
 	}
+	// A clone that has only just begun: its .git holds no HEAD, objects or
+	// refs yet, and the runner would refuse it (worktree.IsRepo).
+	if err := os.MkdirAll(filepath.Join(in("cloning"), ".git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Symlink(in("file.txt"), in("tofile")); err != nil {
 		t.Fatal(err)
 	}
