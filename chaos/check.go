@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -48,10 +49,16 @@ type Report struct {
 	Redelivered []string `json:"redelivered,omitempty"`
 	// InFlight: WIP or job-branch pushes that landed just after the
 	// coordinator revoked the pusher's lease (a preemption).
-	InFlight   []string `json:"inFlight,omitempty"`
-	Orphans    int      `json:"orphans"`
-	FactoryErr int      `json:"factoryErrors"` // ERROR lines in the factories' logs
-	Pushes     int      `json:"pushes"`
+	InFlight []string `json:"inFlight,omitempty"`
+	Orphans  int      `json:"orphans"`
+	// Repaired counts the shipped jobs with verify: whose accepted run
+	// passed it only after repair rounds (the rounds in all of them:
+	// RepairRounds) — the scripted engine fixes what verify checks only
+	// once it is handed verify's failure.
+	Repaired     int `json:"repaired"`
+	RepairRounds int `json:"repairRounds"`
+	FactoryErr   int `json:"factoryErrors"` // ERROR lines in the factories' logs
+	Pushes       int `json:"pushes"`
 	// Requests and Refused503 count the request log: every request the
 	// factories made of the stub, over all its incarnations.
 	Requests   int `json:"requests"`
@@ -333,12 +340,30 @@ func Check(in *Input) *Report {
 	for _, check := range invariants {
 		rep.Checks = append(rep.Checks, check(f, rep))
 	}
+	rep.Repaired, rep.RepairRounds = f.repairs()
 	rep.Zombies = f.zombies()
 	for _, fd := range in.Factories {
 		rep.Orphans += fd.Orphans
 		rep.FactoryErr += fd.Errors
 	}
 	return rep
+}
+
+// repairs counts the shipped jobs with verify: whose accepted run passed it
+// only after repair rounds, and the rounds in all of them.
+func (f *facts) repairs() (jobs, rounds int) {
+	for _, j := range f.in.Jobs {
+		sj := f.in.State.Jobs[j.ID]
+		if sj == nil || !j.Verify || sj.Stage != coord.StageShipped || len(sj.Insights) == 0 {
+			continue
+		}
+		var ins job.Insights
+		if json.Unmarshal(sj.Insights, &ins) == nil && ins.RepairRounds > 0 {
+			jobs++
+			rounds += ins.RepairRounds
+		}
+	}
+	return jobs, rounds
 }
 
 // zombies says what each partition did: the leases its factory held, those

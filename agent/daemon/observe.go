@@ -144,16 +144,6 @@ func (b *brokerDepth) set(active, dead int64, known bool) {
 	b.known, b.nActive, b.nDead = known, active, dead
 }
 
-// depthReadTimeout bounds one depth read: the interval, but never less than
-// depthReadFloor — a management API slow to answer on a busy host is not a
-// failed read because the interval is short (a read that outlasts the
-// interval only delays the next) — nor more than 30 s.
-func depthReadTimeout(every time.Duration) time.Duration {
-	return min(max(every, depthReadFloor), 30*time.Second)
-}
-
-const depthReadFloor = 5 * time.Second
-
 // watchDepth reads the subscription's depth every interval until ctx ends.
 // A read that fails makes the depth unknown with one warning per outage (a
 // credential without Manage rights is named as such); the daemon goes on.
@@ -192,6 +182,14 @@ func watchDepth(ctx context.Context, r depthReader, b *brokerDepth, every time.D
 		case <-t.C:
 		}
 	}
+}
+
+// depthReadTimeout bounds one depth read: the interval, but never less
+// than 5 s (a short interval must not turn a slow answer — a busy host, a
+// TLS handshake — into a read error) nor more than 30 s. The reads do not
+// overlap: a read that outlasts the interval delays the next one.
+func depthReadTimeout(every time.Duration) time.Duration {
+	return min(max(every, 5*time.Second), 30*time.Second)
 }
 
 // depthError says why a depth read failed and what fixes it.
