@@ -1,0 +1,176 @@
+package fleetcheck
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"net/http/httptest"
+
+	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/demo/coord"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// park is the tests' park: long enough that the claim right after the
+// park goes out before its notBefore on a loaded machine, short enough to
+// wait for.
+const park = 3 * time.Second
+
+// testBudgets ride out nothing: the stub answers at once.
+func testBudgets() *fleet.Budgets {
+	b := Budgets()
+	b.MinWait, b.MaxWait = 5*time.Millisecond, 50*time.Millisecond
+	return &b
+}
+
+// stub starts a coordinator stub with o on 127.0.0.1.
+func stub(t *testing.T, o coord.Options) (*coord.Server, string) {
+	t.Helper()
+	s, err := coord.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Start(ctx)
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		s.Close()
+	})
+	return s, hs.URL + "/api"
+}
+
+func check(t *testing.T, o coord.Options) (*Report, *coord.Server) {
+	t.Helper()
+	s, api := stub(t, o)
+	rep, err := Run(context.Background(), Options{API: api, EnrollToken: s.EnrollToken(), Nonce: "golden", Park: park, Budgets: testBudgets(), Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.API = "http://127.0.0.1:PORT/api"
+	return rep, s
+}
+
+func render(t *testing.T, rep *Report) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := Render(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (go test -run %s -update rewrites it):\n--- got\n%s\n--- want\n%s", p, t.Name(), got, want)
+	}
+}
+
+// The stub's two route sets, each against its expected table: every route
+// of the full set present and every rule held; the legacy set missing
+// accept, fail, deregister and the factories list, its PATCH ignoring a
+// park's notBefore and counting the attempt — all with fallbacks, nothing
+// wrong. The check leaves its jobs terminal and holds nothing.
+func TestRouteSets(t *testing.T) {
+	for _, routes := range coord.RouteSets {
+		t.Run(routes, func(t *testing.T) {
+			t.Parallel()
+			rep, s := check(t, coord.Options{Routes: routes})
+			golden(t, routes+".golden", render(t, rep))
+			if rep.Failed() {
+				t.Errorf("the stub's %s route set fails the check", routes)
+			}
+			for _, id := range rep.Jobs {
+				j, ok := s.Job(id)
+				if !ok || (j.Stage != coord.StageShipped && j.Stage != coord.StageFailed) || j.Holder != "" {
+					t.Errorf("job %s left %s, held by %q", id, j.Stage, j.Holder)
+				}
+			}
+			if len(rep.Jobs) != 2 {
+				t.Errorf("jobs %v", rep.Jobs)
+			}
+			for _, f := range s.AllFactories() {
+				if f.ID == rep.FactoryID && !f.Deregistered && routes == coord.RoutesFull {
+					t.Errorf("factory %s not deregistered", f.ID)
+				}
+			}
+		})
+	}
+}
+
+// Each of the stub's breaks — one rule of the contract broken — shows in
+// the rows it breaks and nowhere else: the table is the full set's but for
+// those rows.
+func TestBreaksAreCaught(t *testing.T) {
+	for _, tc := range []struct {
+		brk  string
+		rows map[string]Verdict
+	}{
+		{coord.BreakStaleEpoch, map[string]Verdict{RuleStaleEpoch: Wrong}},
+		{coord.BreakDropCheckpoint, map[string]Verdict{RuleCheckpoint: Wrong}},
+		{coord.BreakResendConflict, map[string]Verdict{RuleResend: Wrong}},
+		{coord.BreakIgnoreNotBefore, map[string]Verdict{RuleParkHolds: Missing, RuleParkNoAttempt: Missing}},
+		{coord.BreakDoubleLease, map[string]Verdict{RuleAcceptHeld: Wrong}},
+		{coord.BreakFrozenVersion, map[string]Verdict{RuleVersionMoves: Wrong}},
+	} {
+		t.Run(tc.brk, func(t *testing.T) {
+			t.Parallel()
+			rep, _ := check(t, coord.Options{Breaks: []string{tc.brk}})
+			for _, row := range rep.Rows {
+				want, broken := tc.rows[row.ID]
+				if !broken {
+					want = Present
+					if row.ID == RuleLogRoutes || row.ID == RuleBroker {
+						want = Unchecked
+					}
+				}
+				if row.Verdict != want {
+					t.Errorf("%s: %s (%s), want %s", row.ID, row.Verdict, row.Seen, want)
+				}
+				if broken && (row.Seen == "" || row.AQ == "") {
+					t.Errorf("%s: says neither what was seen nor what aq does: %+v", row.ID, row)
+				}
+			}
+			if wrong := rep.Count(Wrong) > 0; rep.Failed() != wrong {
+				t.Errorf("Failed() = %v with %d wrong", rep.Failed(), rep.Count(Wrong))
+			}
+			if t.Failed() {
+				t.Log(render(t, rep))
+			}
+		})
+	}
+}
+
+// Every break the stub knows is caught by a test above.
+func TestEveryBreakTested(t *testing.T) {
+	src, err := os.ReadFile("check_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range coord.AllBreaks {
+		name := map[string]string{coord.BreakStaleEpoch: "BreakStaleEpoch", coord.BreakDropCheckpoint: "BreakDropCheckpoint", coord.BreakResendConflict: "BreakResendConflict",
+			coord.BreakIgnoreNotBefore: "BreakIgnoreNotBefore", coord.BreakDoubleLease: "BreakDoubleLease", coord.BreakFrozenVersion: "BreakFrozenVersion"}[b]
+		if name == "" || !strings.Contains(string(src), "{coord."+name+",") {
+			t.Errorf("break %s has no case in TestBreaksAreCaught", b)
+		}
+	}
+}
