@@ -174,3 +174,14 @@ func TestEveryBreakTested(t *testing.T) {
 		}
 	}
 }
+
+// A coordinator that answers a fifth of the requests 503: the check's
+// calls are retried as aq's are, and the table is the full set's.
+func TestRidesOutUnavailability(t *testing.T) {
+	t.Parallel()
+	rep, s := check(t, coord.Options{FailRate: 0.2, Seed: 7})
+	golden(t, "full.golden", render(t, rep))
+	if n := s.Stats().Routes[coord.RouteClaim].Status["503"] + s.Stats().Routes[coord.RoutePatch].Status["503"]; n == 0 {
+		t.Skip("no 503 was injected on claim or PATCH: nothing was ridden out")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
 	"slices"
@@ -125,7 +126,7 @@ func (c *checker) beyond(context.Context) error {
 
 // requestRules: an unknown route, an unknown job, the Date header.
 func (c *checker) requestRules(ctx context.Context) error {
-	ex, err := c.fac.Exchange(ctx, http.MethodPost, "/fleet/aq-route-probe", []byte("{}"))
+	ex, err := c.exchange(ctx, c.fac, http.MethodPost, "/fleet/aq-route-probe", []byte("{}"))
 	if err != nil {
 		return &abortError{fmt.Errorf("POST /fleet/aq-route-probe: %w", err)}
 	}
@@ -141,7 +142,7 @@ func (c *checker) requestRules(ctx context.Context) error {
 		c.wrong(RuleUnknownRoute, fmt.Sprintf("POST /fleet/aq-route-probe answered %d %s", ex.Status, http.StatusText(ex.Status)))
 	}
 	none := c.name + "-none"
-	ex, err = c.op.Exchange(ctx, http.MethodGet, "/fleet/jobs/"+url.PathEscape(none), nil)
+	ex, err = c.exchange(ctx, c.op, http.MethodGet, "/fleet/jobs/"+url.PathEscape(none), nil)
 	if err != nil {
 		return &abortError{fmt.Errorf("GET /fleet/jobs/:id: %w", err)}
 	}
@@ -156,6 +157,23 @@ func (c *checker) requestRules(ctx context.Context) error {
 		c.wrong(RuleUnknownJob, fmt.Sprintf("GET /fleet/jobs/%s (no such job) answered %d %s", none, ex.Status, http.StatusText(ex.Status)))
 	}
 	return nil
+}
+
+// exchange is Client.Exchange retried as the typed calls are: on no answer,
+// 429 and 5xx (but 501), within the Claim budget.
+func (c *checker) exchange(ctx context.Context, cl *fleet.Client, method, path string, body []byte) (*fleet.Exchange, error) {
+	deadline := time.Now().Add(cl.Budgets().Claim)
+	b := cl.Budgets()
+	for n := 0; ; n++ {
+		ex, err := cl.Exchange(ctx, method, path, body)
+		again := err != nil || ex.Status == http.StatusTooManyRequests || ex.Status >= 500 && ex.Status != http.StatusNotImplemented
+		if !again || time.Now().After(deadline) {
+			return ex, err
+		}
+		if err := sleep(ctx, fleet.Backoff(b.MinWait, b.MaxWait, n, nil, mrand.Float64)); err != nil {
+			return nil, err
+		}
+	}
 }
 
 func (c *checker) heartbeat(ctx context.Context) error {
