@@ -88,7 +88,7 @@ var catalogue = []spec{
 	{ID: fleet.RouteDeregister, Section: SecEnroll, Route: true},
 
 	{ID: fleet.RouteQueueState, Section: SecClaim, Route: true},
-	{ID: RuleVersionMoves, Section: SecClaim, Check: "the queue-state version moves when a job is created or changes stage",
+	{ID: RuleVersionMoves, Section: SecClaim, Check: "the queue-state version moves when a job is submitted",
 		IfWrong: "a gated factory (AQ_FLEET_GATE=1) claims only when the version moves: it leaves new work queued until its 6-hour safety claim"},
 	{ID: fleet.RouteClaim, Section: SecClaim, Route: true},
 	{ID: fleet.RouteAccept, Section: SecClaim, Route: true},
@@ -99,21 +99,21 @@ var catalogue = []spec{
 	{ID: fleet.RouteRelease, Section: SecLease, Route: true},
 	{ID: RuleStaleEpoch, Section: SecLease, Check: "a write with a stale lease epoch is refused (409)",
 		IfWrong: "a zombie factory (fenced, or its lease reaped) still moves the job: its reports overwrite the new holder's (split brain)"},
-	{ID: RuleTerminalEnds, Section: SecLease, Check: "a terminal report (review, testing, shipped) ends the lease",
+	{ID: RuleTerminalEnds, Section: SecLease, Check: "a terminal report ends the lease",
 		IfWrong: "aq sends no release after a terminal report: the lease stays until it expires, and a reaper may put a finished job back in the queue"},
 
 	{ID: fleet.RoutePatch, Section: SecReports, Route: true},
 
 	{ID: fleet.RouteFail, Section: SecFail, Route: true},
-	{ID: RuleParkHolds, Section: SecFail, Check: "a park (rate_limited, notBefore) holds the job until notBefore, then hands it out",
+	{ID: RuleParkHolds, Section: SecFail, Check: "a park holds the job until notBefore, then hands it out",
 		IfMissing: "the parked job is handed out again at once: the factory whose engine is held does not offer it, another factory may take it and hit the same limit",
 		IfWrong:   "a parked job is not handed out after its notBefore: it waits longer than the limit it waited for"},
 	{ID: RuleParkNoAttempt, Section: SecFail, Check: "a park is not counted as an attempt",
 		IfMissing: "each park spends one of the job's attempts: a job parked often runs out of retries without having failed"},
 
-	{ID: RuleResend, Section: SecSpool, Check: "a re-sent report (PATCH, fail) is answered 2xx while its epoch is current",
+	{ID: RuleResend, Section: SecSpool, Check: "a re-sent report (PATCH, fail) is answered 2xx",
 		IfWrong: "aq re-sends a report whose answer was lost (the spool): refused, it records a delivered report as fenced and drops the job's later reports"},
-	{ID: RuleCheckpoint, Section: SecSpool, Check: "a building PATCH re-sent with a new checkpoint is stored, not dropped",
+	{ID: RuleCheckpoint, Section: SecSpool, Check: "a re-sent building PATCH with a new checkpoint is stored",
 		IfWrong: "a periodic checkpoint is lost: a job that is reaped or preempted resumes from an older checkpoint, and its work since is redone"},
 
 	{ID: fleet.RouteArtifacts, Section: SecArtifact, Route: true},
@@ -125,7 +125,7 @@ var catalogue = []spec{
 	{ID: RuleLogRoutes, Section: SecLogs, Check: "live log chunks (write and follow)"},
 
 	{ID: fleet.RouteSubmit, Section: SecSubmit, Route: true},
-	{ID: RuleSubmitResend, Section: SecSubmit, Check: "a re-sent submit (same idempotencyKey) answers the same job",
+	{ID: RuleSubmitResend, Section: SecSubmit, Check: "a re-sent submit answers the same job",
 		IfMissing: "a submit retried after a lost answer is refused as a conflict: aq submit reports an error although the job was created",
 		IfWrong:   "a submit retried after a lost answer creates the job twice"},
 	{ID: fleet.RouteJob, Section: SecSubmit, Route: true},

@@ -589,6 +589,9 @@ func (c *checker) parkB(ctx context.Context) error {
 		}
 	}
 	c.setResend()
+	if !hasFail {
+		c.row(RuleResend).Seen = "PATCH re-sends only: no " + fleet.RouteFail
+	}
 	// Held: a claim now must not hand B out.
 	sent := time.Now()
 	cl, err = c.fac.Claim(ctx, false)
