@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -37,6 +38,9 @@ type Options struct {
 	// Nonce names the check's factory, repository and jobs
 	// (aq-check-<nonce>…); empty: 8 random hex digits.
 	Nonce string
+	// Product is the product the check's jobs are tagged with
+	// (x-product-id, the manifests' product); empty: ProductID.
+	Product string
 	// Park is how long the park check holds its job (default 15 s): the
 	// check waits that long for the job to be handed out again.
 	Park time.Duration
@@ -51,8 +55,9 @@ type Options struct {
 	Version string
 }
 
-// ProductID is the product the check's jobs are tagged with (x-product-id
-// and the manifests' product): billing and dashboards can leave it out.
+// ProductID is the product the check's jobs are tagged with by default
+// (x-product-id and the manifests' product): billing and dashboards can
+// leave it out.
 const ProductID = "aq-fleet-check"
 
 // DefaultPark is Options.Park's default.
@@ -153,6 +158,11 @@ func (e *NotCoordinatorError) Fix() string {
 	return "check AQ_FLEET_API: the coordinator's base URL, e.g. https://host/api (aq demo coordinator prints one)"
 }
 
+// OptionError is an option the check cannot run with.
+type OptionError struct{ What, Fix string }
+
+func (e *OptionError) Error() string { return e.What }
+
 // NoTokenError is a check without an enrollment token.
 var NoTokenError = errors.New("aq fleet check enrolls a factory of its own and needs an enrollment token in AQ_FLEET_TOKEN")
 
@@ -172,6 +182,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Park <= 0 {
 		o.Park = DefaultPark
 	}
+	if o.Product == "" {
+		o.Product = ProductID
+	}
+	if msg := mdmeta.CheckName(o.Product); msg != "" {
+		return nil, &OptionError{What: fmt.Sprintf("product %q %s", o.Product, msg), Fix: "give --product a product id: letters, digits, '.', '_' and '-'"}
+	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
@@ -181,7 +197,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	name := "aq-check-" + o.Nonce
 	mk := func() (*fleet.Client, error) {
-		return fleet.NewClient(fleet.ClientOptions{API: o.API, Token: o.EnrollToken, ProductID: ProductID, FactoryID: name,
+		return fleet.NewClient(fleet.ClientOptions{API: o.API, Token: o.EnrollToken, ProductID: o.Product, FactoryID: name,
 			Budgets: b, HTTP: o.HTTP, Redactor: o.Redactor, Log: o.Log})
 	}
 	fac, err := mk()
@@ -192,8 +208,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, &NotCoordinatorError{API: o.API, Why: err.Error()}
 	}
-	c := &checker{o: o, fac: fac, op: op, name: name, held: map[string]int64{},
-		rep: &Report{API: fac.API(), FactoryID: name, ProductID: ProductID, Repo: name}}
+	c := &checker{o: o, fac: fac, op: op, name: name, factory: name, held: map[string]int64{},
+		rep: &Report{API: fac.API(), FactoryID: name, ProductID: o.Product, Repo: name, Jobs: []string{}, Left: []Record{}}}
 	for _, s := range catalogue {
 		check := s.Check
 		if s.Route {
@@ -225,8 +241,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 type checker struct {
 	o       Options
 	fac, op *fleet.Client // the check's factory; the operator (the enrollment token)
-	name    string        // aq-check-<nonce>: the factory, the repo
-	rep     *Report
+	// name is aq-check-<nonce>: the repository, the capability has:<name>,
+	// the jobs' prefix; factory is the factory's id (name, unless the
+	// coordinator chose another at enrollment).
+	name, factory string
+	rep           *Report
 	// held are the leases the check holds, by job: cleanup gives them back.
 	held map[string]int64
 	// skew is the coordinator's clock minus this host's (from a Date

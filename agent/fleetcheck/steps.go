@@ -55,7 +55,7 @@ idempotencyKey: %s
 Submitted by aq fleet check to hold this coordinator to aq's fleet contract
 (docs/contract.md). It needs has:%s, which no factory offers, so no factory
 takes it: the check leases it itself, runs nothing, and ends it.
-`, id, c.name, ProductID, c.name, id, c.name)
+`, id, c.name, c.o.Product, c.name, id, c.name)
 }
 
 // enroll trades the enrollment token for the check factory's token. A URL
@@ -70,7 +70,7 @@ func (c *checker) enroll(ctx context.Context) error {
 	}
 	c.noteDate(ex)
 	caps, repos := c.offer()
-	en, err := c.fac.Enroll(ctx, fleet.EnrollRequest{FactoryID: c.name, Hostname: c.name, Capabilities: caps, Repos: repos,
+	en, err := c.fac.Enroll(ctx, fleet.EnrollRequest{FactoryID: c.factory, Hostname: c.factory, Capabilities: caps, Repos: repos,
 		Engines: []string{"script"}, SeatLimit: 1, Version: c.o.Version})
 	var se *fleet.StatusError
 	switch {
@@ -85,8 +85,10 @@ func (c *checker) enroll(ctx context.Context) error {
 		return err
 	}
 	c.present(fleet.RouteEnroll)
-	if en.FactoryID != c.name {
-		c.name = en.FactoryID
+	if en.FactoryID != c.factory {
+		// The coordinator named the factory: its jobs, repository and
+		// capability keep the check's own name.
+		c.factory = en.FactoryID
 		c.rep.FactoryID = en.FactoryID
 	}
 	c.fac.SetToken(en.Token)
@@ -243,15 +245,13 @@ func (c *checker) submitA(ctx context.Context) error {
 	if ok, stop := c.route(fleet.RouteJob, err); stop != nil {
 		return stop
 	} else if ok && j.ID != c.jobA() {
-		c.row(fleet.RouteJob).Verdict = ""
-		c.wrong(fleet.RouteJob, "answered a job with id "+j.ID)
+		c.force(fleet.RouteJob, Wrong, "answered a job with id "+j.ID)
 	}
 	jobs, err := c.op.Jobs(ctx)
 	if ok, stop := c.route(fleet.RouteJobs, err); stop != nil {
 		return stop
 	} else if ok && !slices.ContainsFunc(jobs, func(d fleet.JobDoc) bool { return d.ID == c.jobA() }) {
-		c.row(fleet.RouteJobs).Verdict = ""
-		c.wrong(fleet.RouteJobs, "the list does not hold the job just submitted")
+		c.force(fleet.RouteJobs, Wrong, "the list does not hold the job just submitted")
 	}
 	return nil
 }
@@ -520,7 +520,7 @@ func (c *checker) operatorReads(ctx context.Context) error {
 	fs, err := c.op.Factories(ctx)
 	if ok, stop := c.route(fleet.RouteFactories, err); stop != nil {
 		return stop
-	} else if ok && !slices.ContainsFunc(fs, func(f fleet.FactoryDoc) bool { return f.ID == c.name }) {
+	} else if ok && !slices.ContainsFunc(fs, func(f fleet.FactoryDoc) bool { return f.ID == c.factory }) {
 		c.row(fleet.RouteFactories).Seen = "the list does not hold the check's factory"
 	}
 	return nil
@@ -766,7 +766,7 @@ func (c *checker) cleanup(ctx context.Context) {
 	if !c.fac.Has(fleet.RouteDeregister) || err != nil {
 		state = "registered: stale once its heartbeats stop"
 	}
-	c.rep.Left = append(c.rep.Left, Record{Kind: "factory", ID: c.name, State: state})
+	c.rep.Left = append(c.rep.Left, Record{Kind: "factory", ID: c.factory, State: state})
 	for _, id := range c.rep.Jobs {
 		st := "unknown"
 		if j, err := c.op.Job(ctx, id); err == nil {

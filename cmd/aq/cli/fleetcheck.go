@@ -31,14 +31,15 @@ func newFleetCmd(f *Factory) *cobra.Command {
 }
 
 type fleetCheckOptions struct {
-	JSON bool
-	Park time.Duration
+	JSON    bool
+	Park    time.Duration
+	Product string
 }
 
 func newFleetCheckCmd(f *Factory) *cobra.Command {
 	opts := &fleetCheckOptions{}
 	cmd := &cobra.Command{
-		Use:   "check [--json] [--park D]",
+		Use:   "check [--json] [--park D] [--product ID]",
 		Short: "Check a coordinator against aq's fleet contract: what is there, what is missing, what is wrong",
 		Long: `Run aq's fleet contract (docs/contract.md) against the coordinator at
 AQ_FLEET_API and print, per route and rule, present, missing or wrong, and
@@ -47,8 +48,9 @@ what aq does about it.
 The check enrolls a factory of its own (aq-check-<nonce>) with the
 enrollment token in AQ_FLEET_TOKEN — it never uses or changes this host's
 $AQ_HOME/credentials — and submits two jobs of its own, on product
-aq-fleet-check and repository aq-check-<nonce>, each needing the capability
-has:aq-check-<nonce> that no factory offers, so no real factory takes them.
+aq-fleet-check (--product) and repository aq-check-<nonce>, each needing
+the capability has:aq-check-<nonce> that no factory offers, so no real
+factory takes them.
 It takes them through claim and accept, renewals, stage reports and their
 re-sends, a stale epoch's writes, a re-sent checkpoint, a park with
 notBefore (it waits --park for the job to come back), release,
@@ -75,6 +77,7 @@ incomplete?}; verdict is present, missing, wrong or "not checked".`,
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the report as JSON")
 	cmd.Flags().DurationVar(&opts.Park, "park", fleetcheck.DefaultPark, "how long the park check holds its job (notBefore): the check waits this long")
+	cmd.Flags().StringVar(&opts.Product, "product", fleetcheck.ProductID, "the product the check's jobs are tagged with (x-product-id): a test product of the coordinator's")
 	return configFlags(cmd, config.GroupFleet)
 }
 
@@ -97,7 +100,7 @@ func runFleetCheck(ctx context.Context, f *Factory, opts *fleetCheckOptions) err
 	if cfg.LogLevel == "debug" {
 		log = f.Logger()
 	}
-	rep, err := fleetcheck.Run(ctx, fleetcheck.Options{API: cfg.FleetAPI, EnrollToken: cfg.FleetToken, Park: opts.Park,
+	rep, err := fleetcheck.Run(ctx, fleetcheck.Options{API: cfg.FleetAPI, EnrollToken: cfg.FleetToken, Park: opts.Park, Product: opts.Product,
 		Redactor: f.Redactor(), Log: log, Version: version.Get().Version})
 	if err != nil {
 		return fleetCheckError(err)
@@ -130,9 +133,12 @@ func runFleetCheck(ctx context.Context, f *Factory, opts *fleetCheckOptions) err
 func fleetCheckError(err error) error {
 	var (
 		nc *fleetcheck.NotCoordinatorError
+		oe *fleetcheck.OptionError
 		ae *fleet.AuthError
 	)
 	switch {
+	case errors.As(err, &oe):
+		return aqerr.Wrap(aqerr.Usage, err, oe.What, oe.Fix)
 	case errors.As(err, &nc):
 		return aqerr.Wrap(aqerr.Usage, err, nc.Error(), nc.Fix())
 	case errors.As(err, &ae):

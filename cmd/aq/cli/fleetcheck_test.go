@@ -59,8 +59,8 @@ func TestFleetCheckCommand(t *testing.T) {
 // A coordinator that breaks a rule: the table says wrong, exit 1 with one
 // line naming the rule; --json carries the same.
 func TestFleetCheckWrongExits1(t *testing.T) {
-	checkEnv(t, coord.Options{Breaks: []string{coord.BreakStaleEpoch}})
-	out, errOut, code := runAQ(t, "fleet", "check", "--park", "3s", "--json")
+	s := checkEnv(t, coord.Options{Breaks: []string{coord.BreakStaleEpoch}})
+	out, errOut, code := runAQ(t, "fleet", "check", "--park", "3s", "--json", "--product", "qa-check")
 	if code != 1 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "breaks the fleet contract: a write with a stale lease epoch is refused (409)") {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -73,6 +73,14 @@ func TestFleetCheckWrongExits1(t *testing.T) {
 	}
 	if rep.Count(fleetcheck.Wrong) != 1 {
 		t.Fatalf("%d wrong rows", rep.Count(fleetcheck.Wrong))
+	}
+	for _, id := range rep.Jobs {
+		if j, ok := s.Job(id); !ok || j.ProductID != "qa-check" {
+			t.Errorf("job %s: product %q", id, j.ProductID)
+		}
+	}
+	if len(rep.Jobs) != 2 || rep.ProductID != "qa-check" {
+		t.Errorf("report %+v", rep)
 	}
 }
 
@@ -107,6 +115,7 @@ func TestFleetCheckBadInput(t *testing.T) {
 		{"no such routes", notFound.URL + "/api", "tok", nil, 2, "has no POST /fleet/factories/enroll route"},
 		{"refused token", "stub", "not-the-token", nil, 5, "refused AQ_FLEET_TOKEN as an enrollment token (401)"},
 		{"bad park", "stub", "stub", []string{"--park", "0s"}, 2, "--park 0s is too short"},
+		{"bad product", "stub", "stub", []string{"--product", "../x"}, 2, `product "../x"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := checkEnv(t, coord.Options{})
