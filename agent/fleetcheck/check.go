@@ -111,6 +111,10 @@ type Report struct {
 	Rows      []Row    `json:"rows"`
 	// Left is what stays on the coordinator after the check.
 	Left []Record `json:"left"`
+	// GivenBack are jobs not the check's that a claim handed it (they need
+	// no capability the check's offer lacks): each released at once,
+	// unstarted.
+	GivenBack []string `json:"givenBack"`
 	// Incomplete says why the check stopped before the end ("" when it
 	// did not): the rows it did not reach are not checked.
 	Incomplete string `json:"incomplete,omitempty"`
@@ -209,7 +213,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, &NotCoordinatorError{API: o.API, Why: err.Error()}
 	}
 	c := &checker{o: o, fac: fac, op: op, name: name, factory: name, held: map[string]int64{},
-		rep: &Report{API: fac.API(), FactoryID: name, ProductID: o.Product, Repo: name, Jobs: []string{}, Left: []Record{}}}
+		rep: &Report{API: fac.API(), FactoryID: name, ProductID: o.Product, Repo: name, Jobs: []string{}, Left: []Record{}, GivenBack: []string{}}}
 	for _, s := range catalogue {
 		check := s.Check
 		if s.Route {

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
 )
 
@@ -187,5 +188,107 @@ func TestRidesOutUnavailability(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no 503 was injected: nothing was ridden out")
+	}
+}
+
+// submitForeign posts a job that is not the check's but that the check's
+// offer fits (a script job on a repository URL, needing no capability): a
+// real job of this kind is the one way a claim can hand the check real
+// work.
+func submitForeign(t *testing.T, s *coord.Server, api, id string) {
+	t.Helper()
+	c, err := fleet.NewClient(fleet.ClientOptions{API: api, Token: s.EnrollToken()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := "---\nid: " + id + "\nrepo: https://git.example/org/real.git\nengine: script\nscript: make\n---\n# Real work\n"
+	j, err := manifest.Parse(id+".md", []byte(body), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(context.Background(), j, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A claim that hands the check a job not its own: the check gives it back
+// at once, unstarted (not an attempt), names it, and goes on by accept —
+// or, without accept, stops there, ending its own job.
+func TestGivesBackAJobNotItsOwn(t *testing.T) {
+	for _, routes := range coord.RouteSets {
+		t.Run(routes, func(t *testing.T) {
+			t.Parallel()
+			s, api := stub(t, coord.Options{Routes: routes})
+			submitForeign(t, s, api, "real-work")
+			rep, err := Run(context.Background(), Options{API: api, EnrollToken: s.EnrollToken(), Nonce: "given", Park: park, Budgets: testBudgets()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			j, _ := s.Job("real-work")
+			if j.Stage != coord.StageQueued || j.Holder != "" || j.Attempts != 0 {
+				t.Errorf("the real job is %s, held by %q, %d attempts", j.Stage, j.Holder, j.Attempts)
+			}
+			if len(rep.GivenBack) == 0 || rep.GivenBack[0] != "real-work" {
+				t.Errorf("given back %v", rep.GivenBack)
+			}
+			text := render(t, rep)
+			t.Log(text)
+			if !strings.Contains(text, "given back at once, unstarted: real-work") {
+				t.Errorf("the table does not name the job:\n%s", text)
+			}
+			for _, ev := range s.Events("real-work") {
+				if ev.Kind == "stage" || ev.Kind == "fail" {
+					t.Errorf("the check reported on the real job: %+v", ev)
+				}
+			}
+			switch routes {
+			case coord.RoutesFull:
+				if rep.Incomplete != "" || rep.Count(Wrong) != 0 || rep.Row(fleet.RouteClaim).Verdict != Present {
+					t.Errorf("full: %s", text)
+				}
+			case coord.RoutesLegacy:
+				if !strings.Contains(rep.Incomplete, "real-work, a job not its own") {
+					t.Errorf("legacy: incomplete %q", rep.Incomplete)
+				}
+			}
+			for _, id := range rep.Jobs {
+				if j, _ := s.Job(id); j.Holder != "" || (j.Stage != coord.StageShipped && j.Stage != coord.StageFailed) {
+					t.Errorf("the check's job %s left %s, held by %q", id, j.Stage, j.Holder)
+				}
+			}
+		})
+	}
+}
+
+// A coordinator that stops taking reports mid-check: the check stops,
+// says why, marks what it did not reach, and still gives back its lease
+// (by /fleet/fail, which still answers) and deregisters.
+func TestStopsWhenTheCoordinatorStopsAnswering(t *testing.T) {
+	t.Parallel()
+	s, api := stub(t, coord.Options{FailRate: 1, FaultRoutes: []string{coord.RoutePatch}})
+	b := testBudgets()
+	b.Report, b.FinalReport = 300*time.Millisecond, 300*time.Millisecond
+	rep, err := Run(context.Background(), Options{API: api, EnrollToken: s.EnrollToken(), Nonce: "stops", Park: park, Budgets: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Failed() || !strings.Contains(rep.Incomplete, "PATCH /fleet/jobs/:id") || !strings.Contains(rep.Incomplete, "503") {
+		t.Fatalf("incomplete %q", rep.Incomplete)
+	}
+	if r := rep.Row(RuleStaleEpoch); r.Verdict != Unchecked || r.Seen != "the check stopped before it" {
+		t.Errorf("row %+v", r)
+	}
+	if r := rep.Row(fleet.RouteClaim); r.Verdict != Present {
+		t.Errorf("claim %+v", r)
+	}
+	j, _ := s.Job(rep.Jobs[0])
+	if j.Holder != "" || j.Stage != coord.StageFailed {
+		t.Errorf("the check's job is %s, held by %q", j.Stage, j.Holder)
+	}
+	if r := rep.Row(fleet.RouteDeregister); r.Verdict != Present {
+		t.Errorf("deregister %+v", r)
+	}
+	if !strings.Contains(render(t, rep), "the check stopped early: ") {
+		t.Error("the table does not say the check stopped")
 	}
 }

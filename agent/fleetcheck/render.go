@@ -36,6 +36,9 @@ func Render(w io.Writer, r *Report) error {
 	if r.Incomplete != "" {
 		fmt.Fprintf(&b, "the check stopped early: %s\n", r.Incomplete)
 	}
+	if len(r.GivenBack) > 0 {
+		fmt.Fprintf(&b, "a claim handed the check jobs not its own, each given back at once, unstarted: %s\n", strings.Join(r.GivenBack, "; "))
+	}
 	if len(r.Left) > 0 {
 		var left []string
 		for _, l := range r.Left {

@@ -258,19 +258,12 @@ func (c *checker) submitA(ctx context.Context) error {
 
 // lease takes the lease on id: by accept when the coordinator has it and
 // viaAccept is set, else by claim. A claim that hands out a job not the
-// check's gives it back at once, unstarted.
+// check's gives it back at once, unstarted, and the check leases its own by
+// accept (or stops, without accept).
 func (c *checker) lease(ctx context.Context, id string, viaAccept bool) (*fleet.Claim, error) {
-	if viaAccept && c.fac.Has(fleet.RouteAccept) {
-		cl, err := c.fac.Accept(ctx, id)
-		ok, stop := c.route(fleet.RouteAccept, err)
-		switch {
-		case stop != nil:
-			return nil, stop
-		case ok:
-			c.held[id] = cl.LeaseEpoch
-			return cl, nil
-		case c.fac.Has(fleet.RouteAccept):
-			return nil, &abortError{fmt.Errorf("%s refused the check's own queued job %s: %s", fleet.RouteAccept, id, answer(err))}
+	if viaAccept {
+		if cl, done, err := c.accept(ctx, id); done {
+			return cl, err
 		}
 	}
 	cl, err := c.fac.Claim(ctx, false)
@@ -284,13 +277,14 @@ func (c *checker) lease(ctx context.Context, id string, viaAccept bool) (*fleet.
 	case cl == nil:
 		c.wrong(fleet.RouteClaim, "answered 204 (no job) with the check's job "+id+" queued for it")
 		return nil, &abortError{fmt.Errorf("%s handed out no job: the check's job %s stays queued", fleet.RouteClaim, id)}
-	case cl.Job.ID != id:
-		if !strings.HasPrefix(cl.Job.ID, c.name+"-") {
-			// A real job that needs nothing the check's offer lacks:
-			// give it back at once, unstarted.
-			_ = c.fac.Release(context.WithoutCancel(ctx), cl.Job.ID, cl.LeaseEpoch)
-			return nil, &abortError{fmt.Errorf("%s handed the check a job of its own, %s (it needs no capability the check lacks); released at once, unstarted — run the check again when that job has gone", fleet.RouteClaim, cl.Job.ID)}
+	case cl.Job.ID != id && !c.ours(cl.Job.ID):
+		c.giveBack(ctx, cl)
+		c.present(fleet.RouteClaim)
+		if cl, done, err := c.accept(ctx, id); done {
+			return cl, err
 		}
+		return nil, &abortError{fmt.Errorf("%s handed the check %s, a job not its own (it needs no capability the check lacks), before the check's %s; given back at once, unstarted: run the check again when that job has gone", fleet.RouteClaim, cl.Job.ID, id)}
+	case cl.Job.ID != id:
 		c.held[cl.Job.ID] = cl.LeaseEpoch
 		return nil, &abortError{fmt.Errorf("%s handed out %s, not %s", fleet.RouteClaim, cl.Job.ID, id)}
 	case cl.LeaseEpoch <= 0:
@@ -304,6 +298,39 @@ func (c *checker) lease(ctx context.Context, id string, viaAccept bool) (*fleet.
 	}
 	c.present(fleet.RouteClaim)
 	return cl, nil
+}
+
+// accept leases id with POST /fleet/accept; done is false when the
+// coordinator has no accept (the caller claims instead).
+func (c *checker) accept(ctx context.Context, id string) (cl *fleet.Claim, done bool, err error) {
+	if !c.fac.Has(fleet.RouteAccept) {
+		return nil, false, nil
+	}
+	cl, err = c.fac.Accept(ctx, id)
+	ok, stop := c.route(fleet.RouteAccept, err)
+	switch {
+	case stop != nil:
+		return nil, true, stop
+	case ok:
+		c.held[id] = cl.LeaseEpoch
+		return cl, true, nil
+	case !c.fac.Has(fleet.RouteAccept):
+		return nil, false, nil
+	}
+	return nil, true, &abortError{fmt.Errorf("%s refused the check's own queued job %s: %s", fleet.RouteAccept, id, answer(err))}
+}
+
+// ours reports whether id is one of the check's jobs.
+func (c *checker) ours(id string) bool { return strings.HasPrefix(id, c.name+"-") }
+
+// giveBack releases a job not the check's that a claim handed it, at once,
+// and records it in the report.
+func (c *checker) giveBack(ctx context.Context, cl *fleet.Claim) {
+	note := cl.Job.ID
+	if err := c.fac.Release(context.WithoutCancel(ctx), cl.Job.ID, cl.LeaseEpoch); err != nil {
+		note += " (the release failed: " + answer(err) + "; its lease frees when it expires)"
+	}
+	c.rep.GivenBack = append(c.rep.GivenBack, note)
 }
 
 func (c *checker) checkpoint(n int) string {
@@ -609,11 +636,18 @@ func (c *checker) parkB(ctx context.Context) error {
 		} else {
 			c.missing(RuleParkHolds, "a claim right after the park handed the job out again")
 		}
-	case cl != nil:
-		if !strings.HasPrefix(cl.Job.ID, c.name+"-") {
-			_ = c.fac.Release(context.WithoutCancel(ctx), cl.Job.ID, cl.LeaseEpoch)
-			return &abortError{fmt.Errorf("%s handed the check a job of its own, %s; released at once, unstarted", fleet.RouteClaim, cl.Job.ID)}
+	case cl != nil && !c.ours(cl.Job.ID):
+		// Not the check's: given back; whether the park held is not known.
+		c.giveBack(ctx, cl)
+		c.unchecked(RuleParkHolds, "the claim after the park handed out "+cl.Job.ID+", a job not the check's (given back at once, unstarted)")
+		if cl, err = c.afterPark(ctx, b, nb); err != nil {
+			return err
 		}
+		if cl == nil {
+			c.unchecked(RuleParkNoAttempt, "the job did not come back")
+			return nil
+		}
+	case cl != nil:
 		c.held[cl.Job.ID] = cl.LeaseEpoch
 		return &abortError{fmt.Errorf("%s handed out %s while waiting for %s", fleet.RouteClaim, cl.Job.ID, b)}
 	default:
@@ -691,12 +725,11 @@ func (c *checker) afterPark(ctx context.Context, id string, nb time.Time) (*flee
 		case cl != nil && cl.Job.ID == id:
 			c.held[id] = cl.LeaseEpoch
 			return cl, nil
+		case cl != nil && !c.ours(cl.Job.ID):
+			c.giveBack(ctx, cl)
+			return nil, &abortError{fmt.Errorf("%s handed the check %s, a job not its own, while it waited for %s; given back at once, unstarted", fleet.RouteClaim, cl.Job.ID, id)}
 		case cl != nil:
-			if !strings.HasPrefix(cl.Job.ID, c.name+"-") {
-				_ = c.fac.Release(context.WithoutCancel(ctx), cl.Job.ID, cl.LeaseEpoch)
-			} else {
-				c.held[cl.Job.ID] = cl.LeaseEpoch
-			}
+			c.held[cl.Job.ID] = cl.LeaseEpoch
 			return nil, &abortError{fmt.Errorf("%s handed out %s while waiting for %s", fleet.RouteClaim, cl.Job.ID, id)}
 		}
 		if time.Now().After(deadline) {

@@ -57,7 +57,9 @@ notBefore (it waits --park for the job to come back), release,
 /fleet/fail, artifacts, operator reads and an action, then ends both jobs,
 gives back every lease it holds and deregisters. It runs no engine and
 touches no repository. A coordinator without a route to delete jobs keeps
-their records: the check names them.
+their records: the check names them. A real job that a claim hands the
+check (one that needs no capability the check lacks) is given back at
+once, unstarted, and named.
 
 missing means aq falls back (the last column says how); wrong means aq
 cannot work correctly against this coordinator.
