@@ -46,6 +46,7 @@ const (
 	RuleUnknownJob     = "unknown-job"
 	RuleDateHeader     = "date-header"
 	RuleVersionMoves   = "version-moves"
+	RuleVersionDue     = "version-due"
 	RuleAcceptHeld     = "accept-held"
 	RuleStaleEpoch     = "stale-epoch"
 	RuleTerminalEnds   = "terminal-ends-lease"
@@ -90,6 +91,8 @@ var catalogue = []spec{
 	{ID: fleet.RouteQueueState, Section: SecClaim, Route: true},
 	{ID: RuleVersionMoves, Section: SecClaim, Check: "the queue-state version moves when a job is submitted",
 		IfWrong: "a gated factory (AQ_FLEET_GATE=1) claims only when the version moves: it leaves new work queued until its 6-hour safety claim"},
+	{ID: RuleVersionDue, Section: SecClaim, Check: "the queue-state version moves when a parked job comes due",
+		IfWrong: "a gated factory (AQ_FLEET_GATE=1) does not see a job that became claimable by time alone (a park or a retry backoff passing) until its 6-hour safety claim"},
 	{ID: fleet.RouteClaim, Section: SecClaim, Route: true},
 	{ID: fleet.RouteAccept, Section: SecClaim, Route: true},
 	{ID: RuleAcceptHeld, Section: SecClaim, Check: "an accept of a job a factory holds is refused (409)",

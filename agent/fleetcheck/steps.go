@@ -636,10 +636,12 @@ func (c *checker) parkB(ctx context.Context) error {
 		} else {
 			c.missing(RuleParkHolds, "a claim right after the park handed the job out again")
 		}
+		c.unchecked(RuleVersionDue, "the park did not hold the job")
 	case cl != nil && !c.ours(cl.Job.ID):
 		// Not the check's: given back; whether the park held is not known.
 		c.giveBack(ctx, cl)
 		c.unchecked(RuleParkHolds, "the claim after the park handed out "+cl.Job.ID+", a job not the check's (given back at once, unstarted)")
+		c.unchecked(RuleVersionDue, "whether the park held the job is not known")
 		if cl, err = c.afterPark(ctx, b, nb); err != nil {
 			return err
 		}
@@ -651,7 +653,11 @@ func (c *checker) parkB(ctx context.Context) error {
 		c.held[cl.Job.ID] = cl.LeaseEpoch
 		return &abortError{fmt.Errorf("%s handed out %s while waiting for %s", fleet.RouteClaim, cl.Job.ID, b)}
 	default:
-		// Held. Wait for notBefore, then it must come back.
+		// Held. Wait for notBefore: the queue-state version must move
+		// when it passes, and the job must come back.
+		if err := c.versionDue(ctx, nb); err != nil {
+			return err
+		}
 		if cl, err = c.afterPark(ctx, b, nb); err != nil {
 			return err
 		}
@@ -694,6 +700,40 @@ func (c *checker) failed(err error, what string) error {
 	}
 	c.force(fleet.RouteFail, Wrong, what+" "+answer(err))
 	return &abortError{fmt.Errorf("%s (%s) %s", fleet.RouteFail, what, answer(err))}
+}
+
+// versionDue reads the queue-state version while a parked job waits, and
+// again from its notBefore until it moves (at most 10 s): a job claimable
+// by time alone must move it, or gated factories do not see it.
+func (c *checker) versionDue(ctx context.Context, nb time.Time) error {
+	if !c.fac.Has(fleet.RouteQueueState) {
+		c.unchecked(RuleVersionDue, "no "+fleet.RouteQueueState)
+		return nil
+	}
+	v1, err := c.fac.QueueState(ctx)
+	if err != nil {
+		return &abortError{err}
+	}
+	local := nb.Add(-c.skew)
+	if err := sleep(ctx, time.Until(local)); err != nil {
+		return &abortError{err}
+	}
+	for deadline := local.Add(10 * time.Second); ; {
+		v, err := c.fac.QueueState(ctx)
+		switch {
+		case err != nil:
+			return &abortError{err}
+		case v.Version != v1.Version:
+			c.present(RuleVersionDue)
+			return nil
+		case time.Now().After(deadline):
+			c.wrong(RuleVersionDue, fmt.Sprintf("the version stayed %d for 10 s after the parked job's notBefore", v1.Version))
+			return nil
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return &abortError{err}
+		}
+	}
 }
 
 // afterPark claims (or accepts) until id is handed out, from notBefore to

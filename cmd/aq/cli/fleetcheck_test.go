@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -23,8 +24,14 @@ func checkEnv(t *testing.T, o coord.Options) *coord.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Start(ctx) // the reaper: a parked job comes due
 	hs := httptest.NewServer(s)
-	t.Cleanup(hs.Close)
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		s.Close()
+	})
 	t.Setenv("AQ_FLEET_API", hs.URL+"/api")
 	t.Setenv("AQ_FLEET_TOKEN", s.EnrollToken())
 	return s
