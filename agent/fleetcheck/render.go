@@ -44,7 +44,7 @@ func Render(w io.Writer, r *Report) error {
 		for _, l := range r.Left {
 			left = append(left, fmt.Sprintf("%s %s (%s)", l.Kind, l.ID, l.State))
 		}
-		fmt.Fprintf(&b, "left on the coordinator, which has no route to delete them: %s\n", strings.Join(left, "; "))
+		fmt.Fprintf(&b, "left on the coordinator: %s\n", strings.Join(left, "; "))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -136,6 +136,8 @@ var catalogue = []spec{
 	{ID: fleet.RouteFactories, Section: SecSubmit, Route: true},
 	{ID: fleet.RouteEvents, Section: SecSubmit, Route: true},
 	{ID: fleet.RouteAction, Section: SecSubmit, Route: true},
+	{ID: fleet.RouteReplace, Section: SecSubmit, Route: true},
+	{ID: fleet.RouteRemove, Section: SecSubmit, Route: true},
 
 	{ID: RuleBroker, Section: SecBroker, Check: "dispatch messages (Service Bus)"},
 }

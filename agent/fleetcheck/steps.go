@@ -38,8 +38,9 @@ func (c *checker) offer() (caps, repos []string) {
 }
 
 // manifestText is one of the check's jobs: it needs has:<name>, which no
-// factory but the check's offers.
-func (c *checker) manifestText(id string) string {
+// factory but the check's offers; note ends its body (a replacement's
+// differs).
+func (c *checker) manifestText(id, note string) string {
 	return fmt.Sprintf(`---
 id: %s
 repo: %s
@@ -54,8 +55,8 @@ idempotencyKey: %s
 
 Submitted by aq fleet check to hold this coordinator to aq's fleet contract
 (docs/contract.md). It needs has:%s, which no factory offers, so no factory
-takes it: the check leases it itself, runs nothing, and ends it.
-`, id, c.name, c.o.Product, c.name, id, c.name)
+takes it: the check leases it itself, runs nothing, and ends it.%s
+`, id, c.name, c.o.Product, c.name, id, c.name, note)
 }
 
 // enroll trades the enrollment token for the check factory's token. A URL
@@ -190,12 +191,37 @@ func (c *checker) jobB() string { return c.name + "-b" }
 
 // submit posts one of the check's jobs.
 func (c *checker) submit(ctx context.Context, id string) (*fleet.SubmitAnswer, error) {
-	text := c.manifestText(id)
-	j, err := manifest.Parse(id+".md", []byte(text), nil)
+	j, text, err := c.manifest(id, "")
 	if err != nil {
-		return nil, fmt.Errorf("the check's own manifest: %w", err)
+		return nil, err
 	}
-	return c.op.Submit(ctx, j, []byte(text))
+	return c.op.Submit(ctx, j, text)
+}
+
+// manifest is one of the check's jobs, parsed as aq submit parses it.
+func (c *checker) manifest(id, note string) (*job.Job, []byte, error) {
+	text := []byte(c.manifestText(id, note))
+	j, err := manifest.Parse(id+".md", text, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the check's own manifest: %w", err)
+	}
+	return j, text, nil
+}
+
+// replace gives the check's queued job id a new manifest (PUT
+// /fleet/jobs/:id): it must go back to queued.
+func (c *checker) replace(ctx context.Context, id string) error {
+	j, text, err := c.manifest(id, "\n\nReplaced by the check (aq submit --replace).")
+	if err != nil {
+		return &abortError{err}
+	}
+	a, err := c.op.ReplaceJob(ctx, j, text)
+	if ok, stop := c.route(fleet.RouteReplace, err); stop != nil {
+		return stop
+	} else if ok && a.Stage != "" && a.Stage != job.Inbox.FleetName() {
+		c.force(fleet.RouteReplace, Wrong, "the replaced job went to stage "+a.Stage+", not queued")
+	}
+	return nil
 }
 
 // submitA: the queue-state version before and after, submit, a re-sent
@@ -565,6 +591,9 @@ func (c *checker) parkB(ctx context.Context) error {
 		return &abortError{fmt.Errorf("%s refused the check's second job: %s", fleet.RouteSubmit, answer(err))}
 	}
 	c.rep.Jobs = append(c.rep.Jobs, b)
+	if err := c.replace(ctx, b); err != nil {
+		return err
+	}
 	cl, err := c.lease(ctx, b, true)
 	if err != nil {
 		return err
@@ -812,8 +841,12 @@ func (c *checker) cleanup(ctx context.Context) {
 	defer cancel()
 	for id, epoch := range c.held {
 		end := fleet.FailRequest{JobID: id, LeaseEpoch: epoch, Reason: job.ReasonRejected, Retryable: false, Detail: "aq fleet check: the check's job ends here"}
-		if _, err := c.fac.Fail(ctx, end, true); err != nil {
-			_ = c.fac.Release(ctx, id, epoch)
+		_, err := c.fac.Fail(ctx, end, true)
+		if err != nil && !fleet.IsFenced(err) {
+			err = c.fac.Release(ctx, id, epoch)
+		}
+		if err == nil || fleet.IsFenced(err) {
+			delete(c.held, id) // ended, or no longer the check's
 		}
 	}
 	// A job of the check's that is still queued (the check stopped before
@@ -841,12 +874,39 @@ func (c *checker) cleanup(ctx context.Context) {
 	}
 	c.rep.Left = append(c.rep.Left, Record{Kind: "factory", ID: c.factory, State: state})
 	for _, id := range c.rep.Jobs {
-		st := "unknown"
-		if j, err := c.op.Job(ctx, id); err == nil {
-			st = j.Stage
+		if st, gone := c.remove(ctx, id); !gone {
+			c.rep.Left = append(c.rep.Left, Record{Kind: "job", ID: id, State: st})
 		}
-		c.rep.Left = append(c.rep.Left, Record{Kind: "job", ID: id, State: st})
 	}
+	if r := c.row(fleet.RouteRemove); r.Verdict == "" && len(c.rep.Jobs) == 0 {
+		c.unchecked(fleet.RouteRemove, "the check submitted no job")
+	}
+}
+
+// remove deletes one of the check's jobs once it ended (DELETE
+// /fleet/jobs/:id); gone says it is no longer on the coordinator, else st is
+// its stage.
+func (c *checker) remove(ctx context.Context, id string) (st string, gone bool) {
+	st = "unknown"
+	if j, err := c.op.Job(ctx, id); err == nil {
+		st = j.Stage
+	}
+	if _, held := c.held[id]; held || !c.op.Has(fleet.RouteRemove) {
+		return st, false
+	}
+	_, err := c.op.RemoveJob(ctx, id)
+	switch {
+	case err == nil:
+		c.present(fleet.RouteRemove)
+		return st, true
+	case fleet.IsRouteAbsent(err):
+		c.missing(fleet.RouteRemove, "absent ("+evidence(err)+")")
+	case fleet.IsTransient(err):
+		c.unchecked(fleet.RouteRemove, "the coordinator did not answer: "+err.Error())
+	default:
+		c.wrong(fleet.RouteRemove, fmt.Sprintf("removing the check's job %s (%s) %s", id, st, answer(err)))
+	}
+	return st, false
 }
 
 // force replaces row id's verdict (a later call showed it wrong).

@@ -54,10 +54,10 @@ factory takes them.
 It takes them through claim and accept, renewals, stage reports and their
 re-sends, a stale epoch's writes, a re-sent checkpoint, a park with
 notBefore (it waits --park for the job to come back), release,
-/fleet/fail, artifacts, operator reads and an action, then ends both jobs,
-gives back every lease it holds and deregisters. It runs no engine and
-touches no repository. A coordinator without a route to delete jobs keeps
-their records: the check names them. A real job that a claim hands the
+/fleet/fail, artifacts, operator reads and an action, a replace, then ends
+both jobs, gives back every lease it holds, removes the jobs and
+deregisters. It runs no engine and touches no repository. A coordinator
+without the remove route keeps the jobs' records: the check names them. A real job that a claim hands the
 check (one that needs no capability the check lacks) is given back at
 once, unstarted, and named.
 

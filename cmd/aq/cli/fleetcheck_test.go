@@ -66,7 +66,8 @@ func TestFleetCheckCommand(t *testing.T) {
 // A coordinator that breaks a rule: the table says wrong, exit 1 with one
 // line naming the rule; --json carries the same.
 func TestFleetCheckWrongExits1(t *testing.T) {
-	s := checkEnv(t, coord.Options{Breaks: []string{coord.BreakStaleEpoch}})
+	// The legacy set: it keeps the check's jobs (no DELETE), to look at.
+	s := checkEnv(t, coord.Options{Routes: coord.RoutesLegacy, Breaks: []string{coord.BreakStaleEpoch}})
 	out, errOut, code := runAQ(t, "fleet", "check", "--park", "3s", "--json", "--product", "qa-check")
 	if code != 1 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "breaks the fleet contract: a write with a stale lease epoch is refused (409)") {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
