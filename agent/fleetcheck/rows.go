@@ -48,6 +48,7 @@ const (
 	RuleVersionMoves   = "version-moves"
 	RuleVersionDue     = "version-due"
 	RuleAcceptHeld     = "accept-held"
+	RulePrevious       = "previous"
 	RuleStaleEpoch     = "stale-epoch"
 	RuleTerminalEnds   = "terminal-ends-lease"
 	RuleResend         = "resend"
@@ -95,6 +96,9 @@ var catalogue = []spec{
 		IfWrong: "a gated factory (AQ_FLEET_GATE=1) does not see a job that became claimable by time alone (a park or a retry backoff passing) until its 6-hour safety claim"},
 	{ID: fleet.RouteClaim, Section: SecClaim, Route: true},
 	{ID: fleet.RouteAccept, Section: SecClaim, Route: true},
+	{ID: RulePrevious, Section: SecClaim, Check: "a job handed out again carries how its last run ended",
+		IfMissing: "the next attempt's engine is told what went wrong only when that attempt ran on the same factory; elsewhere it starts blind",
+		IfWrong:   "the next attempt's engine is told another story than the run's own report"},
 	{ID: RuleAcceptHeld, Section: SecClaim, Check: "an accept of a job a factory holds is refused (409)",
 		IfWrong: "a dispatch message delivered twice (a redelivery, a re-publish) has two factories run the job"},
 

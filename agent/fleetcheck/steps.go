@@ -697,6 +697,7 @@ func (c *checker) parkB(ctx context.Context) error {
 		}
 		c.present(RuleParkHolds)
 	}
+	c.previous(cl, park)
 	switch got := cl.Job.Attempts; {
 	case attempts == 0 || got == 0:
 		c.unchecked(RuleParkNoAttempt, "the job document carries no attempts count")
@@ -712,6 +713,20 @@ func (c *checker) parkB(ctx context.Context) error {
 	}
 	delete(c.held, b)
 	return nil
+}
+
+// previous checks that the parked job, handed out again, says how its
+// last run ended: the park's reason and detail.
+func (c *checker) previous(cl *fleet.Claim, park fleet.FailRequest) {
+	p := cl.Job.Previous
+	switch {
+	case p == nil:
+		c.missing(RulePrevious, "the job came back without previous")
+	case p.Reason != park.Reason || !strings.Contains(p.Detail, park.Detail):
+		c.wrong(RulePrevious, fmt.Sprintf("previous says %s (%q), the run reported %s (%q)", p.Reason, p.Detail, park.Reason, park.Detail))
+	default:
+		c.present(RulePrevious)
+	}
 }
 
 // failed records a /fleet/fail that did not go through, or went through
