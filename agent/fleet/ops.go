@@ -80,7 +80,7 @@ type FactoryDoc struct {
 }
 
 // ArtifactDoc is an artifact's pointer (GET /fleet/jobs/:id/artifacts);
-// its bytes are at URL (GET /fleet/artifacts/:id). docs/fleet.md.
+// its bytes are at URL (GET /fleet/artifacts/:id). docs/contract.md, "Artifacts".
 type ArtifactDoc struct {
 	ID           string    `json:"id"`
 	JobID        string    `json:"jobId"`
@@ -268,7 +268,7 @@ func gunzip(b []byte, limit int64) ([]byte, error) {
 
 // ArtifactUpload is the body of POST /fleet/jobs/:id/artifacts: the
 // pointer's fields and the content, gzipped and base64-encoded (Data).
-// docs/fleet.md, "Artifacts".
+// docs/contract.md, "Artifacts".
 type ArtifactUpload struct {
 	Name         string `json:"name"`
 	Kind         string `json:"kind"` // log | transcript

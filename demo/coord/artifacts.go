@@ -22,7 +22,7 @@ import (
 // both in memory only — never in its state file — bounded per job.
 
 // Artifact is one artifact's pointer document. Field names are the wire
-// format (docs/fleet.md, "Artifacts").
+// format (docs/contract.md, "Artifacts").
 type Artifact struct {
 	ID          string `json:"id"`
 	JobID       string `json:"jobId"`

@@ -115,6 +115,9 @@ func Serve(ctx context.Context, addr string, o Options, out io.Writer) error {
 	if o.StateFile != "" {
 		fmt.Fprintf(out, "; state kept in %s", o.StateFile)
 	}
+	if len(o.Breaks) > 0 {
+		fmt.Fprintf(out, "\nBROKEN ON PURPOSE (a test of aq fleet check): %s", strings.Join(o.Breaks, ", "))
+	}
 	if o.Publisher != nil {
 		fmt.Fprintf(out, "\npublishing a dispatch message per queued job to topic %s", o.Publisher.Topic())
 	}

@@ -65,7 +65,7 @@ type Job struct {
 	Insights         json.RawMessage `json:"insights,omitempty"`
 	// Previous is how the job's last run ended, from its /fleet/fail (or a
 	// legacy PATCH to failed or queued) or the reaper: a claim hands it to
-	// the next factory (docs/fleet.md, "previous"), so the next attempt's
+	// the next factory (docs/contract.md, "Claiming and accepting a job"), so the next attempt's
 	// engine knows what went wrong. The legacy route set leaves it out of
 	// claims, as today's coordinator does.
 	Previous       *job.Previous `json:"previous,omitempty"`

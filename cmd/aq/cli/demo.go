@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -267,6 +268,8 @@ type demoCoordinatorOptions struct {
 	// Routes is the route set: full (docs/contract.md) or legacy (the coordinator
 	// in service today).
 	Routes string
+	// Breaks are contract rules the stub breaks on purpose (coord.AllBreaks).
+	Breaks []string
 }
 
 func newDemoCoordinatorCmd(f *Factory) *cobra.Command {
@@ -302,7 +305,15 @@ today (no POST /fleet/accept, POST /fleet/fail, deregister or GET
 /fleet/factories) and answers the others as it does (404 "Cannot POST
 /path"): factories then fail jobs with a fenced PATCH and lease/release,
 and take work over the poll path (docs/fleet.md). It publishes no dispatch
-messages.`,
+messages.
+
+--break RULE,... makes the stub break rules of the contract on purpose, one
+bug each, to see aq fleet check catch them (docs/contract.md): stale-epoch
+(a stale lease epoch's write is taken), drop-checkpoint (a building PATCH
+re-sent with a new checkpoint is answered 200 and dropped), resend-conflict
+(a re-sent report is refused 409), ignore-not-before (a park's notBefore is
+ignored and the attempt counted), double-lease (accept hands out a held
+job), frozen-version (the queue-state version never moves).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDemoCoordinator(cmd.Context(), f, o)
@@ -321,6 +332,7 @@ messages.`,
 	fl.StringVar(&o.TokenFile, "enroll-token-file", "", "file holding the enrollment token to use (default: the state file's, else a new one)")
 	fl.StringVar(&o.BrokerFile, "broker-connection-string-file", "", "file holding a Service Bus connection string: publish a dispatch message per queued job (default: AQ_SB_CONNECTION_STRING, if set)")
 	fl.StringVar(&o.BrokerTopic, "broker-topic", "", "topic to publish to (default: AQ_SB_TOPIC, fleet-dispatch)")
+	fl.StringSliceVar(&o.Breaks, "break", nil, "contract rules to break on purpose, for aq fleet check: "+strings.Join(coord.AllBreaks, ", "))
 	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (docs/contract.md) or legacy (the coordinator in service today: no accept, fail, deregister, factories list)")
 	return configFlags(cmd, config.GroupBroker)
 }
@@ -335,7 +347,12 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 	opts := coord.Options{
 		LeaseTTL: o.LeaseTTL, StaleAfter: o.StaleAfter, ReapEvery: o.ReapEvery, MaxBackoff: o.MaxBackoff,
 		FailRate: o.FailRate, Latency: o.Latency, FaultRoutes: o.FaultRoutes, StateFile: o.State, Log: f.Logger(),
-		Routes: o.Routes,
+		Routes: o.Routes, Breaks: o.Breaks,
+	}
+	for _, b := range o.Breaks {
+		if !slices.Contains(coord.AllBreaks, b) {
+			return aqerr.Usagef("use one of "+strings.Join(coord.AllBreaks, ", "), "--break %q is not a rule the stub can break", b)
+		}
 	}
 	if o.TokenFile != "" {
 		b, err := os.ReadFile(o.TokenFile)
