@@ -15,13 +15,14 @@ import (
 )
 
 // Operator calls: what `aq job show|requeue|reject|ship|logs` and the board
-// read from and do through the coordinator (GIGAFACTORY_SYSTEM_OVERVIEW §9).
+// read from and do through the coordinator (docs/contract.md, "Submitting
+// jobs and operator actions").
 // Reads that an older coordinator may lack (factories, events, artifacts)
 // answer *RouteAbsentError on 404/405, so the caller can show what it has
 // and name what is missing.
 
 // JobDoc is the coordinator's job document as an operator reads it: the
-// contract's fields (DESIGN §9) and what coordinators add, all optional.
+// contract's fields (docs/contract.md) and what coordinators add, all optional.
 type JobDoc struct {
 	ID             string        `json:"id"`
 	ProductID      string        `json:"productId,omitempty"`

@@ -167,16 +167,16 @@ type OptionError struct{ What, Fix string }
 
 func (e *OptionError) Error() string { return e.What }
 
-// NoTokenError is a check without an enrollment token.
-var NoTokenError = errors.New("aq fleet check enrolls a factory of its own and needs an enrollment token in AQ_FLEET_TOKEN")
+// ErrNoToken is a check without an enrollment token.
+var ErrNoToken = errors.New("aq fleet check enrolls a factory of its own and needs an enrollment token in AQ_FLEET_TOKEN")
 
 // Run checks the coordinator at o.API. The error is a *NotCoordinatorError
 // (nothing to check), a *fleet.AuthError (the enrollment token was
-// refused) or NoTokenError; otherwise the report says what was found, and
+// refused) or ErrNoToken; otherwise the report says what was found, and
 // Report.Incomplete why it stopped early.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.EnrollToken == "" {
-		return nil, NoTokenError
+		return nil, ErrNoToken
 	}
 	if o.Nonce == "" {
 		b := make([]byte, 4)
@@ -303,13 +303,6 @@ func (c *checker) present(id string)        { c.set(id, Present, "") }
 func (c *checker) wrong(id, seen string)    { c.set(id, Wrong, seen) }
 func (c *checker) missing(id, seen string)  { c.set(id, Missing, seen) }
 func (c *checker) unchecked(id, why string) { c.set(id, Unchecked, why) }
-func (c *checker) presentIf(id string, ok bool, s string) {
-	if ok {
-		c.present(id)
-	} else {
-		c.wrong(id, s)
-	}
-}
 
 // errAbort wraps what stops the check: the coordinator stopped answering.
 type abortError struct{ err error }

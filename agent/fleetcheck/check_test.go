@@ -10,11 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"net/http/httptest"
-
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -34,19 +33,8 @@ func testBudgets() *fleet.Budgets {
 // stub starts a coordinator stub with o on 127.0.0.1.
 func stub(t *testing.T, o coord.Options) (*coord.Server, string) {
 	t.Helper()
-	s, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	return s, hs.URL + "/api"
+	s := coordtest.Start(t, o)
+	return s.Server, s.API
 }
 
 func check(t *testing.T, o coord.Options) (*Report, *coord.Server) {

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Artifacts, the pointer-plus-bytes model of GIGAFACTORY_SYSTEM_OVERVIEW §8:
+// Artifacts, the pointer-plus-bytes model of docs/contract.md, "Artifacts":
 // a pointer document per artifact (what GET /fleet/jobs/:id/artifacts
 // lists) and its bytes beside it (GET /fleet/artifacts/:id). The stub keeps
 // both in memory only — never in its state file — bounded per job.

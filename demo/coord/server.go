@@ -478,8 +478,6 @@ func (m routeMux) HandleFunc(pattern string, h http.HandlerFunc) {
 
 // ---- authentication ----
 
-type ctxKey struct{}
-
 // who is the caller a token stands for.
 type who struct {
 	factory string // "" for the enrollment (operator) token

@@ -146,7 +146,7 @@ func fleetCheckError(err error) error {
 	case errors.As(err, &ae):
 		return aqerr.Wrap(aqerr.AuthFail, err, fmt.Sprintf("the coordinator refused AQ_FLEET_TOKEN as an enrollment token (%d)", ae.Status),
 			"aq fleet check enrolls a factory of its own: set AQ_FLEET_TOKEN to an enrollment token the coordinator issued")
-	case errors.Is(err, fleetcheck.NoTokenError):
+	case errors.Is(err, fleetcheck.ErrNoToken):
 		return aqerr.Wrap(aqerr.Usage, err, err.Error(), "set AQ_FLEET_TOKEN (or --fleet-token-file)")
 	}
 	return fleetError(err)

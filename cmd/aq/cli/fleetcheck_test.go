@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/fleetcheck"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 )
 
 // checkEnv starts a coordinator stub with o and points AQ_FLEET_API and
@@ -20,21 +20,10 @@ import (
 func checkEnv(t *testing.T, o coord.Options) *coord.Server {
 	t.Helper()
 	cleanEnv(t)
-	s, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx) // the reaper: a parked job comes due
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	t.Setenv("AQ_FLEET_API", hs.URL+"/api")
+	s := coordtest.Start(t, o) // its reaper runs: a parked job comes due
+	t.Setenv("AQ_FLEET_API", s.API)
 	t.Setenv("AQ_FLEET_TOKEN", s.EnrollToken())
-	return s
+	return s.Server
 }
 
 // aq fleet check against the stub: the table on stdout, exit 0 for the
