@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -74,6 +75,9 @@ type DetectOptions struct {
 	// Probes caches the engines' --version and --help probes by binary
 	// (engines.NewProbeCache); nil probes every time.
 	Probes *engines.ProbeCache
+	// Sandbox is AQ_SANDBOX's Host (the runner's): what it finds is
+	// offered as sandbox:<level> (nil: no sandbox token, nothing probed).
+	Sandbox *sandbox.Host
 	// HelpTimeout bounds each engine's --help probe; 0 means
 	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
 	// seconds; the answer is cached per binary).
@@ -121,6 +125,9 @@ type Host struct {
 	// sorted.
 	Repos    []string
 	RepoBase string
+	// Sandbox is how this host runs jobs' engines (nil: unknown, offered
+	// as none).
+	Sandbox *Sandbox
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
 }
@@ -233,6 +240,9 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	wg.Go(func() {
 		repos, repoNotes, repoErr = scanRepos(opts.RepoBase)
 	})
+	if opts.Sandbox != nil {
+		wg.Go(func() { h.Sandbox = SandboxOf(opts.Sandbox) }) // a trial sandbox, once per process
+	}
 	wg.Wait()
 
 	if err := ctx.Err(); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -46,11 +47,12 @@ type Parts struct {
 // DetectHost is the production detection of cfg's host: caps.Detect over
 // the repo base and the clonable repos, with the engines' probes cached in
 // runner.ProbeCachePath (an unchanged binary is not run again: a refresh,
-// or the next `aq run --once`).
-func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
+// or the next `aq run --once`), and the engines' sandbox (sb, the
+// runner's: offered as sandbox:<level>; nil offers none).
+func DetectHost(cfg *config.Config, sb *sandbox.Host) func(ctx context.Context) (*caps.Host, error) {
 	probes := engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))
 	return func(ctx context.Context) (*caps.Host, error) {
-		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes})
+		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes, Sandbox: sb})
 	}
 }
 
@@ -108,7 +110,11 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	}
 	host := parts.Host
 	if host == nil {
-		host = DetectHost(cfg)
+		var sb *sandbox.Host
+		if r, ok := pipe.(*runner.Runner); ok {
+			sb = r.Sandbox
+		}
+		host = DetectHost(cfg, sb)
 	}
 	clock := parts.Clock
 	if clock == nil {

@@ -68,7 +68,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 			// Probes of unchanged engine binaries come from the cache:
 			// `aq run --once` after `aq run --once` runs none.
 			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs),
-				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
+				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)), Sandbox: r.Sandbox})
 		},
 		Log:      log,
 		Tracer:   parts.Tracer,

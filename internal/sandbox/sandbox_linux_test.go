@@ -431,10 +431,19 @@ func TestOpenLazy(t *testing.T) {
 	if calls != 0 {
 		t.Fatal("probed before anyone asked")
 	}
-	if h.Level() != sandbox.LevelFull || h.Refusal() != nil {
+	// What only shows the sandbox (aq caps, aq status, the offer) probes
+	// without saying how engines run.
+	if h.Level() != sandbox.LevelFull || h.Refuses() != nil || h.Report().Level != sandbox.LevelFull {
 		t.Fatalf("level %s", h.Level())
 	}
+	if calls != 0 {
+		t.Fatalf("the callback ran %d times before a job asked", calls)
+	}
+	if h.Refusal() != nil {
+		t.Fatal("a full host refuses jobs")
+	}
 	h.Report()
+	h.Refusal()
 	if calls != 1 {
 		t.Errorf("the callback ran %d times, want once", calls)
 	}
