@@ -43,6 +43,9 @@ type localOpt struct {
 	parts local.Parts
 	env   []string // extra engine environment
 	clock func() time.Time
+	// config adjusts the installation's configuration before its agent is
+	// built (the sandbox's checks: aq as the sandbox's init).
+	config func(*config.Config)
 }
 
 // newLocal makes an installation called name.
@@ -58,6 +61,9 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 		}
 	}
 	l.cfg = localConfig(l.home, l.base)
+	if o.config != nil {
+		o.config(l.cfg)
+	}
 	l.scope = runner.Scope(l.home)
 	env := append(append([]string(nil), w.engineEnv...), o.env...)
 	l.red = secrets.NewRedactor(env)

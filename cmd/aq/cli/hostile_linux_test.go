@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"maps"
 	"net"
 	"net/http"
@@ -200,31 +201,12 @@ func countingListener(t *testing.T, host string) (int, *atomic.Int64) {
 
 // marked are the live processes whose command line carries mark.
 func marked(mark string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !bytes.Contains(cmdline, []byte(mark)) {
-			continue
-		}
-		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && !bytes.Contains(st, []byte(") Z ")) {
-			pids = append(pids, pid)
-		}
-	}
+	pids, _ := hostile.Marked(mark)
 	return pids
 }
 
 // killMarked kills the process groups of the processes carrying mark.
-func killMarked(mark string) {
-	for _, pid := range marked(mark) {
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
+func killMarked(mark string) { hostile.KillMarked(mark) }
 
 // TestSandboxWhereUserNamespacesAreBlocked runs aq where no user namespace
 // can be made (inside one whose max_user_namespaces is 0, as on a host
@@ -274,5 +256,69 @@ func TestSandboxWhereUserNamespacesAreBlocked(t *testing.T) {
 	}
 	if v := show(t, h, "blocked-auto"); v.State.Stage != job.Shipped {
 		t.Fatalf("the partial-level job is %s", v.State.Stage)
+	}
+}
+
+// TestSelftestSandbox: aq selftest's sandbox checks run the escape set in
+// a real sandbox — at the full level here, every check passes; where user
+// namespaces are blocked (the partial level) they pass but the straggler
+// check, which is skipped saying why; and there, under AQ_SANDBOX=on, they
+// fail, as that host refuses every job.
+func TestSelftestSandbox(t *testing.T) {
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
+		t.Skip("user namespaces are blocked on this host")
+	}
+	t.Parallel() // its own home; the selftest's workspace is its own
+	h := binHome(t)
+	run := func(mode string, blocked bool) map[string]string {
+		t.Helper()
+		cmd := h.Command(t, "selftest", "--only", `^pipeline\.sandbox\.`, "--json")
+		cmd.Env = append(cmd.Env, "AQ_SANDBOX="+mode)
+		if blocked {
+			cmd.Path, cmd.Args = "/bin/sh", []string{"/bin/sh", "-c", `echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" selftest --only '^pipeline\.sandbox\.' --json`, h.Bin}
+			cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
+			cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+			cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+		}
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct {
+			Checks []struct{ Name, Status, Reason string }
+		}
+		if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || len(rep.Checks) != 5 {
+			t.Fatalf("AQ_SANDBOX=%s (blocked %v): %v: %s", mode, blocked, err, r)
+		}
+		got := map[string]string{}
+		for _, c := range rep.Checks {
+			got[strings.TrimPrefix(c.Name, "pipeline.sandbox.")] = c.Status
+			t.Logf("AQ_SANDBOX=%s, blocked %v: %s %s: %s", mode, blocked, c.Status, c.Name, c.Reason)
+		}
+		return got
+	}
+	all := func(s string) map[string]string {
+		return map[string]string{"level": s, "files": s, "network": s, "processes": s, "stragglers": s}
+	}
+	partial := all("pass")
+	partial["stragglers"] = "skip"
+	for _, tc := range []struct {
+		mode    string
+		blocked bool
+		want    map[string]string
+	}{
+		{"auto", false, all("pass")},
+		{"auto", true, partial},
+		{"on", true, all("fail")},
+		{"off", false, all("skip")},
+	} {
+		if got := run(tc.mode, tc.blocked); !maps.Equal(got, tc.want) {
+			t.Errorf("AQ_SANDBOX=%s, user namespaces blocked %v: %v, want %v", tc.mode, tc.blocked, got, tc.want)
+		}
 	}
 }
