@@ -93,6 +93,9 @@ type Config struct {
 	Sandbox       sandbox.Mode
 	SandboxMemory int64
 	SandboxPids   int
+	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
+	// job's engine may also write (docs/sandbox.md).
+	SandboxWritable []string
 
 	// ClaudePermissionMode and CodexSandbox are the engines' own autonomy
 	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).

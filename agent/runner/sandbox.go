@@ -115,7 +115,7 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 	}
 	p := sandbox.NewPolicy(sandbox.Paths{
 		Worktree: ru.wtPath, JobDir: filepath.Join(ru.r.Cfg.sandboxDir(), ru.j.ID), Home: home,
-		Hide: hide, Env: host, Engine: ru.info.Path,
+		Hide: hide, Env: host, Engine: ru.info.Path, Shared: ru.r.Cfg.SandboxWritable,
 	})
 	if eg := ru.r.Egress; eg != nil {
 		sock := filepath.Join(p.JobDir, "proxy.sock")
