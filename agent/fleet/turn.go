@@ -22,8 +22,11 @@ type wireTurn struct {
 	epoch int64
 	waits func() // a report attempt waits for a renewal (a seam for tests)
 
-	mu       sync.Mutex
-	renewing bool          // a renewal is on the wire
+	mu sync.Mutex
+	// renewing counts the renewals on the wire: the renewer's, and a
+	// Confirm of the run's beside it (before a push) — one ending must
+	// not give the report the wire while the other is still on it.
+	renewing int
 	sending  bool          // a report attempt is on the wire
 	taken    bool          // an attempt may have been taken: no more renewals
 	changed  chan struct{} // closed (and replaced) at each change
@@ -43,7 +46,7 @@ func (w *wireTurn) renewal(ctx context.Context) bool {
 			return false
 		}
 		if !w.sending {
-			w.renewing = true
+			w.renewing++
 			w.mu.Unlock()
 			return true
 		}
@@ -60,7 +63,7 @@ func (w *wireTurn) renewal(ctx context.Context) bool {
 // renewed gives the wire back after a renewal.
 func (w *wireTurn) renewed() {
 	w.mu.Lock()
-	w.renewing = false
+	w.renewing--
 	w.signal()
 	w.mu.Unlock()
 }
@@ -72,7 +75,7 @@ func (w *wireTurn) send(ctx context.Context) bool {
 	said := false
 	for {
 		w.mu.Lock()
-		if !w.renewing && !w.sending {
+		if w.renewing == 0 && !w.sending {
 			w.sending = true
 			w.mu.Unlock()
 			return true
