@@ -31,20 +31,20 @@ import (
 
 // Result is a finished run: what ran, what was injected, what was checked.
 type Result struct {
-	Config   Config        `json:"-"`
-	Mode     string        `json:"mode"`
-	ModeWhy  string        `json:"modeWhy,omitempty"` // why loopback, when it is
+	Config  Config `json:"-"`
+	Mode    string `json:"mode"`
+	ModeWhy string `json:"modeWhy,omitempty"` // why loopback, when it is
 	// Sandbox is how the factories run engines (AQ_SANDBOX, the level this
 	// host gives them); SandboxWhy, when the stragglers and the
 	// kill9-sandboxed faults are not run, why (engines not fully
 	// sandboxed here).
-	Sandbox    string `json:"sandbox"`
-	SandboxWhy string `json:"sandboxWhy,omitempty"`
-	Network  string        `json:"network"`
-	Token    string        `json:"token"`
-	Dir      string        `json:"dir"`
-	Started  time.Time     `json:"started"`
-	Duration time.Duration `json:"duration"`
+	Sandbox    string        `json:"sandbox"`
+	SandboxWhy string        `json:"sandboxWhy,omitempty"`
+	Network    string        `json:"network"`
+	Token      string        `json:"token"`
+	Dir        string        `json:"dir"`
+	Started    time.Time     `json:"started"`
+	Duration   time.Duration `json:"duration"`
 	// Converged: every job reached a terminal stage before Config.Guard.
 	Converged bool          `json:"converged"`
 	Schedule  []Fault       `json:"schedule"`
