@@ -59,6 +59,9 @@ type JobRunner struct {
 	// Artifacts, when set, uploads the job's logs after each terminal
 	// report (never before it, never holding it up).
 	Artifacts *Artifacts
+	// LiveLogs, when set, streams the engine's output to the coordinator
+	// while the pipeline runs (livelog.go).
+	LiveLogs *LiveLogs
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -163,6 +166,7 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 		cancel(job.Stop(job.ReasonInterrupted, "the coordinator refused this factory's credentials"))
 	}
 
+	live := r.LiveLogs.Start(context.WithoutCancel(jobCtx), c, log)
 	res.Outcome = r.Pipeline.Run(jobCtx, j, runner.Options{
 		Attempt: res.Attempt, Checkpoint: c.Job.Checkpoint, Lease: lease,
 		OnEvent: func(e runner.Event) {
@@ -179,6 +183,10 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 			}
 		},
 	})
+	// The live log's last chunks and its end go before the final report,
+	// so that whoever sees the job end has seen its output; a fenced run
+	// sends nothing more.
+	live.Close(ctx, !lease.Fenced())
 	end()
 	return res
 }

@@ -39,6 +39,9 @@ const (
 	RouteArtifactList = "GET /fleet/jobs/:id/artifacts"
 	RouteArtifactGet  = "GET /fleet/artifacts/:id"
 	RouteAction       = "POST /fleet/jobs/:id/actions/:action"
+	// A running job's live log: appended by its factory, read by anyone.
+	RouteLogAppend = "POST /fleet/jobs/:id/log"
+	RouteLogRead   = "GET /fleet/jobs/:id/log"
 )
 
 // Fallbacks says, for each route aq can do without, what it does instead
@@ -50,6 +53,7 @@ var Fallbacks = map[string]string{
 	RouteQueueState: "the poll path claims without the gate (plain poll with idle backoff)",
 	RouteDeregister: "a leaving factory sends its offline heartbeat only; the coordinator counts it stale",
 	RouteArtifacts:  "job logs are not uploaded as artifacts; they stay under $AQ_HOME/logs on the factory that ran the job",
+	RouteLogAppend:  "a running job's output is not streamed; it reaches the coordinator as artifacts when the job ends",
 	// Operator reads and actions (aq status, the board, aq job): the caller
 	// shows what it can and names what is missing.
 	RouteJobs:         "the board and aq status show no fleet-wide job list",
@@ -58,6 +62,7 @@ var Fallbacks = map[string]string{
 	RouteArtifactList: "aq job logs cannot read the output of a job that ran on another factory",
 	RouteArtifactGet:  "aq job logs cannot read the output of a job that ran on another factory",
 	RouteAction:       "requeue, reject and ship a fleet job on the coordinator itself",
+	RouteLogRead:      "aq job logs -f and the board show the output of a job that runs elsewhere only when it ends (from its artifacts)",
 }
 
 // ErrRouteAbsent matches (errors.Is) a *RouteAbsentError.

@@ -27,9 +27,9 @@ var RouteSets = []string{RoutesFull, RoutesLegacy}
 
 // ProposedRoutes are the stub's routes the coordinator in service today does
 // not have (GIGAFACTORY_SYSTEM_OVERVIEW §9 lists its routes): the redesign's
-// accept and fail, deregister, and the factories list. RoutesLegacy leaves
-// them out.
-var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories}
+// accept and fail, deregister, the factories list, and the live log.
+// RoutesLegacy leaves them out.
+var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories, RouteLogAppend, RouteLogRead}
 
 // stubRoutes are routes of the stub's own (request counters, fault
 // injection): instruments of the double, served in every route set.
@@ -56,7 +56,7 @@ func checkRoutes(o *Options) error {
 var allRoutes = []string{
 	RouteEnroll, RouteHeartbeat, RouteFactories, RouteRevoke, RouteDeregister, RouteQueueState, RouteClaim, RouteAccept,
 	RouteRenew, RouteRelease, RoutePatch, RouteFail, RouteSubmit, RouteJobs, RouteJob, RouteEvents, RouteAction,
-	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete, RouteGetStats, RouteFaults,
+	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete, RouteLogAppend, RouteLogRead, RouteGetStats, RouteFaults,
 }
 
 // Serves reports whether the stub serves route (e.g. RouteFail) with its

@@ -1,0 +1,468 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
+)
+
+// liveRig is one claimed job on a stub, its factory's client and the
+// job's log file, for driving a LogStream flush by flush.
+type liveRig struct {
+	t      *testing.T
+	s      *stub
+	c      *Client
+	claim  *Claim
+	logs   string // the LogsDir
+	path   string // the job's stdout.log
+	logBuf *testenv.SyncBuffer
+}
+
+func newLiveRig(t *testing.T, s *stub, id string) *liveRig {
+	t.Helper()
+	s.submit(t, id, "app", "script: true")
+	b := fastBudgets()
+	b.LiveLog = 50 * time.Millisecond
+	logBuf := &testenv.SyncBuffer{}
+	c, err := NewClient(ClientOptions{API: s.API, Token: s.EnrollToken(), FactoryID: "f1", Budgets: b, Log: newTestLogger(logBuf)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetOffer([]string{"os:linux", "engine:script", "repo:app"}, []string{"app"})
+	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: filepath.Join(t.TempDir(), "credentials"), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "f1"}}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := c.Claim(ctxT(t), false)
+	if err != nil || cl == nil || cl.Job.ID != id {
+		t.Fatalf("claim: %+v %v", cl, err)
+	}
+	logs := t.TempDir()
+	r := &liveRig{t: t, s: s, c: c, claim: cl, logs: logs, path: filepath.Join(logs, id, "stdout.log"), logBuf: logBuf}
+	if err := os.MkdirAll(filepath.Dir(r.path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// write appends to the job's log, as engines.Exec does.
+func (r *liveRig) write(s string) {
+	r.t.Helper()
+	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(s); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// stream is a LogStream on the job with no flush loop: the test flushes.
+func (r *liveRig) stream(l *LiveLogs) *LogStream {
+	l.Client, l.LogsDir = r.c, r.logs
+	if l.Log == nil {
+		l.Log = newTestLogger(r.logBuf)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the loop ends at once: tick and Close are the test's
+	s := l.Start(ctx, r.claim, l.Log)
+	s.wg.Wait()
+	return s
+}
+
+func (r *liveRig) requests() int64 { return r.s.Stats().Count(coord.RouteLogAppend) }
+
+func (r *liveRig) text() string {
+	r.t.Helper()
+	t, _ := r.s.LogText(r.claim.Job.ID, r.claim.LeaseEpoch)
+	return t
+}
+
+// lines is n numbered lines of width bytes each.
+func lines(from, n, width int) string {
+	var b strings.Builder
+	for i := from; i < from+n; i++ {
+		l := fmt.Sprintf("line %06d ", i)
+		b.WriteString(l + strings.Repeat("x", width-len(l)-1) + "\n")
+	}
+	return b.String()
+}
+
+// TestLiveLogFlushes: a flush sends what the log gained since the attempt
+// began (not what earlier attempts wrote), whole lines in chunks of at
+// most 64 KiB, one a flush while the stream keeps up, several only when it
+// is more than half its backlog behind; nothing while the log is silent;
+// a line's start waits for its end; Close sends the rest and the end; the
+// coordinator's copy is the log byte for byte, any number of engine runs
+// of the attempt in one stream.
+func TestLiveLogFlushes(t *testing.T) {
+	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-flush"))
+	r.write("=== aq job x attempt 1: script at earlier ===\nan earlier attempt\n")
+	s := r.stream(&LiveLogs{Backlog: 256 << 10})
+	ctx := ctxT(t)
+
+	var want strings.Builder
+	add := func(s string) { r.write(s); want.WriteString(s) }
+	add("=== aq job x attempt 2: script at now ===\nfirst line\n")
+	s.tick(ctx, false)
+	if n := r.requests(); n != 1 || r.text() != want.String() {
+		t.Fatalf("after one flush: %d requests, %q", n, r.text())
+	}
+	for range 3 { // silent
+		s.tick(ctx, false)
+	}
+	if n := r.requests(); n != 1 {
+		t.Fatalf("%d requests while the log was silent", n)
+	}
+	add("a line's start")
+	s.tick(ctx, false)
+	if n := r.requests(); n != 1 {
+		t.Fatalf("the start of a line was sent: %d requests", n)
+	}
+	add(" and its end\n")
+	s.tick(ctx, false)
+	if n := r.requests(); n != 2 || r.text() != want.String() {
+		t.Fatalf("the whole line: %d %q", r.requests(), r.text())
+	}
+	// A burst of 200 KiB (backlog 256 KiB): two chunks now (then 72 KiB
+	// behind: under half the backlog), one a flush after.
+	add(lines(0, 2000, 100))
+	s.tick(ctx, false)
+	if n := r.requests(); n != 4 {
+		t.Fatalf("after a 200 KiB burst: %d requests, want 4", n)
+	}
+	s.tick(ctx, false)
+	s.tick(ctx, false)
+	if n := r.requests(); n != 6 || r.text() != want.String() {
+		t.Fatalf("caught up: %d requests, %d of %d bytes", r.requests(), len(r.text()), want.Len())
+	}
+	// A second engine run in the same attempt, ending without a newline.
+	add("=== aq job x attempt 2: script at later ===\nround two\nno newline at the end")
+	st := s.Close(ctx, true)
+	if !st.Ended || st.Gaps != 0 || st.Stopped != "" || st.Bytes != int64(want.Len()) || r.text() != want.String() {
+		t.Fatalf("closed: %+v\n%q", st, r.text())
+	}
+	page, err := r.s.operator(t).ReadLog(ctx, r.claim.Job.ID, LogQuery{})
+	if err != nil || !page.Ended || page.Attempt != r.claim.Attempt() || page.FactoryID != "f1" {
+		t.Fatalf("page %+v %v", page, err)
+	}
+	for off := int64(0); off < page.Next; {
+		p, err := r.s.operator(t).ReadLog(ctx, r.claim.Job.ID, LogQuery{Offset: off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range p.Records {
+			if rec.Size > LogChunkMax {
+				t.Fatalf("a record of %d bytes", rec.Size)
+			}
+		}
+		off = p.Next
+	}
+	if got := strings.Count(r.logBuf.String(), "level=WARN"); got != 0 {
+		t.Fatalf("%d warnings:\n%s", got, r.logBuf)
+	}
+}
+
+// TestLiveLogOutage: while the coordinator refuses chunks (503) they wait
+// in the log file, not in memory; past the backlog the oldest bytes become
+// one gap record and streaming resumes at a line start; once it answers,
+// the gap and the newest output arrive, and the stream's offsets still add
+// up to the log. One warning for the outage, one for the gap.
+func TestLiveLogOutage(t *testing.T) {
+	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-outage"))
+	s := r.stream(&LiveLogs{Backlog: 128 << 10})
+	ctx := ctxT(t)
+	r.write("before the outage\n")
+	s.tick(ctx, false)
+	r.s.SetFaults(1, 0, coord.RouteLogAppend)
+	all := "before the outage\n"
+	for i := range 4 {
+		l := lines(i*1000, 1000, 64) // 64 KB a flush
+		r.write(l)
+		all += l
+		s.tick(ctx, false)
+	}
+	if got := r.text(); got != "before the outage\n" {
+		t.Fatalf("taken during the outage: %d bytes", len(got))
+	}
+	r.s.SetFaults(0, 0)
+	s.tick(ctx, false)
+	st := s.Close(ctx, true)
+	text := r.text()
+	i := strings.Index(text, "[gap ")
+	if st.Gaps != 1 || i < 0 || !st.Ended {
+		t.Fatalf("no gap: %+v %q", st, text[:min(len(text), 200)])
+	}
+	var gap int
+	fmt.Sscanf(text[i:], "[gap %d]", &gap)
+	rest := text[i+len(fmt.Sprintf("[gap %d]", gap)):]
+	if text[:i] != all[:i] || i+gap+len(rest) != len(all) || rest != all[i+gap:] {
+		t.Fatalf("offsets do not add up: %d streamed + %d gap + %d after ≠ %d", i, gap, len(rest), len(all))
+	}
+	if all[i+gap-1] != '\n' || len(rest) > 128<<10 {
+		t.Fatalf("streaming did not resume at a line start within the backlog: %d bytes after the gap, %q…", len(rest), rest[:min(len(rest), 40)])
+	}
+	logs := r.logBuf.String()
+	if strings.Count(logs, "does not answer") != 1 || strings.Count(logs, "a gap is marked") != 1 || strings.Count(logs, "takes the job's output again") != 1 {
+		t.Fatalf("warnings:\n%s", logs)
+	}
+}
+
+// TestLiveLogStops: a fenced run (409), a coordinator without the route and
+// one that answers with garbage each stop the stream for good with one
+// line, and nothing more is sent; the job is not touched.
+func TestLiveLogStops(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  coord.Options
+		setup func(r *liveRig) http.Handler // a handler in front of the stub (nil: none)
+		act   func(r *liveRig)
+		want  string // in the stream's stop reason
+		warn  string // the one warning
+	}{
+		{name: "fenced", act: func(r *liveRig) { r.s.Action(r.claim.Job.ID, "requeue") },
+			want: "409", warn: "live log of the job stopped: the coordinator refused it (409)"},
+		{name: "no route", opts: coord.Options{Routes: coord.RoutesLegacy},
+			want: "has no POST /fleet/jobs/:id/log route", warn: "the coordinator has no POST /fleet/jobs/:id/log route: a running job's output is not streamed"},
+		{name: "garbage", setup: func(r *liveRig) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+				if strings.HasSuffix(q.URL.Path, "/log") {
+					w.Header().Set("Content-Type", "text/html")
+					w.Write([]byte("<html>sign in</html>"))
+					return
+				}
+				r.s.Server.ServeHTTP(w, q)
+			})
+		}, want: "not the expected JSON", warn: "live log of the job stopped: the coordinator refused POST /fleet/jobs/:id/log"},
+		{name: "no next", setup: func(r *liveRig) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+				if strings.HasSuffix(q.URL.Path, "/log") {
+					w.Header().Set("Content-Type", "application/json")
+					w.Write([]byte(`{"ok":true}`))
+					return
+				}
+				r.s.Server.ServeHTTP(w, q)
+			})
+		}, want: "no next offset", warn: "live log of the job stopped"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startStub(t, tc.opts)
+			r := newLiveRig(t, s, testenv.ID("live-stop-"+strings.ReplaceAll(tc.name, " ", "-")))
+			var h http.Handler = s.Server
+			if tc.setup != nil {
+				h = tc.setup(r)
+			}
+			var sent atomic.Int64 // requests of the log route, whoever answers them
+			fs := newServerOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+				if strings.HasSuffix(q.URL.Path, "/log") {
+					sent.Add(1)
+				}
+				h.ServeHTTP(w, q)
+			}))
+			c, err := NewClient(ClientOptions{API: "http://" + fs.addr + "/api", Token: r.c.token, FactoryID: "f1", Budgets: r.c.Budgets(), Log: newTestLogger(r.logBuf)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.c = c
+			if tc.act != nil {
+				tc.act(r)
+			}
+			st := r.stream(&LiveLogs{})
+			ctx := ctxT(t)
+			for i := range 3 {
+				r.write(fmt.Sprintf("line %d\n", i))
+				st.tick(ctx, false)
+			}
+			stats := st.Close(ctx, true)
+			if !strings.Contains(stats.Stopped, tc.want) || stats.Chunks != 0 || stats.Requests != 1 {
+				t.Fatalf("stats %+v, want a stop for %q after one request", stats, tc.want)
+			}
+			if n := sent.Load(); n != 1 {
+				t.Fatalf("%d requests", n)
+			}
+			logs := r.logBuf.String()
+			if n := strings.Count(logs, "level=WARN"); n != 1 || !strings.Contains(logs, tc.warn) {
+				t.Fatalf("%d warnings, want one with %q:\n%s", n, tc.warn, logs)
+			}
+			if strings.Contains(logs, r.c.token) {
+				t.Fatal("the token in a log line")
+			}
+			// A later run of the same process: a route found absent is not asked again.
+			if tc.name == "no route" {
+				if again := (&LiveLogs{Client: r.c, LogsDir: r.logs}).Start(ctx, r.claim, nil); again != nil {
+					t.Fatal("a stream started on a coordinator known to lack the route")
+				}
+			}
+		})
+	}
+}
+
+// TestLiveLogResync: a chunk whose answer was lost is sent again and taken
+// once; a coordinator that lost chunks it had taken (restarted from an
+// older copy) answers 416 with where its copy ends, and the factory sends
+// again from there (the bytes are in its log): the coordinator's copy ends
+// up the log byte for byte.
+func TestLiveLogResync(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	var resends int
+	o := coord.Options{StateFile: state, OnCall: func(c coord.Call) {
+		if c.Route == coord.RouteLogAppend && c.Resend {
+			resends++
+		}
+	}}
+	s1, err := coord.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cur atomic.Pointer[coord.Server]
+	cur.Store(s1)
+	var lose atomic.Int64 // answers of chunks to lose (the chunk is taken)
+	front := http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		if strings.HasSuffix(q.URL.Path, "/log") && q.Method == http.MethodPost && lose.Add(-1) >= 0 {
+			cur.Load().ServeHTTP(&discard{h: http.Header{}}, q)
+			http.Error(w, "lost", http.StatusBadGateway)
+			return
+		}
+		cur.Load().ServeHTTP(w, q)
+	})
+	srv := newServerOn(t, "127.0.0.1:0", front)
+	st := &stub{Server: s1, API: "http://" + srv.addr + "/api"}
+	r := newLiveRig(t, st, testenv.ID("live-resync"))
+	s := r.stream(&LiveLogs{})
+	ctx := ctxT(t)
+	all := ""
+	for i := range 3 {
+		l := fmt.Sprintf("chunk %d\n", i)
+		r.write(l)
+		all += l
+		if i == 1 {
+			lose.Store(1)
+		}
+		s.tick(ctx, false)
+	}
+	if resends != 1 || r.text() != all {
+		t.Fatalf("after a lost answer: %d resends, %q", resends, r.text())
+	}
+	// The coordinator restarts from a copy without the last chunk.
+	srv.kill()
+	run := filepath.Join(coord.LogDir(state), "logs", r.claim.Job.ID, fmt.Sprint(r.claim.LeaseEpoch)+".log")
+	b, err := os.ReadFile(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := bytes.LastIndex(b, []byte(`{"seq":`))
+	if err := os.WriteFile(run, b[:cut], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := coord.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Store(s2)
+	newServerOn(t, srv.addr, front)
+	r.s.Server = s2
+	if got := r.text(); got != "chunk 0\nchunk 1\n" {
+		t.Fatalf("the restarted coordinator holds %q", got)
+	}
+	r.write("chunk 3\n")
+	all += "chunk 3\n"
+	s.tick(ctx, false)
+	stats := s.Close(ctx, true)
+	if r.text() != all || stats.Gaps != 0 || !stats.Ended {
+		t.Fatalf("after the resync: %+v %q", stats, r.text())
+	}
+}
+
+// discard is a ResponseWriter that throws the answer away (a lost answer).
+type discard struct{ h http.Header }
+
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) Write(b []byte) (int, error) { return len(b), nil }
+func (d *discard) WriteHeader(int)             {}
+
+// TestLiveLogMasks: what the log holds is masked again on its way (a
+// secret learnt after it was written), and offsets count the bytes as
+// streamed.
+func TestLiveLogMasks(t *testing.T) {
+	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-mask"))
+	red := secrets.NewRedactor(nil)
+	s := r.stream(&LiveLogs{Redactor: red})
+	r.write("token=sk-live-0123456789abcdef here\n")
+	red.Add("sk-live-0123456789abcdef")
+	st := s.Close(ctxT(t), true)
+	if got := r.text(); got != "token=*** here\n" || st.Bytes != int64(len("token=*** here\n")) {
+		t.Fatalf("%q %+v", got, st)
+	}
+}
+
+// TestJobStreamsItsLog: a fleet job's engine output reaches the coordinator
+// while it runs (the flush loop, before the engine ends) and all of it
+// before the final report; the coordinator's copy is this attempt's part
+// of the job's log byte for byte, ended; the job's reports are as before.
+// A coordinator without the route: one warning, the job ships, its
+// artifact has the output.
+func TestJobStreamsItsLog(t *testing.T) {
+	eachRouteSet(t, func(t *testing.T, rs routeSet) {
+		s := startStub(t, rs.opts(coord.Options{}))
+		w := newWorld(t, "app")
+		id := testenv.ID("live-job")
+		goFile := filepath.Join(w.dir, "go")
+		s.submit(t, id, "app", "script: "+w.script("live", fmt.Sprintf(`echo "first line from the engine"
+i=0
+while [ ! -f %q ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+echo "last line"
+echo done > done.txt
+`, goFile))+"\nship: branch")
+		f := newFactory(t, s, w, "f1", func(_ *config.Config, p *Parts) { p.LiveLogEvery = 50 * time.Millisecond })
+		done := make(chan *Result, 1)
+		go func() {
+			res, err := f.runOnce(t, ctxT(t))
+			if err != nil {
+				t.Error(err)
+			}
+			done <- res
+		}()
+		if !rs.legacy() {
+			testenv.WaitFor(t, time.Minute, "the first line at the coordinator", func() bool {
+				text, _ := s.LogText(id, 0)
+				return strings.Contains(text, "first line from the engine")
+			})
+		}
+		testenv.WriteFile(t, goFile, "")
+		res := <-done
+		if res == nil || res.Stage != job.Shipped {
+			t.Fatalf("result %+v", res)
+		}
+		logFile, err := os.ReadFile(filepath.Join(f.Home, "logs", id, "stdout.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, runs := s.LogText(id, 0)
+		if rs.legacy() {
+			if len(runs) != 0 || strings.Count(f.Logs.String(), `level=WARN msg="the coordinator has no POST /fleet/jobs/:id/log route`) != 1 {
+				t.Fatalf("legacy: runs %+v\n%s", runs, f.Logs)
+			}
+		} else if text != string(logFile) || len(runs) != 1 || !runs[0].Ended || runs[0].LeaseEpoch != res.LeaseEpoch {
+			t.Fatalf("the coordinator's live log %q (runs %+v), the log %q", text, runs, logFile)
+		}
+		if got := kinds(s.Events(id)); strings.Join(got, " ") != "submitted claimed stage:building stage:shipped" {
+			t.Fatalf("events %v", got)
+		}
+		if len(s.Artifacts(id)) == 0 {
+			t.Fatal("no artifact")
+		}
+	})
+}
