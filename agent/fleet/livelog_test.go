@@ -317,10 +317,10 @@ func TestLiveLogStops(t *testing.T) {
 // up the log byte for byte.
 func TestLiveLogResync(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state.json")
-	var resends int
+	var resends atomic.Int64
 	o := coord.Options{StateFile: state, OnCall: func(c coord.Call) {
 		if c.Route == coord.RouteLogAppend && c.Resend {
-			resends++
+			resends.Add(1)
 		}
 	}}
 	s1, err := coord.New(o)
@@ -353,8 +353,11 @@ func TestLiveLogResync(t *testing.T) {
 		}
 		s.tick(ctx, false)
 	}
-	if resends != 1 || r.text() != all {
-		t.Fatalf("after a lost answer: %d resends, %q", resends, r.text())
+	// The lost answer's chunk is re-sent within its call's budget, or, on a
+	// slow machine, at the next flush: one flush more catches up either way.
+	s.tick(ctx, false)
+	if resends.Load() != 1 || r.text() != all {
+		t.Fatalf("after a lost answer: %d resends, %q", resends.Load(), r.text())
 	}
 	// The coordinator restarts from a copy without the last chunk.
 	srv.kill()
