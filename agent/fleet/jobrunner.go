@@ -166,7 +166,7 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 		cancel(job.Stop(job.ReasonInterrupted, "the coordinator refused this factory's credentials"))
 	}
 
-	live := r.LiveLogs.Start(context.WithoutCancel(jobCtx), c, log)
+	live := r.LiveLogs.Start(context.WithoutCancel(jobCtx), c, lease.Fence, log)
 	res.Outcome = r.Pipeline.Run(jobCtx, j, runner.Options{
 		Attempt: res.Attempt, Checkpoint: c.Job.Checkpoint, Lease: lease,
 		OnEvent: func(e runner.Event) {

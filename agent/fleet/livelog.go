@@ -57,15 +57,17 @@ type LiveLogs struct {
 }
 
 // Start streams the live log of claim c's run until Close; nil (whose
-// Close does nothing) when the coordinator has no live log route.
-func (l *LiveLogs) Start(ctx context.Context, c *Claim, log *slog.Logger) *LogStream {
+// Close does nothing) when the coordinator has no live log route. fence,
+// when set, is told of a 409 (JobLease.Fence): the run is someone else's,
+// learnt within a flush rather than at the next renewal.
+func (l *LiveLogs) Start(ctx context.Context, c *Claim, fence func(detail string) error, log *slog.Logger) *LogStream {
 	if l == nil || !l.Client.Has(RouteLogAppend) {
 		return nil
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &LogStream{l: l, jobID: c.Job.ID, attempt: c.Attempt(), epoch: c.LeaseEpoch, log: log,
+	s := &LogStream{l: l, jobID: c.Job.ID, attempt: c.Attempt(), epoch: c.LeaseEpoch, log: log, fence: fence,
 		path: filepath.Join(l.LogsDir, c.Job.ID, "stdout.log")}
 	if st, err := os.Stat(s.path); err == nil {
 		s.pos = st.Size() // earlier attempts on this host: not this run's
@@ -98,6 +100,7 @@ type LogStream struct {
 	attempt        int
 	epoch          int64
 	log            *slog.Logger
+	fence          func(string) error
 	cancel         context.CancelFunc
 	wg             sync.WaitGroup
 	closeOnce      sync.Once
@@ -404,6 +407,9 @@ func (s *LogStream) send(ctx context.Context) bool {
 		return false
 	case IsFenced(err):
 		s.stop("the coordinator refused it (409): this factory no longer holds the job")
+		if s.fence != nil {
+			_ = s.fence("the coordinator refused the job's live log (409): " + err.Error())
+		}
 	case IsRouteAbsent(err):
 		s.stopped = true // the client said it once, with what aq does instead
 		s.count(func(st *LogStats) { st.Stopped = err.Error() })
