@@ -361,3 +361,39 @@ echo done > done.txt
 		t.Fatalf("daemon exit %d\n%s", code, d.err)
 	}
 }
+
+// TestBoardTmuxLiveLog: the board's log view (enter on a running job), on
+// another host than the job's factory, in a real terminal: the engine's
+// line shows while the job runs, then its last line and the job's end.
+func TestBoardTmuxLiveLog(t *testing.T) {
+	e := newDaemonEnv(t, false)
+	id := testenv.ID("live-board")
+	marker := "the engine is at work on " + id
+	e.submit(id, fmt.Sprintf(`echo %q
+touch %q
+while [ ! -f %q ]; do sleep 0.05; done
+echo "the engine's last line"
+echo done > done.txt
+`, marker, e.path(id, "started"), e.path(id, "go")))
+	d := e.startDaemon()
+	e.waitFor(d, "the engine to start", func() bool { return testenv.Exists(e.path(id, "started")) })
+	op := operatorHome(t, e.h.Bin, e.h.Env)
+
+	x := startTmux(t, op.Environ(), shellQuote(op.Bin)+" status --watch --interval 300ms")
+	x.waitText("aq board · fleet", "RUNNING (1)", id)
+	x.selectRow(id)
+	x.keys("Enter")
+	s := x.waitText("aq log", id, "following", "engine output of attempt 1, live from factory fa", marker)
+	if st := e.jobStage(id); st != coord.StageBuilding {
+		t.Fatalf("the job is %s while the board shows its engine at work:\n%s", st, s)
+	}
+	testenv.WriteFile(t, e.path(id, "go"), "")
+	s = x.waitText("the engine's last line", "the job ended", "stage shipped")
+	t.Logf("log view:\n%s", s)
+	x.keys("Escape")
+	x.waitText("RUNNING (0)")
+	x.keys("q")
+	x.waitText("EXITED 0")
+	d.signal(t, syscall.SIGTERM)
+	d.wait(t)
+}
