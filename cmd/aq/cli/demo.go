@@ -265,6 +265,9 @@ type demoCoordinatorOptions struct {
 	// Routes is the route set: full (DESIGN §9) or legacy (the coordinator
 	// in service today).
 	Routes string
+	// LogCapJob and LogCap bound the live log output kept, per job and in
+	// all, in MiB.
+	LogCapJob, LogCap int
 }
 
 func newDemoCoordinatorCmd(f *Factory) *cobra.Command {
@@ -285,7 +288,9 @@ It is not the coordinator.
 
 Fault injection: --fail-rate 0.3 answers 30% of requests 503; --latency 200ms
 delays each. GET /fleet/_stats counts requests per route. --state FILE keeps
-the state across restarts.
+the state across restarts, and the jobs' live logs and artifacts on disk
+beside it (FILE.d/), bounded by --log-cap-per-job and --log-cap (the oldest
+jobs' live logs go first).
 
 With a broker (--broker-connection-string-file F, or AQ_SB_CONNECTION_STRING)
 the stub also publishes a targeted Service Bus message per queued job
@@ -319,7 +324,9 @@ messages.`,
 	fl.StringVar(&o.TokenFile, "enroll-token-file", "", "file holding the enrollment token to use (default: the state file's, else a new one)")
 	fl.StringVar(&o.BrokerFile, "broker-connection-string-file", "", "file holding a Service Bus connection string: publish a dispatch message per queued job (default: AQ_SB_CONNECTION_STRING, if set)")
 	fl.StringVar(&o.BrokerTopic, "broker-topic", "", "topic to publish to (default: AQ_SB_TOPIC, fleet-dispatch)")
-	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (DESIGN §9) or legacy (the coordinator in service today: no accept, fail, deregister, factories list)")
+	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (DESIGN §9) or legacy (the coordinator in service today: no accept, fail, deregister, factories list, live log)")
+	fl.IntVar(&o.LogCapJob, "log-cap-per-job", coord.DefaultLogJobCap>>20, "live log output kept per job, MiB (a job's older runs go first)")
+	fl.IntVar(&o.LogCap, "log-cap", coord.DefaultLogCap>>20, "live log output kept in all, MiB (the oldest jobs' go first)")
 	return configFlags(cmd, config.GroupBroker)
 }
 
@@ -330,10 +337,13 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 	if o.Routes != coord.RoutesFull && o.Routes != coord.RoutesLegacy {
 		return aqerr.Usagef("use --routes full (DESIGN §9) or --routes legacy (the coordinator in service today)", "--routes %q is not a route set", o.Routes)
 	}
+	if o.LogCapJob < 1 || o.LogCap < 1 || o.LogCapJob > o.LogCap {
+		return aqerr.Usagef("give MiB, at least 1, the per-job cap at most the total", "--log-cap-per-job %d, --log-cap %d", o.LogCapJob, o.LogCap)
+	}
 	opts := coord.Options{
 		LeaseTTL: o.LeaseTTL, StaleAfter: o.StaleAfter, ReapEvery: o.ReapEvery, MaxBackoff: o.MaxBackoff,
 		FailRate: o.FailRate, Latency: o.Latency, FaultRoutes: o.FaultRoutes, StateFile: o.State, Log: f.Logger(),
-		Routes: o.Routes,
+		Routes: o.Routes, LogJobCap: int64(o.LogCapJob) << 20, LogCap: int64(o.LogCap) << 20,
 	}
 	if o.TokenFile != "" {
 		b, err := os.ReadFile(o.TokenFile)
