@@ -169,21 +169,42 @@ func (s *LogStream) Close(ctx context.Context, flush bool) LogStats {
 	return s.Stats()
 }
 
+// loop flushes at most once every Every: at once when the log grows after
+// a quiet second (the log's size is looked at ten times a flush, which
+// costs a stat and no request), else a second after the last flush — so a
+// follower sees a sparse engine's line within a fraction of a second, and
+// a chatty one's in a chunk a second.
 func (s *LogStream) loop(ctx context.Context) {
 	defer s.wg.Done()
-	t := time.NewTicker(s.l.every())
+	every := s.l.every()
+	t := time.NewTicker(max(every/10, 10*time.Millisecond))
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if time.Since(last) < every || !s.due() {
+			continue
+		}
+		last = time.Now()
 		s.tick(ctx, false)
 		if s.stopped {
 			return
 		}
 	}
+}
+
+// due reports whether a flush has something to do: a chunk waits, or the
+// log grew.
+func (s *LogStream) due() bool {
+	if len(s.queue) > 0 {
+		return true
+	}
+	size, err := s.size()
+	return err != nil || size != s.pos
 }
 
 // tick sends what the log gained: one chunk, several only while the stream
@@ -214,8 +235,8 @@ func (s *LogStream) tick(ctx context.Context, final bool) {
 				return
 			}
 			if c == nil {
-				if !final || s.ended {
-					return
+				if !final || s.ended || s.seq == 0 {
+					return // (a run that streamed nothing has no end to send)
 				}
 				c = s.chunk(LogOutput, 0, s.pos, 0) // the end, with nothing left
 				c.End = true
@@ -245,8 +266,10 @@ func (s *LogStream) size() (int64, error) {
 
 // cut turns what the stream is behind by beyond its backlog into a gap:
 // the output chunk not yet taken and the oldest unsent bytes, up to a line
-// start in the newest half of the backlog, where streaming resumes. Gaps
-// already queued stay ahead of it.
+// start a chunk before the log's end, where streaming resumes (a follower
+// sees the gap, then the engine's latest lines). Gaps already queued stay
+// ahead of it; one that ends where this one begins grows instead, so an
+// outage of any length queues one gap.
 func (s *LogStream) cut(size int64) error {
 	from, off, i := s.pos, s.off, len(s.queue)
 	for j, c := range s.queue {
@@ -259,11 +282,19 @@ func (s *LogStream) cut(size int64) error {
 	if size-from <= b {
 		return nil
 	}
-	to, err := s.lineStart(size-b/2, size)
+	to, err := s.lineStart(size-LogChunkMax, size)
 	if err != nil {
 		return err
 	}
 	s.queue, s.pos, s.off = s.queue[:i], from, off
+	if n := len(s.queue); n > 0 && s.queue[n-1].Kind == LogGap && s.queue[n-1].filePos >= 0 && s.queue[n-1].filePos+s.queue[n-1].fileLen == from {
+		g := s.queue[n-1]
+		g.Size += to - from
+		g.fileLen += to - from
+		s.mark(g.Offset+g.Size, to)
+		s.pos, s.off = to, g.Offset+g.Size
+		return nil
+	}
 	g := s.chunk(LogGap, to-from, from, to-from)
 	s.queue = append(s.queue, g)
 	s.pos, s.off = to, g.Offset+g.Size

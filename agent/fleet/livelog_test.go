@@ -22,7 +22,7 @@ import (
 // liveRig is one claimed job on a stub, its factory's client and the
 // job's log file, for driving a LogStream flush by flush.
 type liveRig struct {
-	t      *testing.T
+	t      testing.TB
 	s      *stub
 	c      *Client
 	claim  *Claim
@@ -37,7 +37,7 @@ func (r *liveRig) fence(detail string) error {
 	return nil
 }
 
-func newLiveRig(t *testing.T, s *stub, id string) *liveRig {
+func newLiveRig(t testing.TB, s *stub, id string) *liveRig {
 	t.Helper()
 	s.submit(t, id, "app", "script: true")
 	b := fastBudgets()

@@ -70,6 +70,17 @@ type stub struct {
 	*coord.Server
 	http *httptest.Server
 	API  string
+	// enroll is the enrollment token of a stub in another process (nil
+	// Server); "": the Server's.
+	enroll string
+}
+
+// EnrollToken is the stub's enrollment token.
+func (s *stub) EnrollToken() string {
+	if s.enroll != "" {
+		return s.enroll
+	}
+	return s.Server.EnrollToken()
 }
 
 func startStub(t testing.TB, o coord.Options) *stub {
