@@ -159,8 +159,9 @@ and the job's stage changes. With --raw, -f prints the engine's own
 stream-json/JSONL lines on stdout instead (stage changes go to stderr).
 
 In fleet mode a job that ran (or runs) on another factory is read from the
-coordinator: its events while it runs, and its logs from the artifacts its
-factory uploaded when it ended.`,
+coordinator: with -f its events and its live log while it runs (about a
+second behind its engine; gaps shown as gaps), and its logs from the
+artifacts its factory uploaded when it ended.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := f.Config()
