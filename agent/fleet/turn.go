@@ -112,10 +112,12 @@ type turnKey struct{}
 
 // turnFor is the wire turn call cl must take, attempt by attempt: the
 // lease's when cl is a report of its job sent on the context Reporting
-// returned, else nil.
+// returned, else nil. The live log's last chunks, sent just before the
+// report on its context, are no report: taking the turn, they would end
+// the renewals before the report went out.
 func turnFor(ctx context.Context, cl call) *wireTurn {
 	w, _ := ctx.Value(turnKey{}).(*wireTurn)
-	if w == nil || cl.name == RouteRenew || cl.jobID != w.jobID || cl.epoch != w.epoch {
+	if w == nil || cl.name == RouteRenew || cl.name == RouteLogAppend || cl.jobID != w.jobID || cl.epoch != w.epoch {
 		return nil
 	}
 	return w
