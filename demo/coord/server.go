@@ -136,6 +136,11 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	st.kick = logs.kick // a job's change ends or starts runs: long polls look again
+	for id, jl := range logs.jobs {
+		if j, ok := st.st.Jobs[id]; ok {
+			jl.created = j.CreatedAt // the oldest jobs' logs go first
+		}
+	}
 	st.onChg = o.OnChange
 	if pub := o.Publisher; pub != nil {
 		user := o.OnChange
