@@ -537,3 +537,47 @@ while [ $i -lt 6000 ]; do echo "still working $i"; sleep 0.05; i=$((i+1)); done
 		t.Fatalf("runs %+v", runs)
 	}
 }
+
+// TestGarbageLogRouteJobGoesOn: a coordinator that answers the live log's
+// route with what is not the contract's (a proxy's HTML page) stops the
+// stream with one warning; the job goes on and ships, and its final
+// artifact is the whole log.
+func TestGarbageLogRouteJobGoesOn(t *testing.T) {
+	s := startStub(t, coord.Options{})
+	front := newServerOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		if strings.HasSuffix(q.URL.Path, "/log") {
+			w.Header().Set("Content-Type", "text/html")
+			w.Write([]byte("<html><body>Sign in to continue</body></html>"))
+			return
+		}
+		s.Server.ServeHTTP(w, q)
+	}))
+	via := &stub{Server: s.Server, API: "http://" + front.addr + "/api"}
+	w := newWorld(t, "app")
+	id := testenv.ID("live-garbage")
+	via.submit(t, id, "app", "script: "+w.script("garbled", `i=0
+while [ $i -lt 40 ]; do echo "line $i of the engine"; sleep 0.02; i=$((i+1)); done
+echo done > done.txt
+`)+"\nship: branch")
+	f := newFactory(t, via, w, "f1", func(_ *config.Config, p *Parts) { p.LiveLogEvery = 50 * time.Millisecond })
+	res, err := f.runOnce(t, ctxT(t))
+	if err != nil || res.Stage != job.Shipped || res.Report != "delivered" {
+		t.Fatalf("result %+v %v", res, err)
+	}
+	if n := strings.Count(f.Logs.String(), "live log of the job stopped"); n != 1 || strings.Count(f.Logs.String(), "level=WARN") != 1 {
+		t.Fatalf("%d stops said:\n%s", n, f.Logs)
+	}
+	want, err := os.ReadFile(filepath.Join(f.Home, "logs", id, "stdout.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for _, a := range s.Artifacts(id) {
+		if a.Name == "engine-stdout" {
+			got, _ = s.ArtifactContent(a.ID)
+		}
+	}
+	if !bytes.Equal(got, want) || !bytes.Contains(want, []byte("line 39 of the engine")) {
+		t.Fatalf("the final artifact (%d bytes) is not the log (%d bytes)", len(got), len(want))
+	}
+}
