@@ -39,6 +39,10 @@ const (
 	RouteArtifactList = "GET /fleet/jobs/:id/artifacts"
 	RouteArtifactGet  = "GET /fleet/artifacts/:id"
 	RouteAction       = "POST /fleet/jobs/:id/actions/:action"
+	// Undoing an operator's mistake: a new manifest for a job that is not
+	// running (aq submit --replace), or the job removed (aq job rm).
+	RouteReplace = "PUT /fleet/jobs/:id"
+	RouteRemove  = "DELETE /fleet/jobs/:id"
 	// A running job's live log: appended by its factory, read by anyone.
 	RouteLogAppend = "POST /fleet/jobs/:id/log"
 	RouteLogRead   = "GET /fleet/jobs/:id/log"
@@ -62,6 +66,8 @@ var Fallbacks = map[string]string{
 	RouteArtifactList: "aq job logs cannot read the output of a job that ran on another factory",
 	RouteArtifactGet:  "aq job logs cannot read the output of a job that ran on another factory",
 	RouteAction:       "requeue, reject and ship a fleet job on the coordinator itself",
+	RouteReplace:      "aq submit --replace is refused with one line: replace the job on the coordinator itself, or submit the new manifest under another id",
+	RouteRemove:       "aq job rm is refused with one line: remove the job on the coordinator itself",
 	RouteLogRead:      "aq job logs -f and the board show the output of a job that runs elsewhere only when it ends (from its artifacts)",
 }
 

@@ -51,6 +51,9 @@ type follower struct {
 	// meta receives what is not the engine's output (stage changes,
 	// notes) when raw keeps stdout to the engine's own lines; nil: emit.
 	meta func(string)
+	// rec, when set, receives every line as a record instead (aq job logs
+	// -f --json): the engine's notes with their kind, the rest as events.
+	rec func(logRecord)
 
 	tr       *engines.Transcript
 	offset   int64
@@ -210,7 +213,12 @@ func (fo *follower) readLive(ctx context.Context, emit func(string), wait time.D
 			if r.Kind == fleet.LogGap {
 				fo.flushPartial(emit)
 				lv.gaps += r.Size
-				fo.note(emit, fmt.Sprintf("… %d bytes not streamed: they are in the job's final artifact (aq job logs --stream stdout %s) …", r.Size, fo.id))
+				msg := fmt.Sprintf("… %d bytes not streamed: they are in the job's final artifact (aq job logs --stream stdout %s) …", r.Size, fo.id)
+				if fo.rec != nil {
+					fo.rec(logRecord{Job: fo.id, Kind: "gap", Text: msg})
+					continue
+				}
+				fo.note(emit, msg)
 				continue
 			}
 			fo.feed([]byte(r.Text), emit)
@@ -307,6 +315,10 @@ func (fo *follower) flushPartial(emit func(string)) {
 // note emits a line that is not the engine's output: to meta when set
 // (--raw keeps stdout to the engine's lines).
 func (fo *follower) note(emit func(string), l string) {
+	if fo.rec != nil {
+		fo.rec(logRecord{Job: fo.id, Kind: "event", Text: l})
+		return
+	}
 	if fo.meta != nil {
 		fo.meta(l)
 		return
@@ -353,6 +365,10 @@ func (fo *follower) line(l []byte, emit func(string)) {
 		return
 	}
 	for _, n := range fo.tr.Line(l) {
+		if fo.rec != nil {
+			fo.rec(logRecord{Job: fo.id, Kind: n.Kind, Text: n.Text, Usage: n.Usage})
+			continue
+		}
 		emit(n.String())
 	}
 }
