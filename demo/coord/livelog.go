@@ -424,6 +424,25 @@ func (l *logStore) prune(id string, jl *jobLog, cur *runLog) {
 	}
 }
 
+// remove forgets job id's live log (the job was removed).
+func (l *logStore) remove(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	jl := l.jobs[id]
+	if jl == nil {
+		return
+	}
+	for _, r := range jl.runs {
+		l.dropRun(jl, r)
+	}
+	delete(l.jobs, id)
+	if l.dir != "" {
+		_ = os.RemoveAll(filepath.Join(l.dir, id))
+	}
+	close(l.wake)
+	l.wake = make(chan struct{})
+}
+
 func (l *logStore) dropRun(jl *jobLog, r *runLog) {
 	jl.used -= r.used
 	l.used -= r.used

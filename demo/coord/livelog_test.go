@@ -378,3 +378,27 @@ func TestLiveLogLegacyRoutes(t *testing.T) {
 		t.Fatal("the live log routes are in the legacy set")
 	}
 }
+
+// TestRemovedJobTakesItsLogs: a job removed (DELETE /fleet/jobs/:id) takes
+// its live log and artifacts with it, from disk too: a restarted stub does
+// not bring them back, and the id submitted again starts with none.
+func TestRemovedJobTakesItsLogs(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "state.json")
+	r := newRig(t, Options{StateFile: file})
+	tok, e := r.running("j1")
+	r.call("POST", r.logPath("j1"), tok, chunk(e, 1, 0, "output of the run\n"))
+	r.call("POST", "/fleet/jobs/j1/artifacts", tok, upload("the whole log\n", e))
+	r.call("PATCH", "/fleet/jobs/j1", tok, map[string]any{"stage": "shipped", "leaseEpoch": e})
+	r.s.Action("j1", "reject")
+	if code, m := r.call("DELETE", "/fleet/jobs/j1", r.s.EnrollToken(), nil); code != 200 {
+		t.Fatalf("remove: %d %v", code, m)
+	}
+	for i, s := range []*Server{r.s, newRig(t, Options{StateFile: file}).s} {
+		if _, runs := s.LogText("j1", 0); len(runs) != 0 || len(s.Artifacts("j1")) != 0 {
+			t.Fatalf("stub %d: the removed job's live log (%d runs) or artifacts (%d) are back", i, len(runs), len(s.Artifacts("j1")))
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(LogDir(file), "artifacts")); len(ents) != 0 {
+		t.Fatalf("files left: %v", ents)
+	}
+}
