@@ -182,7 +182,7 @@ func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 	}
 	// The engine's output goes to the coordinator while the pipeline runs;
 	// a chunk refused 409 fences the run at once.
-	cj.live = cj.r.LiveLogs.Start(context.WithoutCancel(ctx), cj.c, cj.lease.Fence, cj.log)
+	cj.live = cj.r.LiveLogs.Start(context.WithoutCancel(ctx), cj.c, cj.lease, cj.log)
 	return nil
 }
 

@@ -35,6 +35,9 @@ const (
 	// report does not wait longer for the live log (the artifact carries
 	// the whole log).
 	logFinalBudget = 5 * time.Second
+	// logSendLimit bounds one chunk's call, retries included: the lease's
+	// renewals wait for it.
+	logSendLimit = 5 * time.Second
 )
 
 // LiveLogs streams the engine output of the jobs this factory runs.
@@ -56,18 +59,29 @@ type LiveLogs struct {
 	Log      *slog.Logger
 }
 
+// RunLease is what a live log needs of its run's lease (JobLease): chunks
+// go on the wire one at a time with its renewals (Wire), none once it is
+// gone; a chunk refused 409 fences it — learnt within a flush rather than
+// at the next renewal.
+type RunLease interface {
+	Wire(ctx context.Context, call func()) bool
+	Fenced() bool
+	Fence(detail string) error
+}
+
+var _ RunLease = (*JobLease)(nil)
+
 // Start streams the live log of claim c's run until Close; nil (whose
-// Close does nothing) when the coordinator has no live log route. fence,
-// when set, is told of a 409 (JobLease.Fence): the run is someone else's,
-// learnt within a flush rather than at the next renewal.
-func (l *LiveLogs) Start(ctx context.Context, c *Claim, fence func(detail string) error, log *slog.Logger) *LogStream {
+// Close does nothing) when the coordinator has no live log route. lease
+// may be nil (no fencing but the coordinator's 409s).
+func (l *LiveLogs) Start(ctx context.Context, c *Claim, lease RunLease, log *slog.Logger) *LogStream {
 	if l == nil || !l.Client.Has(RouteLogAppend) {
 		return nil
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &LogStream{l: l, jobID: c.Job.ID, attempt: c.Attempt(), epoch: c.LeaseEpoch, log: log, fence: fence,
+	s := &LogStream{l: l, jobID: c.Job.ID, attempt: c.Attempt(), epoch: c.LeaseEpoch, log: log, lease: lease,
 		path: filepath.Join(l.LogsDir, c.Job.ID, "stdout.log")}
 	if st, err := os.Stat(s.path); err == nil {
 		s.pos = st.Size() // earlier attempts on this host: not this run's
@@ -100,7 +114,7 @@ type LogStream struct {
 	attempt        int
 	epoch          int64
 	log            *slog.Logger
-	fence          func(string) error
+	lease          RunLease
 	cancel         context.CancelFunc
 	wg             sync.WaitGroup
 	closeOnce      sync.Once
@@ -398,10 +412,40 @@ func (s *LogStream) mark(off, pos int64) {
 }
 
 // send offers the first chunk of the queue; it reports whether it was
-// taken (the caller goes on).
+// taken (the caller goes on). A run fenced meanwhile (a renewal's 409)
+// sends nothing more.
 func (s *LogStream) send(ctx context.Context) bool {
+	if s.lease != nil && s.lease.Fenced() {
+		s.stopped = true
+		s.count(func(st *LogStats) { st.Stopped = "the run was fenced" })
+		return false
+	}
 	c := s.queue[0]
-	a, err := s.l.Client.AppendLog(ctx, s.jobID, c.LogChunk)
+	// Bounded, so a renewal never waits long behind a chunk (Wire).
+	cctx, cancel := context.WithTimeout(ctx, logSendLimit)
+	defer cancel()
+	var (
+		a   LogAppended
+		err error
+	)
+	call := func() {
+		a, err = s.l.Client.AppendLog(cctx, s.jobID, c.LogChunk)
+		if IsFenced(err) && s.lease != nil {
+			// Fenced before the wire is given back: a renewal waiting for it
+			// sees the fence and is not sent.
+			_ = s.lease.Fence("the coordinator refused the job's live log (409): " + err.Error())
+		}
+	}
+	if s.lease == nil {
+		call()
+	} else if !s.lease.Wire(cctx, call) {
+		if ctx.Err() == nil && cctx.Err() == nil {
+			// The lease is gone (fenced, lost or ended): nothing more.
+			s.stopped = true
+			s.count(func(st *LogStats) { st.Stopped = "the run's lease is over" })
+		}
+		return false
+	}
 	s.count(func(st *LogStats) { st.Requests++ })
 	var le *LogOffsetError
 	switch {
@@ -436,11 +480,8 @@ func (s *LogStream) send(ctx context.Context) bool {
 			s.log.Warn("live log: the coordinator does not answer; the job's output waits (the whole log is in the final artifact)", "job", s.jobID, "err", err)
 		}
 		return false
-	case IsFenced(err):
+	case IsFenced(err): // the run is fenced already (call)
 		s.stop("the coordinator refused it (409): this factory no longer holds the job")
-		if s.fence != nil {
-			_ = s.fence("the coordinator refused the job's live log (409): " + err.Error())
-		}
 	case IsRouteAbsent(err):
 		s.stopped = true // the client said it once, with what aq does instead
 		s.count(func(st *LogStats) { st.Stopped = err.Error() })

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,9 +33,20 @@ type liveRig struct {
 	fenced atomic.Value // the detail the stream fenced the run with
 }
 
-func (r *liveRig) fence(detail string) error {
+// Fence and Fenced make the rig the stream's RunLease.
+func (r *liveRig) Fence(detail string) error {
 	r.fenced.Store(detail)
 	return nil
+}
+
+func (r *liveRig) Fenced() bool { return r.fenced.Load() != nil }
+
+func (r *liveRig) Wire(_ context.Context, call func()) bool {
+	if r.Fenced() {
+		return false
+	}
+	call()
+	return true
 }
 
 func newLiveRig(t testing.TB, s *stub, id string) *liveRig {
@@ -84,7 +96,7 @@ func (r *liveRig) stream(l *LiveLogs) *LogStream {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the loop ends at once: tick and Close are the test's
-	s := l.Start(ctx, r.claim, r.fence, l.Log)
+	s := l.Start(ctx, r.claim, r, l.Log)
 	s.wg.Wait()
 	return s
 }
@@ -579,5 +591,78 @@ echo done > done.txt
 	}
 	if !bytes.Equal(got, want) || !bytes.Contains(want, []byte("line 39 of the engine")) {
 		t.Fatalf("the final artifact (%d bytes) is not the log (%d bytes)", len(got), len(want))
+	}
+}
+
+// TestLiveLogSilentOnceFenced: a run fenced by other means (a renewal's
+// 409) sends no more chunks — the engine's last lines, written as it is
+// stopped, included.
+func TestLiveLogSilentOnceFenced(t *testing.T) {
+	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-silent-fenced"))
+	s := r.stream(&LiveLogs{})
+	ctx := ctxT(t)
+	r.write("before the fence\n")
+	s.tick(ctx, false)
+	r.Fence("a renewal was refused (409)")
+	r.write("Terminated\n")
+	s.tick(ctx, false)
+	st := s.Close(ctx, true)
+	if n := r.requests(); n != 1 || st.Stopped == "" || r.text() != "before the fence\n" {
+		t.Fatalf("%d requests, %+v, %q", n, st, r.text())
+	}
+}
+
+// TestLiveLogAndRenewalTakeTurns: a live log chunk and a lease renewal are
+// never on the wire together, so a fenced factory sends nothing after the
+// first 409: here the chunk is on the wire (the coordinator holds its
+// answer) when the job is requeued and a renewal comes due; the renewal
+// waits, the chunk is refused 409 and fences the run, and the renewal is
+// never sent.
+func TestLiveLogAndRenewalTakeTurns(t *testing.T) {
+	s := startStub(t, coord.Options{})
+	onWire, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	front := newServerOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		if q.Method == http.MethodPost && strings.HasSuffix(q.URL.Path, "/log") {
+			once.Do(func() { close(onWire) })
+			<-release
+		}
+		s.Server.ServeHTTP(w, q)
+	}))
+	r := newLiveRig(t, &stub{Server: s.Server, API: "http://" + front.addr + "/api"}, testenv.ID("live-turns"))
+	ctx := ctxT(t)
+	jobCtx, stopJob := context.WithCancelCause(ctx)
+	defer stopJob(nil)
+	lease := NewJobLease(r.c, r.claim, 20*time.Millisecond, stopJob, nil, newTestLogger(r.logBuf))
+	waited := make(chan struct{}, 1)
+	lease.Hooks = &LeaseHooks{RenewalWaits: func() {
+		select {
+		case waited <- struct{}{}:
+		default:
+		}
+	}}
+	stream := (&LiveLogs{Client: r.c, LogsDir: r.logs}).Start(ctx, r.claim, lease, newTestLogger(r.logBuf))
+	r.write("a line\n")
+	<-onWire
+	if _, err := s.Action(r.claim.Job.ID, "requeue"); err != nil {
+		t.Fatal(err)
+	}
+	lease.Start(context.WithoutCancel(jobCtx))
+	<-waited // a renewal came due while the chunk was on the wire
+	close(release)
+	testenv.WaitFor(t, time.Minute, "the run fenced", lease.Fenced)
+	st := stream.Close(ctx, false)
+	lease.End()
+	if n := s.Stats().Count(coord.RouteRenew); n != 0 {
+		t.Fatalf("%d renewals sent after the chunk's 409", n)
+	}
+	fenced := 0
+	for _, e := range s.Events(r.claim.Job.ID) {
+		if e.Kind == "fenced" {
+			fenced++
+		}
+	}
+	if fenced != 1 || !strings.Contains(st.Stopped, "409") {
+		t.Fatalf("%d refusals, stream %+v", fenced, st)
 	}
 }
