@@ -666,3 +666,31 @@ func TestLiveLogAndRenewalTakeTurns(t *testing.T) {
 		t.Fatalf("%d refusals, stream %+v", fenced, st)
 	}
 }
+
+// TestLiveLogCarriesRepairRounds: an attempt that runs the engine again in
+// repair rounds is one stream: the first run's output, then each round's
+// behind its "repair N/M" header, the coordinator's copy the attempt's log
+// byte for byte.
+func TestLiveLogCarriesRepairRounds(t *testing.T) {
+	s := startStub(t, coord.Options{})
+	w := newWorld(t, "app")
+	id := testenv.ID("live-rounds")
+	s.submit(t, id, "app", "script: "+answerScript(w, id)+"; echo \"the engine wrote $(cat answer.txt)\"\n"+answerVerify+"\nverify_rounds: 2\nship: branch")
+	f := newFactory(t, s, w, "f1")
+	res, err := f.runOnce(t, ctxT(t))
+	if err != nil || res.Stage != job.Shipped {
+		t.Fatalf("result %+v %v", res, err)
+	}
+	want, err := os.ReadFile(filepath.Join(f.Home, "logs", id, "stdout.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, runs := s.LogText(id, 0)
+	if text != string(want) || len(runs) != 1 || !runs[0].Ended {
+		t.Fatalf("the live log %q (runs %+v) is not the attempt's log %q", text, runs, want)
+	}
+	i1, i2, i3 := strings.Index(text, "the engine wrote 41"), strings.Index(text, "repair 1/2"), strings.Index(text, "the engine wrote 42")
+	if i1 < 0 || i2 < i1 || i3 < i2 {
+		t.Fatalf("not the first run, then the round:\n%s", text)
+	}
+}
