@@ -50,7 +50,7 @@ type ClientOptions struct {
 	Holds *holds.Store
 }
 
-// Client calls the coordinator's /fleet API (DESIGN §9). Every call carries
+// Client calls the coordinator's /fleet API (docs/contract.md, "Requests, retries and errors"). Every call carries
 // the bearer token and x-product-id, retries only what can succeed on retry
 // within the call's budget, and maps answers to typed errors: 409
 // *FencedError, 401/403 *AuthError, a 404/405 for a route the coordinator

@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -183,7 +184,7 @@ func (cj *claimedJob) Parse() (*job.Job, error) {
 	j, err := cj.r.parse(cj.c)
 	if err != nil {
 		cj.log.Error("the job's manifest is not valid here", "err", err)
-		return nil, errors.New(oneLine(err.Error()))
+		return nil, errors.New(brief.Head(err.Error()))
 	}
 	cj.r.record(cj.log, cj.c.Job.ID, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
 	return j, nil
@@ -195,7 +196,7 @@ func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 	d := cj.r.Reporter.Send(ctx, PatchReport(cj.c.Job.ID, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: cj.c.LeaseEpoch}))
 	switch {
 	case d.Fenced:
-		cj.lease.Fence("the coordinator refused the building report (409)")
+		_ = cj.lease.Fence("the coordinator refused the building report (409)") // the lease's state now; the outcome says the same
 		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonFenced, Detail: "fenced before the job started", Fenced: true}
 	case IsAuth(d.Err):
 		cj.res.Err = d.Err
@@ -425,11 +426,4 @@ func (r *JobRunner) log() *slog.Logger {
 		return r.Log
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-func oneLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
 }

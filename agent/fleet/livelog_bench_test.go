@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -129,14 +129,8 @@ type benchRig struct {
 
 func newBenchRig(b *testing.B, name string) *benchRig {
 	b.Helper()
-	s, err := coord.New(coord.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
 	wire := &wireCount{}
-	hs := httptest.NewServer(wire.wrap(s))
-	b.Cleanup(hs.Close)
-	st := &stub{Server: s, http: hs, API: hs.URL + "/api"}
+	st := &stub{coordtest.StartBehind(b, coord.Options{}, wire.wrap)}
 	return &benchRig{liveRig: newLiveRig(b, st, testenv.ID(name)), wire: wire}
 }
 
@@ -212,7 +206,7 @@ func BenchmarkLiveLogJobMinute(b *testing.B) {
 
 // binStub is `aq demo coordinator` as a process of its own, so that the
 // benchmark's process is aq's side alone.
-func binStub(b *testing.B) *stub {
+func binStub(b *testing.B) (api, token string) {
 	b.Helper()
 	bin := testenv.BuildAQ(b)
 	cmd := exec.Command(bin, "demo", "coordinator", "--listen", "127.0.0.1:0")
@@ -226,25 +220,24 @@ func binStub(b *testing.B) *stub {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = process.KillGroup(cmd.Process.Pid); _ = cmd.Wait() })
-	var api, tok string
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		if _, after, ok := strings.Cut(sc.Text(), "listening on "); ok {
 			api = after
 		}
 		if t, ok := strings.CutPrefix(sc.Text(), "enrollment token: "); ok {
-			tok = t
+			token = t
 			break
 		}
 	}
-	if api == "" || tok == "" {
+	if api == "" || token == "" {
 		b.Fatal("the stub did not start")
 	}
 	go func() {
 		for sc.Scan() {
 		}
 	}()
-	return &stub{API: api, enroll: tok}
+	return api, token
 }
 
 // BenchmarkLiveLogCPU: aq's CPU per MB of engine output streamed (read
@@ -256,11 +249,11 @@ func BenchmarkLiveLogCPU(b *testing.B) {
 	}
 	for _, kind := range []string{"claude", "build", "random"} {
 		b.Run(kind, func(b *testing.B) {
-			s := binStub(b)
+			api, tok := binStub(b)
 			var cpu time.Duration
 			var raw int64
 			for i := range b.N {
-				r := newLiveRig(b, s, testenv.ID(fmt.Sprintf("bench-cpu-%s-%d", kind, i)))
+				r := newLiveRigOn(b, api, tok, testenv.ID(fmt.Sprintf("bench-cpu-%s-%d", kind, i)))
 				red := secrets.NewRedactor(nil)
 				for i := range 10 {
 					red.Add(fmt.Sprintf("secret-value-%02d-%s", i, strings.Repeat("x", 24)))

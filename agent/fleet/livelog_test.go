@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,10 +15,13 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/profiles"
 )
 
 // liveRig is one claimed job on a stub, its factory's client and the
@@ -51,16 +55,40 @@ func (r *liveRig) Wire(_ context.Context, call func()) bool {
 
 func newLiveRig(t testing.TB, s *stub, id string) *liveRig {
 	t.Helper()
-	s.submit(t, id, "app", "script: true")
+	r := newLiveRigOn(t, s.API, s.EnrollToken(), id)
+	r.s = s
+	return r
+}
+
+// newLiveRigOn is newLiveRig on a coordinator at api (another process's
+// too), with its enrollment token.
+func newLiveRigOn(t testing.TB, api, enrollToken, id string) *liveRig {
+	t.Helper()
+	text := manifestText(id, "app", "script: true")
+	cat, err := profiles.Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := manifest.Parse(id+".md", []byte(text), cat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := NewClient(ClientOptions{API: api, Token: enrollToken, Budgets: fastBudgets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Submit(context.Background(), j, []byte(text)); err != nil {
+		t.Fatalf("submit %s: %v", id, err)
+	}
 	b := fastBudgets()
 	b.LiveLog = 50 * time.Millisecond
 	logBuf := &testenv.SyncBuffer{}
-	c, err := NewClient(ClientOptions{API: s.API, Token: s.EnrollToken(), FactoryID: "f1", Budgets: b, Log: newTestLogger(logBuf)})
+	c, err := NewClient(ClientOptions{API: api, Token: enrollToken, FactoryID: "f1", Budgets: b, Log: newTestLogger(logBuf)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.SetOffer([]string{"os:linux", "engine:script", "repo:app"}, []string{"app"})
-	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: filepath.Join(t.TempDir(), "credentials"), EnvToken: s.EnrollToken(), Request: EnrollRequest{FactoryID: "f1"}}); err != nil {
+	if _, err := EnsureEnrolled(ctxT(t), c, EnrollOptions{Path: filepath.Join(t.TempDir(), "credentials"), EnvToken: enrollToken, Request: EnrollRequest{FactoryID: "f1"}}); err != nil {
 		t.Fatal(err)
 	}
 	cl, err := c.Claim(ctxT(t), false)
@@ -68,7 +96,7 @@ func newLiveRig(t testing.TB, s *stub, id string) *liveRig {
 		t.Fatalf("claim: %+v %v", cl, err)
 	}
 	logs := t.TempDir()
-	r := &liveRig{t: t, s: s, c: c, claim: cl, logs: logs, path: filepath.Join(logs, id, "stdout.log"), logBuf: logBuf}
+	r := &liveRig{t: t, c: c, claim: cl, logs: logs, path: filepath.Join(logs, id, "stdout.log"), logBuf: logBuf}
 	if err := os.MkdirAll(filepath.Dir(r.path), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -284,13 +312,14 @@ func TestLiveLogStops(t *testing.T) {
 				h = tc.setup(r)
 			}
 			var sent atomic.Int64 // requests of the log route, whoever answers them
-			fs := newServerOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			fs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 				if strings.HasSuffix(q.URL.Path, "/log") {
 					sent.Add(1)
 				}
 				h.ServeHTTP(w, q)
 			}))
-			c, err := NewClient(ClientOptions{API: "http://" + fs.addr + "/api", Token: r.c.token, FactoryID: "f1", Budgets: r.c.Budgets(), Log: newTestLogger(r.logBuf)})
+			t.Cleanup(fs.Close)
+			c, err := NewClient(ClientOptions{API: fs.URL + "/api", Token: r.c.token, FactoryID: "f1", Budgets: r.c.Budgets(), Log: newTestLogger(r.logBuf)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -345,23 +374,18 @@ func TestLiveLogResync(t *testing.T) {
 			resends.Add(1)
 		}
 	}}
-	s1, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cur atomic.Pointer[coord.Server]
-	cur.Store(s1)
 	var lose atomic.Int64 // answers of chunks to lose (the chunk is taken)
-	front := http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		if strings.HasSuffix(q.URL.Path, "/log") && q.Method == http.MethodPost && lose.Add(-1) >= 0 {
-			cur.Load().ServeHTTP(&discard{h: http.Header{}}, q)
-			http.Error(w, "lost", http.StatusBadGateway)
-			return
-		}
-		cur.Load().ServeHTTP(w, q)
-	})
-	srv := newServerOn(t, "127.0.0.1:0", front)
-	st := &stub{Server: s1, API: "http://" + srv.addr + "/api"}
+	front := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			if strings.HasSuffix(q.URL.Path, "/log") && q.Method == http.MethodPost && lose.Add(-1) >= 0 {
+				h.ServeHTTP(&discard{h: http.Header{}}, q)
+				http.Error(w, "lost", http.StatusBadGateway)
+				return
+			}
+			h.ServeHTTP(w, q)
+		})
+	}
+	st := &stub{coordtest.StartBehind(t, o, front)}
 	r := newLiveRig(t, st, testenv.ID("live-resync"))
 	s := r.stream(&LiveLogs{})
 	ctx := ctxT(t)
@@ -382,7 +406,7 @@ func TestLiveLogResync(t *testing.T) {
 		t.Fatalf("after a lost answer: %d resends, %q", resends.Load(), r.text())
 	}
 	// The coordinator restarts from a copy without the last chunk.
-	srv.kill()
+	st.Kill()
 	run := filepath.Join(coord.LogDir(state), "logs", r.claim.Job.ID, fmt.Sprint(r.claim.LeaseEpoch)+".log")
 	b, err := os.ReadFile(run)
 	if err != nil {
@@ -392,13 +416,7 @@ func TestLiveLogResync(t *testing.T) {
 	if err := os.WriteFile(run, b[:cut], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur.Store(s2)
-	newServerOn(t, srv.addr, front)
-	r.s.Server = s2
+	st.Served = coordtest.StartOn(t, st.Addr, o, front)
 	if got := r.text(); got != "chunk 0\nchunk 1\n" {
 		t.Fatalf("the restarted coordinator holds %q", got)
 	}
@@ -555,16 +573,17 @@ while [ $i -lt 6000 ]; do echo "still working $i"; sleep 0.05; i=$((i+1)); done
 // stream with one warning; the job goes on and ships, and its final
 // artifact is the whole log.
 func TestGarbageLogRouteJobGoesOn(t *testing.T) {
-	s := startStub(t, coord.Options{})
-	front := newServerOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		if strings.HasSuffix(q.URL.Path, "/log") {
-			w.Header().Set("Content-Type", "text/html")
-			w.Write([]byte("<html><body>Sign in to continue</body></html>"))
-			return
-		}
-		s.Server.ServeHTTP(w, q)
-	}))
-	via := &stub{Server: s.Server, API: "http://" + front.addr + "/api"}
+	via := &stub{coordtest.StartBehind(t, coord.Options{}, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			if strings.HasSuffix(q.URL.Path, "/log") {
+				w.Header().Set("Content-Type", "text/html")
+				w.Write([]byte("<html><body>Sign in to continue</body></html>"))
+				return
+			}
+			h.ServeHTTP(w, q)
+		})
+	})}
+	s := via
 	w := newWorld(t, "app")
 	id := testenv.ID("live-garbage")
 	via.submit(t, id, "app", "script: "+w.script("garbled", `i=0
@@ -619,17 +638,18 @@ func TestLiveLogSilentOnceFenced(t *testing.T) {
 // waits, the chunk is refused 409 and fences the run, and the renewal is
 // never sent.
 func TestLiveLogAndRenewalTakeTurns(t *testing.T) {
-	s := startStub(t, coord.Options{})
 	onWire, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	front := newServerOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		if q.Method == http.MethodPost && strings.HasSuffix(q.URL.Path, "/log") {
-			once.Do(func() { close(onWire) })
-			<-release
-		}
-		s.Server.ServeHTTP(w, q)
-	}))
-	r := newLiveRig(t, &stub{Server: s.Server, API: "http://" + front.addr + "/api"}, testenv.ID("live-turns"))
+	s := &stub{coordtest.StartBehind(t, coord.Options{}, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			if q.Method == http.MethodPost && strings.HasSuffix(q.URL.Path, "/log") {
+				once.Do(func() { close(onWire) })
+				<-release
+			}
+			h.ServeHTTP(w, q)
+		})
+	})}
+	r := newLiveRig(t, s, testenv.ID("live-turns"))
 	ctx := ctxT(t)
 	jobCtx, stopJob := context.WithCancelCause(ctx)
 	defer stopJob(nil)

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +24,8 @@ import (
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -128,8 +132,7 @@ func (a *Agent) HostCaps(ctx context.Context) (*caps.Host, error) {
 // one: locally, a missing repo is the job's failure (repo_unavailable).
 func Requirements(s queue.State) []string {
 	reqs := append([]string(nil), s.Capabilities...)
-	switch s.Engine {
-	case "claude", "codex", "devin":
+	if slices.Contains(engines.Coding(), s.Engine) {
 		reqs = append(reqs, "engine:"+s.Engine)
 	}
 	return reqs
@@ -138,7 +141,7 @@ func Requirements(s queue.State) []string {
 // Runnable reports whether this host can run the job, and if not, why.
 func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	missing := caps.Match(Requirements(s), h)
-	if s.Engine == "any" || s.Engine == "" {
+	if s.Engine == engines.Any || s.Engine == "" {
 		found := false
 		for _, e := range h.Engines {
 			if e.Name != caps.ScriptEngine && e.Refused == "" {
@@ -146,7 +149,7 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 			}
 		}
 		if !found {
-			missing = append(missing, caps.Missing{Token: "engine:any", Reason: "no coding engine (claude, codex, devin) is installed"})
+			missing = append(missing, caps.Missing{Token: "engine:any", Reason: "no coding engine (" + strings.Join(engines.Coding(), ", ") + ") is installed"})
 		}
 	}
 	if len(missing) == 0 {
@@ -162,11 +165,11 @@ func HeldFor(h *caps.Host, active map[string]holds.Hold, s queue.State) (holds.H
 	if len(active) == 0 {
 		return holds.Hold{}, false
 	}
-	switch s.Engine {
-	case "claude", "codex", "devin":
+	switch {
+	case slices.Contains(engines.Coding(), s.Engine):
 		hold, ok := active[s.Engine]
 		return hold, ok
-	case "", "any":
+	case s.Engine == "" || s.Engine == engines.Any:
 		var first *holds.Hold
 		for _, e := range h.Engines {
 			if e.Name == caps.ScriptEngine || e.Refused != "" {
@@ -260,7 +263,7 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 	id, log := q.st.ID, q.log
 	s := lifecycle.Settled{Known: true, Fenced: out.Fenced}
 	if j == nil {
-		s.Stage, s.Err = q.a.Queue.Fail(id, job.ReasonInvalidManifest, oneLine(out.Detail), nil)
+		s.Stage, s.Err = q.a.Queue.Fail(id, job.ReasonInvalidManifest, brief.Head(out.Detail), nil)
 		log.Error("manifest no longer valid", "err", out.Detail, "stage", s.Stage)
 		return s
 	}
@@ -295,12 +298,3 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 }
 
 func (q *queuedJob) Close(context.Context, *lifecycle.End) {}
-
-func oneLine(s string) string {
-	for i, r := range s {
-		if r == '\n' {
-			return s[:i] + " …"
-		}
-	}
-	return s
-}

@@ -22,7 +22,7 @@ import (
 	"github.com/aqfleet/aq/internal/atomicfile"
 )
 
-// Artifacts, the pointer-plus-bytes model of GIGAFACTORY_SYSTEM_OVERVIEW §8:
+// Artifacts, the pointer-plus-bytes model of docs/contract.md, "Artifacts":
 // a pointer document per artifact (what GET /fleet/jobs/:id/artifacts
 // lists) and its bytes beside it (GET /fleet/artifacts/:id), bounded per
 // job. Without a state file the stub keeps them in memory; with one, on
@@ -30,7 +30,7 @@ import (
 // and fsynced before the answer), so a restarted stub still has them.
 
 // Artifact is one artifact's pointer document. Field names are the wire
-// format (docs/fleet.md, "Artifacts").
+// format (docs/contract.md, "Artifacts").
 type Artifact struct {
 	ID          string `json:"id"`
 	JobID       string `json:"jobId"`

@@ -76,6 +76,10 @@ type Options struct {
 	// all (0: DefaultLogJobCap, DefaultLogCap); with a StateFile it is kept
 	// on disk beside it (LogDir), with the artifacts.
 	LogJobCap, LogCap int64
+	// Breaks are rules of the contract the stub breaks on purpose
+	// (breaks.go: AllBreaks), each as a coordinator with that one bug
+	// would — how `aq fleet check` is shown to catch it.
+	Breaks []string
 }
 
 // Server is the stub: an http.Handler over the store.
@@ -124,6 +128,9 @@ func New(o Options) (*Server, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if err := checkRoutes(&o); err != nil {
+		return nil, err
+	}
+	if err := checkBreaks(&o); err != nil {
 		return nil, err
 	}
 	st, err := newStore(o.StateFile)
@@ -491,8 +498,6 @@ func (m routeMux) HandleFunc(pattern string, h http.HandlerFunc) {
 }
 
 // ---- authentication ----
-
-type ctxKey struct{}
 
 // who is the caller a token stands for.
 type who struct {

@@ -406,14 +406,14 @@ echo done > done.txt
 func TestLiveLogFollowWithoutOne(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		via  func(s *coord.Server) http.Handler
+		via  func(s *coord.Served) http.Handler
 		want string
 	}{
-		{"no route", func(s *coord.Server) http.Handler {
+		{"no route", func(s *coord.Served) http.Handler {
 			s.SetWithout(coord.RouteLogRead)
-			return s
+			return s.Server
 		}, "· the coordinator has no GET /fleet/jobs/:id/log: the engine's output shows when the job ends (from its artifacts)"},
-		{"garbage", func(s *coord.Server) http.Handler {
+		{"garbage", func(s *coord.Served) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/log") {
 					w.Header().Set("Content-Type", "text/html")
