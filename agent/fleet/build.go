@@ -42,6 +42,10 @@ type Parts struct {
 	// job's end (nil: off).
 	Tracer   trace.Tracer
 	Notifier *notify.Notifier
+	// LiveLogEvery and LiveLogBacklog tune the live log (0: the defaults,
+	// a flush a second and a 1 MiB backlog).
+	LiveLogEvery   time.Duration
+	LiveLogBacklog int64
 }
 
 // DetectHost is the production detection of cfg's host: caps.Detect over
@@ -136,7 +140,8 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Reporter:  rep,
 		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
-			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
+			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts,
+			LiveLogs: &LiveLogs{Client: c, LogsDir: cfg.LogsDir(), Redactor: red, Every: parts.LiveLogEvery, Backlog: parts.LiveLogBacklog, Log: log}},
 		Running:  running,
 		Host:     host,
 		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},
