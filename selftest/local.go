@@ -113,6 +113,9 @@ func localConfig(home, base string) *config.Config {
 		Home: home, RepoBase: base, KillGrace: killGrace, Poll: time.Second, ClaudePermissionMode: "acceptEdits",
 		FleetRoute: true, LogFormat: "text", LogLevel: "info", GCWIPRetention: 336 * time.Hour, Slots: 1, WorktreePool: 1,
 		Heartbeat: 30 * time.Second, LeaseRenew: 30 * time.Second, SBTopic: "fleet-dispatch", FactoryID: "selftest",
+		// The pipeline checks run script jobs, in fleet mode too: opted in
+		// (AQ_ENGINES=all).
+		Engines: config.EngineNames,
 	}
 }
 

@@ -81,6 +81,19 @@ type DetectOptions struct {
 	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
 	// seconds; the answer is cached per binary).
 	HelpTimeout time.Duration
+	// Engines are the engines this factory may offer (AQ_ENGINES, as
+	// config.RunEngines resolves it): an engine found but not listed is
+	// neither probed nor offered, and script is offered only when listed.
+	// nil: every engine found, and script.
+	Engines []string
+	// EnginesListed: Engines was set by the operator (AQ_ENGINES), so a
+	// coding engine it lists but this host lacks is noted (Host.Unlisted).
+	EnginesListed bool
+}
+
+// allows reports whether o lets the host offer engine name.
+func (o DetectOptions) allows(name string) bool {
+	return o.Engines == nil || slices.Contains(o.Engines, name)
 }
 
 // EngineInfo is one engine this host can run.
@@ -110,7 +123,8 @@ type EngineInfo struct {
 type Host struct {
 	OS   string
 	Arch string
-	// Engines in name order; the script engine is always present.
+	// Engines in name order: those found on PATH and, unless AQ_ENGINES
+	// leaves it out, the built-in script engine.
 	Engines []EngineInfo
 	// Node is node's major version; 0 when node is not on PATH or its
 	// version could not be read.
@@ -126,6 +140,11 @@ type Host struct {
 	RepoBase string
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
+	// Missing are engines AQ_ENGINES lists that this host does not have:
+	// not offered (LogEngines says so once at start).
+	Missing []string
+	// Withheld are engines this host has that AQ_ENGINES leaves out.
+	Withheld []string
 }
 
 // Detect finds what this host offers: os, arch, engines (with versions),
@@ -178,8 +197,16 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	}
 	var found []*engineProbe
 	for _, name := range EngineBinaries {
-		if p := lookPath(name, dirs); p != "" {
+		p := lookPath(name, dirs)
+		switch {
+		case p != "" && opts.allows(name):
 			found = append(found, &engineProbe{info: EngineInfo{Name: name, Path: p}})
+		case p != "":
+			h.Withheld = append(h.Withheld, name)
+			h.Notes = append(h.Notes, fmt.Sprintf("engine %s is installed but not in AQ_ENGINES: not offered", name))
+		case opts.EnginesListed && opts.allows(name):
+			h.Missing = append(h.Missing, name)
+			h.Notes = append(h.Notes, fmt.Sprintf("engine %s is in AQ_ENGINES but not installed: not offered", name))
 		}
 	}
 	nodePath := h.Tools["node"]
@@ -256,7 +283,11 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 			h.Notes = append(h.Notes, "engine "+n+" (dropped)")
 		}
 	}
-	h.Engines = append(h.Engines, EngineInfo{Name: ScriptEngine, Builtin: true, Flags: []string{}, Dropped: []string{}})
+	if opts.allows(ScriptEngine) {
+		h.Engines = append(h.Engines, EngineInfo{Name: ScriptEngine, Builtin: true, Flags: []string{}, Dropped: []string{}})
+	} else {
+		h.Withheld = append(h.Withheld, ScriptEngine)
+	}
 	sort.Slice(h.Engines, func(i, j int) bool { return h.Engines[i].Name < h.Engines[j].Name })
 	h.Node = nodeMajor
 	if nodeNote != "" {

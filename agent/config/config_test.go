@@ -50,6 +50,8 @@ var sample = map[string]string{
 	"checkpoint_interval":    "2m",
 	"claude_permission_mode": "bypassPermissions",
 	"price_table":            "/tmp/prices.json",
+	"engines":                "claude,script",
+	"engine_env":             "AWS_PROFILE,MY_TOOL_HOME",
 	"claude_telemetry":       "1",
 	"notify_url":             "https://hooks.example.com/services/T0/B0/sample-token",
 	"broker_depth_interval":  "2m0s",

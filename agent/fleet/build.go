@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
@@ -49,7 +50,8 @@ type Parts struct {
 func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
 	probes := engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))
 	return func(ctx context.Context) (*caps.Host, error) {
-		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes})
+		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes,
+			Engines: cfg.RunEngines(true), EnginesListed: cfg.EnginesExplicit()})
 	}
 }
 
@@ -99,7 +101,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		if shipper == nil {
 			shipper = &ship.GH{}
 		}
-		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true, Tracer: parts.Tracer})
+		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true, Fleet: true, Tracer: parts.Tracer})
 		if err != nil {
 			return nil, err
 		}
@@ -129,6 +131,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Reporter:  rep,
 		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
+			Policy:     manifest.Policy{Fleet: true, Engines: cfg.RunEngines(true)},
 			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
 		Running:  running,
 		Host:     host,

@@ -268,7 +268,7 @@ func (c *Client) Accept(ctx context.Context, jobID string) (*Claim, error) {
 	if cl.Job.ID == "" {
 		return nil, &StatusError{Call: name, Status: info.status, Detail: "the answer carries no job"}
 	}
-	cl.Source = "broker"
+	cl.Source, cl.Asked = "broker", jobID
 	c.fixClaim(&cl, info)
 	return &cl, nil
 }

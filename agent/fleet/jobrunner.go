@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -43,6 +42,10 @@ type JobRunner struct {
 	Records  *jobstate.Store
 	Running  *Running
 	Catalog  *profiles.Catalog
+	// Policy is what this factory runs (AQ_ENGINES): every job is admitted
+	// under it before anything touches the file system or git
+	// (manifest.Admit). The zero Policy allows every engine.
+	Policy manifest.Policy
 	// LeaseRenew is the renewal cadence (AQ_FLEET_LEASE_RENEW_SEC).
 	LeaseRenew time.Duration
 	Clock      Clock
@@ -75,6 +78,9 @@ type Result struct {
 	// fenced, rejected, released (the job never started: lease given back)
 	// or none (fenced before it).
 	Report string `json:"report"`
+	// Refused: the job did not pass admission (manifest.Admit); nothing of
+	// it ran here.
+	Refused bool `json:"refused,omitempty"`
 	// Err is a refusal of this factory's credentials seen while the job ran
 	// (the fleet path must stop).
 	Err error `json:"-"`
@@ -95,6 +101,12 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 
 // run runs the job of claim c.
 func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
+	// Admission first: the coordinator's id names files and branches, its
+	// manifest says what runs — nothing happens before both are checked.
+	j, refused := manifest.Admit(manifest.Wire{ID: c.Job.ID, Repo: c.Job.Repo, Asked: c.Asked, BodyMd: c.Job.BodyMd}, r.Catalog, r.Policy)
+	if refused != nil {
+		return r.refuse(ctx, c, refused)
+	}
 	id := c.Job.ID
 	log := r.log().With("job", id, "repo", c.Job.Repo, "epoch", c.LeaseEpoch)
 	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}
@@ -128,7 +140,7 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 	// report still holds the lease), and ends the moment the report settles
 	// (JobLease.End: a renewal refused after the terminal report is no loss).
 	lease.Start(context.WithoutCancel(jobCtx))
-	var policy *job.Retry // the manifest's, once parsed
+	policy := &j.Retry
 	end := func() {
 		r.finish(ctx, log, c, lease, res, policy)
 		lease.End()
@@ -138,14 +150,6 @@ func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
 		r.upload(ctx, log, c, res)
 	}
 
-	j, err := r.parse(c)
-	if err != nil {
-		res.Outcome = runner.Outcome{Stage: job.Failed, Reason: job.ReasonInvalidManifest, Detail: oneLine(err.Error())}
-		log.Error("the job's manifest is not valid here", "err", err)
-		end()
-		return res
-	}
-	policy = &j.Retry
 	r.record(log, id, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
 	res.parsed = j
 
@@ -377,29 +381,44 @@ func (r *JobRunner) tracer() trace.Tracer {
 	return telemetry.Off().Tracer()
 }
 
-func (r *JobRunner) parse(c *Claim) (*job.Job, error) {
-	if strings.TrimSpace(c.Job.BodyMd) == "" {
-		return nil, fmt.Errorf("the coordinator's job document has no bodyMd (the manifest)")
+// refuse fails a job that did not pass admission, before anything touched
+// the file system or git: /fleet/fail with the refusal's reason (not
+// retryable for invalid_job and invalid_manifest; capability_mismatch may
+// pass on another factory), which frees the lease at once. An id that is not
+// a valid job id gets no record here (it would name a file).
+func (r *JobRunner) refuse(ctx context.Context, c *Claim, ref *manifest.Refusal) *Result {
+	id := c.Job.ID
+	log := r.log().With("job", job.Show(id), "epoch", c.LeaseEpoch)
+	detail := oneLine(ref.Msg)
+	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Failed, Refused: true,
+		Outcome: runner.Outcome{Stage: job.Failed, Reason: ref.Reason, Detail: detail}}
+	log.Error("job refused before anything ran", "reason", ref.Reason, "why", detail)
+	rctx, cancel := r.reportContext(ctx)
+	defer cancel()
+	rep := FailReport(FailRequest{JobID: id, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: ref.Reason,
+		Retryable: !ref.Reason.Permanent(), Detail: detail})
+	rep.Exhausted = ref.Reason.Permanent()
+	d := r.Reporter.Send(rctx, rep)
+	res.Report = d.String()
+	if d.Delivered && d.Stage != "" {
+		res.Stage = job.StageFromFleet(d.Stage)
 	}
-	cat := r.Catalog
-	if cat == nil {
-		var err error
-		if cat, err = profiles.Embedded(); err != nil {
-			return nil, err
-		}
+	if d.Fenced {
+		res.Fenced = true
 	}
-	j, err := manifest.Parse(c.Job.ID+".md", []byte(c.Job.BodyMd), cat)
-	if err != nil {
-		return nil, err
+	if IsAuth(d.Err) {
+		res.Err = d.Err
 	}
-	if j.ID != c.Job.ID {
-		r.log().Warn("the manifest's id differs from the coordinator's job id; the coordinator's wins", "manifest_id", j.ID, "job", c.Job.ID)
-		j.ID = c.Job.ID
+	if job.ValidID(id) {
+		r.record(log, id, func(rec *jobstate.Record) {
+			*rec = jobstate.Record{ID: id, Repo: c.Job.Repo, Stage: res.Stage, Reason: ref.Reason, Detail: detail, LeaseEpoch: c.LeaseEpoch,
+				Source: c.Source, Fenced: res.Fenced, StartedAt: r.now().UTC(), EndedAt: r.now().UTC()}
+			if res.Report == "rejected" {
+				rec.ReportRefused = reportRefusal(d)
+			}
+		})
 	}
-	if c.Job.Repo != "" && j.Repo != c.Job.Repo {
-		r.log().Warn("the manifest's repo differs from the coordinator's; the manifest's wins", "manifest_repo", j.Repo, "job_repo", c.Job.Repo)
-	}
-	return j, nil
+	return res
 }
 
 func (r *JobRunner) record(log *slog.Logger, id string, fn func(*jobstate.Record)) {

@@ -205,6 +205,16 @@ func (r *Reporter) spool(log *slog.Logger, rep Report, why error) Delivery {
 	return Delivery{Spooled: true, Err: why, seq: stored.Seq}
 }
 
+// reportRefusal is what a job's record says of a report the coordinator
+// refused for good.
+func reportRefusal(d Delivery) string {
+	why := "refused"
+	if d.Err != nil {
+		why = oneLine(d.Err.Error())
+	}
+	return why + "; the report is kept in $AQ_HOME/spool/dead"
+}
+
 func isStatus(err error) bool {
 	var se *StatusError
 	return errors.As(err, &se)

@@ -38,6 +38,9 @@ type Claim struct {
 
 	// Source is how the job came: "poll" (claim) or "broker" (accept).
 	Source string `json:"-"`
+	// Asked is the job id an accept asked for ("" for a claim): the
+	// answer must be that job (manifest.Admit).
+	Asked string `json:"-"`
 	// LocalExpiry is LeaseExpiresAt on this host's clock (corrected for a
 	// clock that is behind the coordinator's, from the Date header).
 	LocalExpiry time.Time `json:"-"`

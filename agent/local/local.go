@@ -18,6 +18,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/holds"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
@@ -42,7 +43,11 @@ type Agent struct {
 	Catalog *profiles.Catalog
 	// Host detects this host's capabilities; called once per Agent.
 	Host func(ctx context.Context) (*caps.Host, error)
-	Log  *slog.Logger
+	// Policy is what this factory runs (AQ_ENGINES): a taken job is
+	// admitted under it (manifest.Check) before anything is prepared. The
+	// zero Policy allows every engine.
+	Policy manifest.Policy
+	Log    *slog.Logger
 	// OnEvent, if set, receives each running job's progress (started, usage,
 	// checkpoint).
 	OnEvent func(jobID string, e runner.Event)
@@ -238,6 +243,11 @@ func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 		stage, ferr := a.Queue.Fail(st.ID, job.ReasonInvalidManifest, oneLine(err.Error()), nil)
 		log.Error("manifest no longer valid", "err", err, "stage", stage)
 		return &Result{JobID: st.ID, Attempt: st.Attempts, Stage: stage, Outcome: runner.Outcome{Stage: job.Failed, Reason: job.ReasonInvalidManifest, Detail: err.Error()}}, ferr
+	}
+	if ref := manifest.Check(j, a.Policy); ref != nil {
+		stage, ferr := a.Queue.Fail(st.ID, ref.Reason, ref.Msg, nil)
+		log.Error("job refused before anything ran", "reason", ref.Reason, "why", ref.Msg, "stage", stage)
+		return &Result{JobID: st.ID, Attempt: st.Attempts, Stage: stage, Outcome: runner.Outcome{Stage: job.Failed, Reason: ref.Reason, Detail: ref.Msg}}, ferr
 	}
 	title = j.Title
 	out := a.Runner.Run(ctx, j, runner.Options{Attempt: st.Attempts, Checkpoint: st.Checkpoint, OnEvent: a.onEvent(st.ID)})

@@ -322,12 +322,8 @@ func (p *parser) decode() {
 // branches aq/job/<id> and aq/wip/<id>, so they may not end in ".lock" or
 // "." either, which git refuses in a branch name.
 func (p *parser) checkID(line int, what, v string) bool {
-	msg := mdmeta.CheckName(v)
-	if msg == "" && (strings.HasSuffix(v, ".lock") || strings.HasSuffix(v, ".")) {
-		msg = `ends in ".lock" or ".", which git refuses in the branch aq/job/<id>`
-	}
-	if msg != "" {
-		p.d.Addf(line, "ids use letters, digits, '.', '_' and '-', e.g. fix-login-redirect", "%s %q %s", what, v, msg)
+	if msg := job.CheckID(v); msg != "" {
+		p.d.Addf(line, "ids use letters, digits, '.', '_' and '-', e.g. fix-login-redirect", "%s %s %s", what, job.Show(v), msg)
 		return false
 	}
 	return true
@@ -342,11 +338,8 @@ func (p *parser) defaultID() {
 	if ext := filepath.Ext(base); strings.EqualFold(ext, ".md") {
 		base = base[:len(base)-len(ext)]
 	}
-	if msg := mdmeta.CheckName(base); msg != "" || strings.HasSuffix(base, ".lock") || strings.HasSuffix(base, ".") {
-		if msg == "" {
-			msg = `ends in ".lock" or "."`
-		}
-		p.d.Addf(p.doc.OpenLine, "add an id: key, or rename the file", "no id: is set and the file name gives the id %q, which %s", base, msg)
+	if msg := job.CheckID(base); msg != "" {
+		p.d.Addf(p.doc.OpenLine, "add an id: key, or rename the file", "no id: is set and the file name gives the id %s, which %s", job.Show(base), msg)
 		return
 	}
 	p.j.ID = base
@@ -470,7 +463,9 @@ func (p *parser) applyDefaults() {
 		j.Budget.Wall = job.Duration(job.DefaultWall)
 	}
 	if j.Title == "" {
-		j.Title = p.h1
+		// The body's heading is prose: it may hold what a title: may not
+		// (an escape sequence, a tab), which must never reach a terminal.
+		j.Title = clipRunes(strings.TrimSpace(job.Printable(p.h1, false)), MaxTitle)
 	}
 	if j.Title == "" {
 		j.Title = j.ID
@@ -501,6 +496,11 @@ func (p *parser) check() {
 			}
 		}
 	}
+	if line, set := p.at["base"]; set && CheckBranch(j.Base) == "" {
+		if msg := CheckBase(j.ID, j.Base); msg != "" {
+			d.Addf(line, "name the branch the work starts from, e.g. base: main", "base %q %s", j.Base, msg)
+		}
+	}
 	for _, dep := range j.Deps {
 		if dep == j.ID && j.ID != "" {
 			d.Addf(p.at["deps"], "remove it from deps", "the job %q depends on itself", dep)
@@ -522,6 +522,14 @@ func checkText(s string, max int) string {
 		}
 	}
 	return ""
+}
+
+// clipRunes cuts s to at most max runes.
+func clipRunes(s string, max int) string {
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	return string([]rune(s)[:max])
 }
 
 // oneOf is the fix for a value that must be one of allowed.

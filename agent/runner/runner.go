@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -69,7 +70,17 @@ type Config struct {
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
 	ClaudeTelemetry bool
+	// Engines are the engines this runner may run (AQ_ENGINES, resolved);
+	// nil: all. A job for another engine fails capability_mismatch before
+	// anything is prepared.
+	Engines []string
+	// EngineEnv are the further variables an engine gets (AQ_ENGINE_ENV)
+	// beyond its documented base (engines.Environ).
+	EngineEnv []string
 }
+
+// allows reports whether the runner may run engine name.
+func (c Config) allows(name string) bool { return c.Engines == nil || slices.Contains(c.Engines, name) }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
 // killing a job's leftover processes never touches another home's job of

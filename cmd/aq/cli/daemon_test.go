@@ -89,7 +89,7 @@ func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...strin
 	})
 	e.stub = s
 	e.h.Env = append([]string{
-		"AQ_FLEET=1", "AQ_FLEET_API=" + hs.URL + "/api", "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
+		"AQ_FLEET=1", "AQ_FLEET_API=" + hs.URL + "/api", "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa", "AQ_ENGINES=all",
 		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
 	}, env...)
 	if broker {

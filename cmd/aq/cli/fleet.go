@@ -208,16 +208,19 @@ func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 		return
 	}
 	o := r.Outcome
+	id, detail := job.Show(r.JobID), job.Printable(o.Detail, false)
 	switch {
+	case r.Refused:
+		fmt.Fprintf(f.IO.Err, "aq: job %s refused (%s): %s; nothing of it ran here; the coordinator has it in %s (report %s)\n", id, o.Reason, detail, r.Stage, r.Report)
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:
-		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", r.JobID, o.Reason, o.Detail, r.JobID)
+		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", id, o.Reason, detail, id)
 	case o.IsParked():
 		fmt.Fprintf(f.IO.Err, "aq: job %s parked: %s until %s (not a failure: its lease is released for that long, report %s): %s\n",
-			r.JobID, o.Parked, clockText(o.ParkedUntil, time.Now()), r.Report, o.Detail)
+			id, o.Parked, clockText(o.ParkedUntil, time.Now()), r.Report, detail)
 	case o.Failed():
-		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.Report)
+		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", id, o.Reason, detail, r.Stage, r.Report)
 	default:
-		fmt.Fprintf(f.IO.Out, "job %s: %s (%s; epoch %d, report %s)\n", r.JobID, r.Stage, shippedText(o), r.LeaseEpoch, r.Report)
+		fmt.Fprintf(f.IO.Out, "job %s: %s (%s; epoch %d, report %s)\n", id, r.Stage, shippedText(o), r.LeaseEpoch, r.Report)
 	}
 }
 

@@ -1,0 +1,478 @@
+//go:build unix
+
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/profiles"
+)
+
+// The hostile coordinator of issue #26: a real HTTP server on 127.0.0.1
+// that answers aq's fleet routes as the coordinator stub does, except where
+// a test rewrites an answer — a claimed job's id or manifest, a Date header
+// from a clock two minutes behind, a 400 to a report, a login page. The aq
+// under test is the real binary, run as a factory would run it.
+
+// exchange is one call to the hostile coordinator, as the stub answered it;
+// a tamper may rewrite any of it before it is written.
+type exchange struct {
+	Method, Path string // Path without the API prefix, e.g. /fleet/claim
+	ReqBody      []byte
+	Status       int
+	Header       http.Header
+	Body         []byte
+}
+
+// route reports whether the exchange is "METHOD /path" (a trailing '*'
+// matches any rest of the path).
+func (x *exchange) route(r string) bool {
+	m, p, _ := strings.Cut(r, " ")
+	if m != x.Method {
+		return false
+	}
+	if rest, ok := strings.CutSuffix(p, "*"); ok {
+		return strings.HasPrefix(x.Path, rest)
+	}
+	return x.Path == p
+}
+
+type hostile struct {
+	t    *testing.T
+	stub *coord.Server
+	URL  string // the API base (…/api)
+
+	mu      sync.Mutex
+	tampers []func(*exchange)
+	// reqTampers rewrite a request's body before the stub sees it (the
+	// factory is told nothing: a coordinator that ignores what it sent).
+	reqTampers []func(x *exchange)
+	// aliases map an id the hostile coordinator handed out to the stub's
+	// job: requests that name it are sent to the stub as the real one.
+	aliases map[string]string
+	// clock is the coordinator's clock for the Date header (nil: real).
+	clock func() time.Time
+	calls []exchange
+}
+
+// newHostile starts the stub behind the hostile front.
+func newHostile(t *testing.T, o coord.Options) *hostile {
+	t.Helper()
+	if o.ReapEvery == 0 {
+		o.ReapEvery = 100 * time.Millisecond
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = 50 * time.Millisecond
+	}
+	s, err := coord.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Start(ctx)
+	h := &hostile{t: t, stub: s, aliases: map[string]string{}}
+	hs := httptest.NewServer(h)
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		s.Close()
+	})
+	h.URL = hs.URL + "/api"
+	return h
+}
+
+// tamper adds a rewrite, applied to every exchange in the order added.
+func (h *hostile) tamper(fn func(*exchange)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.tampers = append(h.tampers, fn)
+}
+
+// tamperRequest adds a rewrite of requests (x.ReqBody) before the stub
+// answers them.
+func (h *hostile) tamperRequest(fn func(x *exchange)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reqTampers = append(h.reqTampers, fn)
+}
+
+// alias makes requests naming fake go to the stub's job real.
+func (h *hostile) alias(fake, real string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.aliases[fake] = real
+}
+
+// requests returns the calls made to route so far, as sent.
+func (h *hostile) requests(route string) []exchange {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []exchange
+	for _, x := range h.calls {
+		if x.route(route) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (h *hostile) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	h.mu.Lock()
+	tampers := append([]func(*exchange){}, h.tampers...)
+	reqTampers := append([]func(*exchange){}, h.reqTampers...)
+	aliases := make(map[string]string, len(h.aliases))
+	for k, v := range h.aliases {
+		aliases[k] = v
+	}
+	clock := h.clock
+	h.mu.Unlock()
+	path := strings.TrimPrefix(r.URL.Path, "/api")
+	sent := append([]byte{}, body...)
+	fwdPath := r.URL.EscapedPath()
+	for fake, real := range aliases {
+		fj, _ := json.Marshal(fake)
+		rj, _ := json.Marshal(real)
+		body = bytes.ReplaceAll(body, fj, rj)
+		fwdPath = strings.ReplaceAll(fwdPath, url.PathEscape(fake), url.PathEscape(real))
+	}
+	for _, fn := range reqTampers {
+		x := &exchange{Method: r.Method, Path: path, ReqBody: body}
+		fn(x)
+		body = x.ReqBody
+	}
+	req := r.Clone(r.Context())
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.ContentLength = int64(len(body))
+	req.URL.RawPath = ""
+	req.URL.Path, _ = url.PathUnescape(fwdPath)
+	rec := httptest.NewRecorder()
+	h.stub.ServeHTTP(rec, req)
+	x := &exchange{Method: r.Method, Path: path, ReqBody: sent, Status: rec.Code, Header: rec.Header().Clone(), Body: rec.Body.Bytes()}
+	if clock != nil {
+		x.Header.Set("Date", clock().UTC().Format(http.TimeFormat))
+	}
+	for _, fn := range tampers {
+		fn(x)
+	}
+	h.mu.Lock()
+	h.calls = append(h.calls, *x)
+	h.mu.Unlock()
+	for k, v := range x.Header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Content-Length", "")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(x.Status)
+	w.Write(x.Body)
+}
+
+// editJSON rewrites a JSON answer through fn (which gets it decoded into a
+// generic map).
+func editJSON(t *testing.T, body []byte, fn func(m map[string]any)) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Errorf("the stub's answer is not JSON: %v: %s", err, body)
+		return body
+	}
+	fn(m)
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Error(err)
+	}
+	return out
+}
+
+// claimedJob rewrites the job document of a claim or accept answer.
+func claimedJob(t *testing.T, x *exchange, fn func(job map[string]any)) {
+	if x.Status != http.StatusOK || !(x.route("POST /fleet/claim") || x.route("POST /fleet/accept")) {
+		return
+	}
+	x.Body = editJSON(t, x.Body, func(m map[string]any) {
+		if j, ok := m["job"].(map[string]any); ok {
+			fn(j)
+		}
+	})
+}
+
+// wireEnv is one factory's home (real aq binary) against a hostile
+// coordinator, with a repo "app" (and its bare origin) under the repo base.
+type wireEnv struct {
+	t      *testing.T
+	h      *testenv.Home
+	co     *hostile
+	root   string // the temp dir holding everything the test made
+	origin string
+	dir    string // manifests and scripts
+}
+
+func newWireEnv(t *testing.T, o coord.Options, env ...string) *wireEnv {
+	t.Helper()
+	e := &wireEnv{t: t, h: testenv.NewHome(t), co: newHostile(t, o)}
+	e.root = filepath.Dir(e.h.Dir)
+	e.dir = filepath.Join(e.root, "in")
+	if err := os.MkdirAll(e.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.origin = testenv.AddOrigin(t, e.h.Repo(t, "app", nil))
+	e.h.Env = append([]string{
+		"AQ_FLEET=1", "AQ_FLEET_API=" + e.co.URL, "AQ_FLEET_TOKEN=" + e.co.stub.EnrollToken(), "AQ_FACTORY_ID=fw",
+		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_ENGINES=all",
+	}, env...)
+	e.h.Bin = testenv.BuildAQ(t)
+	return e
+}
+
+// post submits a manifest to the coordinator as a job author would, with no
+// check of aq's on the way (the coordinator takes what it is given).
+func (e *wireEnv) post(id, front, body string) string {
+	e.t.Helper()
+	raw := "---\nid: " + id + "\n" + front + "\n---\n" + body + "\n"
+	cat, _ := profiles.Embedded()
+	j, err := manifest.Parse(id+".md", []byte(raw), cat)
+	if err != nil {
+		// A manifest aq would refuse: the coordinator holds it anyway.
+		j, err = manifest.Parse(id+".md", []byte("---\nid: "+id+"\nrepo: app\nengine: script\nscript: \"true\"\n---\n# x\n"), cat)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	c, err := fleet.NewClient(fleet.ClientOptions{API: e.co.URL, Token: e.co.stub.EnrollToken()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := c.Submit(context.Background(), j, []byte(raw)); err != nil {
+		e.t.Fatal(err)
+	}
+	return raw
+}
+
+// script writes a shell script for a job and returns its path.
+func (e *wireEnv) script(name, text string) string {
+	e.t.Helper()
+	p := filepath.Join(e.dir, name+".sh")
+	testenv.WriteFile(e.t, p, text)
+	return p
+}
+
+func (e *wireEnv) run(args ...string) testenv.Result {
+	e.t.Helper()
+	return e.h.Run(e.t, args...)
+}
+
+// job is the stub's view of a job.
+func (e *wireEnv) job(id string) coord.Job {
+	e.t.Helper()
+	j, ok := e.co.stub.Job(id)
+	if !ok {
+		e.t.Fatalf("the coordinator has no job %s", id)
+	}
+	return j
+}
+
+// tree lists every path under root (relative), for "nothing was created
+// outside $AQ_HOME and the worktree".
+func tree(t *testing.T, root string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, p)
+		out[rel] = true
+		return nil
+	})
+	return out
+}
+
+// assertOnlyUnder fails when a path appeared under root (between before and
+// now) that is not below one of the allowed prefixes (relative to root).
+func assertOnlyUnder(t *testing.T, root string, before map[string]bool, allowed ...string) {
+	t.Helper()
+	var stray []string
+	for p := range tree(t, root) {
+		if before[p] {
+			continue
+		}
+		ok := false
+		for _, a := range allowed {
+			if p == a || strings.HasPrefix(p, a+string(filepath.Separator)) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			stray = append(stray, p)
+		}
+	}
+	sort.Strings(stray)
+	if len(stray) > 0 {
+		t.Fatalf("created outside $AQ_HOME and the worktree: %v", stray)
+	}
+}
+
+// assertNoBranch fails when origin has a branch of aq's for id.
+func (e *wireEnv) assertNoBranch(ids ...string) {
+	e.t.Helper()
+	refs := testenv.RemoteRefs(e.t, e.origin, "refs/heads/aq/")
+	if len(refs) > 0 {
+		e.t.Fatalf("branches pushed to origin: %v", refs)
+	}
+}
+
+// oneLine fails unless stderr has exactly one "aq: " line (the error aq
+// prints; log lines are key=value) and returns it.
+func oneAQLine(t *testing.T, r testenv.Result) string {
+	t.Helper()
+	var lines []string
+	for _, l := range strings.Split(r.Stderr, "\n") {
+		if strings.HasPrefix(l, "aq: ") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("want one 'aq: ' line on stderr, got %d:\n%s", len(lines), clipped(r))
+	}
+	return lines[0]
+}
+
+// Finding 1: a claimed job's id is checked like a manifest's before
+// anything touches the file system or git: an id that would climb out of
+// $AQ_HOME, one with a '/', or 10 KB of it is refused with invalid_job
+// (failed at the coordinator, not retried), in one clipped line, exit 1;
+// nothing is created outside $AQ_HOME, no branch is pushed, the engine
+// never runs and the report reaches the coordinator.
+func TestWireClaimedIDChecked(t *testing.T) {
+	for _, c := range []struct{ name, fake, shown string }{
+		{"climbs out", "../../escape-x", `"../../escape-x"`},
+		{"slash", "a/b", `"a/b"`},
+		{"10 KB", strings.Repeat("x", 10<<10), `"` + strings.Repeat("x", 64) + `"… (10240 bytes)`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newWireEnv(t, coord.Options{})
+			id := testenv.ID("wire-id")
+			ran := filepath.Join(e.root, "ran")
+			e.post(id, "repo: app\nengine: script\nship: branch\nscript: touch "+ran, "# job")
+			e.co.alias(c.fake, id)
+			e.co.tamper(func(x *exchange) {
+				claimedJob(t, x, func(j map[string]any) {
+					j["id"] = c.fake // the manifest in bodyMd keeps its own, valid id
+				})
+			})
+			before := tree(t, e.root)
+			r := e.run("run", "--once")
+			line := oneAQLine(t, r)
+			if r.Code != 1 || !strings.Contains(line, "invalid_job") || !strings.Contains(line, c.shown) || len(line) > 600 {
+				t.Fatalf("want exit 1 and one line naming invalid_job and %s:\n%s", c.shown, clipped(r))
+			}
+			assertOnlyUnder(t, e.root, before, "home")
+			for _, p := range []string{"worktrees", "logs", "locks/jobs"} {
+				if ents, _ := os.ReadDir(filepath.Join(e.h.Dir, p, "app")); p == "worktrees" && len(ents) > 0 {
+					t.Fatalf("a worktree was made: %v", ents)
+				}
+			}
+			if testenv.Exists(ran) {
+				t.Fatal("the engine ran")
+			}
+			e.assertNoBranch()
+			if j := e.job(id); j.Stage != coord.StageFailed || j.Reason != "invalid_job" {
+				t.Fatalf("the coordinator has the job %s (%s), want failed (invalid_job)", j.Stage, j.Reason)
+			}
+			if dead, _ := os.ReadDir(filepath.Join(e.h.Dir, "spool", "dead")); len(dead) > 0 {
+				t.Fatalf("a report was refused: %v", dead)
+			}
+		})
+	}
+}
+
+// clipped is r for a failure message, with runs of a repeated character
+// (a 10 KB id) cut short.
+func clipped(r testenv.Result) string {
+	s := r.String()
+	var b strings.Builder
+	run := 0
+	for i := 0; i < len(s); i++ {
+		if i > 0 && s[i] == s[i-1] {
+			run++
+		} else {
+			run = 0
+		}
+		if run < 80 {
+			b.WriteByte(s[i])
+		} else if run == 80 {
+			b.WriteString("…")
+		}
+	}
+	return b.String()
+}
+
+// Finding 3: a fleet factory does not offer the script engine unless its
+// operator opts in (AQ_ENGINES): a script job is not claimed, and one a
+// coordinator hands out anyway is refused (capability_mismatch: another
+// factory may run it) before anything runs; an engine AQ_ENGINES lists but
+// the host lacks is said once at start.
+func TestWireScriptIsOptIn(t *testing.T) {
+	e := newWireEnv(t, coord.Options{}, "AQ_ENGINES=", "PATH=/usr/local/bin:/usr/bin:/bin")
+	id := testenv.ID("wire-script")
+	ran := filepath.Join(e.root, "ran")
+	e.post(id, "repo: app\nengine: script\nship: branch\nscript: touch "+ran, "# job")
+	before := tree(t, e.root)
+
+	r := e.run("run", "--once")
+	if r.Code != 3 || !strings.Contains(r.Stderr, "no runnable job in the fleet") {
+		t.Fatalf("a factory with the default AQ_ENGINES: want exit 3, no job:\n%s", clipped(r))
+	}
+	for _, x := range append(e.co.requests("POST /fleet/claim"), e.co.requests("POST /fleet/factories/enroll")...) {
+		if bytes.Contains(x.ReqBody, []byte(`"engine:script"`)) || bytes.Contains(x.ReqBody, []byte(`"script"`)) {
+			t.Fatalf("%s %s offers script: %s", x.Method, x.Path, x.ReqBody)
+		}
+	}
+
+	// A coordinator that hands the job out all the same.
+	e.co.tamperRequest(func(x *exchange) {
+		if x.route("POST /fleet/claim") {
+			x.ReqBody = bytes.Replace(x.ReqBody, []byte(`"capabilities":[`), []byte(`"capabilities":["engine:script",`), 1)
+		}
+	})
+	r = e.run("run", "--once")
+	line := oneAQLine(t, r)
+	if r.Code != 1 || !strings.Contains(line, "refused (capability_mismatch): engine script is not offered by this factory (AQ_ENGINES: claude,codex,devin)") {
+		t.Fatalf("want exit 1 and the refusal:\n%s", clipped(r))
+	}
+	if testenv.Exists(ran) {
+		t.Fatal("the script ran")
+	}
+	assertOnlyUnder(t, e.root, before, "home")
+	e.assertNoBranch()
+	if j := e.job(id); j.Reason != string(job.ReasonCapabilityMismatch) || j.Stage == coord.StageShipped {
+		t.Fatalf("the coordinator has the job %s (%s), want it failed capability_mismatch and retryable", j.Stage, j.Reason)
+	}
+
+	// Listed but not installed: one line at start.
+	e.h.Env = append(e.h.Env, "AQ_ENGINES=devin,script")
+	r = e.run("run", "--once")
+	if n := strings.Count(r.Stderr, "engine devin is in AQ_ENGINES but not installed: not offered"); n != 1 {
+		t.Fatalf("want the line once, got %d:\n%s", n, clipped(r))
+	}
+}
