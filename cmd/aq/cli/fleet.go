@@ -239,7 +239,18 @@ func runFleetSubmit(ctx context.Context, f *Factory, opts *submitOptions) error 
 	if err != nil {
 		return err
 	}
-	ms, err := readManifests(f, opts.Files, func(file string, raw []byte) (*job.Job, error) { return manifest.Parse(file, raw, cat) })
+	ms, err := readManifests(f, opts.Files, func(file string, raw []byte) (*job.Job, error) {
+		j, err := manifest.Parse(file, raw, cat)
+		if err != nil {
+			return nil, err
+		}
+		// What every factory would refuse (a repo by URL or path) is
+		// refused here, before it is posted.
+		if ref := manifest.Check(j, manifest.Policy{Fleet: true}); ref != nil {
+			return nil, manifest.Errors{{File: file, Msg: ref.Msg}}
+		}
+		return j, nil
+	})
 	if err != nil {
 		return err
 	}

@@ -476,3 +476,45 @@ func TestWireScriptIsOptIn(t *testing.T) {
 		t.Fatalf("want the line once, got %d:\n%s", n, clipped(r))
 	}
 }
+
+// Finding 2: in fleet mode a job names its repository; one that names it
+// by URL (file:// to a repository the factory never offered) is refused
+// with invalid_job before anything is cloned or pushed, and `aq submit` in
+// fleet mode refuses to post it.
+func TestWireRepoIsAName(t *testing.T) {
+	e := newWireEnv(t, coord.Options{})
+	secret := testenv.AddOrigin(t, testenv.NewRepo(t, filepath.Join(e.root, "elsewhere"), "secret", nil))
+	id := testenv.ID("wire-url")
+	ran := filepath.Join(e.root, "ran")
+	front := "repo: file://" + secret + "\nengine: script\nship: branch\nscript: touch " + ran
+	e.post(id, front, "# job")
+	// The coordinator keeps the name the manifest's URL ends in.
+	e.co.tamper(func(x *exchange) { claimedJob(t, x, func(j map[string]any) { j["repo"] = "secret" }) })
+	before := tree(t, e.root)
+	r := e.run("run", "--once")
+	line := oneAQLine(t, r)
+	if r.Code != 1 || !strings.Contains(line, "refused (invalid_job): repo: \"file://"+secret+"\" is a URL or a path; in fleet mode a job names a repository (repo: secret)") {
+		t.Fatalf("want exit 1 and the refusal:\n%s", clipped(r))
+	}
+	if testenv.Exists(ran) || testenv.Exists(filepath.Join(e.h.RepoBase, "secret")) {
+		t.Fatal("the job ran, or the repository was cloned into the repo base")
+	}
+	assertOnlyUnder(t, e.root, before, "home")
+	if refs := testenv.RemoteRefs(t, secret, "refs/heads/aq/"); len(refs) > 0 {
+		t.Fatalf("pushed into the repository named by URL: %v", refs)
+	}
+	if j := e.job(id); j.Stage != coord.StageFailed || j.Reason != "invalid_job" {
+		t.Fatalf("the coordinator has the job %s (%s), want failed (invalid_job)", j.Stage, j.Reason)
+	}
+
+	// aq submit in fleet mode: nothing posted.
+	m := filepath.Join(e.dir, "url.md")
+	testenv.WriteFile(t, m, "---\nid: url-job\n"+front+"\n---\n# job\n")
+	r = e.run("submit", m)
+	if r.Code != 2 || !strings.Contains(r.Stderr, "is a URL or a path; in fleet mode a job names a repository") {
+		t.Fatalf("aq submit: want exit 2 and the reason:\n%s", clipped(r))
+	}
+	if _, ok := e.co.stub.Job("url-job"); ok {
+		t.Fatal("the job was posted")
+	}
+}
