@@ -40,7 +40,8 @@ type localSetup struct {
 
 type localOpt struct {
 	parts local.Parts
-	env   []string // extra engine environment
+	env   []string // extra host environment
+	pass  []string // AQ_ENGINE_ENV: names of env the engines get
 	clock func() time.Time
 }
 
@@ -57,6 +58,7 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 		}
 	}
 	l.cfg = localConfig(l.home, l.base)
+	l.cfg.EngineEnv = o.pass
 	l.scope = runner.Scope(l.home)
 	env := append(append([]string(nil), w.engineEnv...), o.env...)
 	l.red = secrets.NewRedactor(env)

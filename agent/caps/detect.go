@@ -329,11 +329,12 @@ func lookPath(name string, dirs []string) string {
 	return ""
 }
 
-// probeEnv is the environment of a version probe: env without aq's secrets,
-// with PATH set to the searched path so that a script's interpreter
-// (#!/usr/bin/env node) is found where the binary was.
+// probeEnv is the environment of a version probe: an engine's base
+// (engines.Environ: nothing of aq's), with PATH set to the searched path so
+// that a script's interpreter (#!/usr/bin/env node) is found where the
+// binary was.
 func probeEnv(env []string, path string) []string {
-	out := secrets.EngineEnv(env, "PATH")
+	out := secrets.EngineEnv(engines.Environ(env, "", nil), "PATH")
 	return append(out, "PATH="+path)
 }
 

@@ -104,6 +104,8 @@ func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, jo
 			}
 			continue
 		}
+		spec := spec
+		spec.Env = ru.engineEnv(name) // each engine's own credential
 		info, err := eng.Preflight(ctx, spec)
 		if err == nil {
 			return eng, info, "", ""

@@ -5,6 +5,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"io/fs"
@@ -518,3 +519,79 @@ func TestWireRepoIsAName(t *testing.T) {
 		t.Fatal("the job was posted")
 	}
 }
+
+// Finding 4: the engine's environment is built from a documented base,
+// its own credential and AQ_ENGINE_ENV — aq's settings (AQ_HOME, the fleet
+// URL, the repo base), the credentials aq ships with (GITHUB_TOKEN,
+// GH_TOKEN), git's credential variables and SSH_AUTH_SOCK do not reach it,
+// so a job cannot commit the factory's token to its branch; and a secret it
+// does get (passed on purpose) is masked base64- and URL-encoded as well as
+// plain, in the logs and in the uploaded artifacts.
+func TestWireEngineEnvironment(t *testing.T) {
+	const apiKey = "sk-wire-0123456789abcdef+/=&?"
+	e := newWireEnv(t, coord.Options{},
+		"GITHUB_TOKEN=ghp_wire0123456789", "GH_TOKEN=gho_wire0123456789", "SSH_AUTH_SOCK=/tmp/wire-agent.sock",
+		"GIT_ASKPASS=/bin/echo", "GIT_SSH_COMMAND=ssh -i /nonexistent", "AQ_REPO_URLS=file:///nonexistent/{repo}.git",
+		"MY_API_KEY="+apiKey, "MY_TOOL_HOME=/opt/tool", "AQ_ENGINE_ENV=MY_API_KEY,MY_TOOL_HOME")
+	id := testenv.ID("wire-env")
+	script := e.script("env", `env | sort > env.txt
+cat "$AQ_HOME/credentials" > creds.txt 2>/dev/null || true
+printf %s "$MY_API_KEY" | base64
+printf 'x%s' "$MY_API_KEY" | base64
+echo "url: $(printf %s "$MY_API_KEY" | sed -e 's/+/%2B/g; s|/|%2F|g; s/=/%3D/g; s/&/%26/g; s/?/%3F/g')"
+echo "plain: $MY_API_KEY" >&2
+`)
+	e.post(id, "repo: app\nengine: script\nship: branch\nscript: /bin/sh "+script, "# job")
+	r := e.run("run", "--once")
+	if r.Code != 0 {
+		t.Fatalf("the job: %s", clipped(r))
+	}
+	files := testenv.TreeFiles(t, e.origin, "aq/job/"+id)
+	env := files["env.txt"]
+	if env == "" {
+		t.Fatalf("no env.txt on the pushed branch: %v", files)
+	}
+	for _, gone := range []string{"AQ_HOME", "AQ_FLEET_API", "AQ_REPO_BASE", "AQ_REPO_URLS", "AQ_FLEET_TOKEN", "AQ_ENGINES", "GITHUB_TOKEN", "GH_TOKEN",
+		"SSH_AUTH_SOCK", "GIT_ASKPASS", "GIT_SSH_COMMAND"} {
+		if strings.Contains("\n"+env, "\n"+gone+"=") {
+			t.Errorf("%s reached the engine", gone)
+		}
+	}
+	for _, kept := range []string{"PATH=", "HOME=", "AQ_JOB_ID=" + id, "MY_TOOL_HOME=/opt/tool", "MY_API_KEY="} {
+		if !strings.Contains("\n"+env, "\n"+kept) {
+			t.Errorf("%s is missing from the engine's environment", kept)
+		}
+	}
+	creds, _ := os.ReadFile(filepath.Join(e.h.Dir, "credentials"))
+	tok := ""
+	var c struct{ Token string }
+	if json.Unmarshal(creds, &c) == nil {
+		tok = c.Token
+	}
+	if tok == "" || strings.Contains(files["creds.txt"], tok) || files["creds.txt"] != "" {
+		t.Errorf("the engine read the factory's credentials (token %q): %q", tok, files["creds.txt"])
+	}
+
+	// What the engine printed, in the logs and in the uploaded artifacts.
+	enc := []string{apiKey, base64.StdEncoding.EncodeToString([]byte(apiKey)), strings.TrimRight(base64.StdEncoding.EncodeToString([]byte("x" + apiKey)), "=")[4:20],
+		url.QueryEscape(apiKey), strings.NewReplacer("+", "%2B", "/", "%2F", "=", "%3D", "&", "%26", "?", "%3F").Replace(apiKey)}
+	var texts []string
+	for _, n := range []string{"stdout.log", "stderr.log"} {
+		texts = append(texts, testenv.ReadFile(t, filepath.Join(e.h.Dir, "logs", id, n)))
+	}
+	testenv.WaitFor(t, time.Minute, "the job's artifacts", func() bool { return len(e.co.stub.Artifacts(id)) >= 2 })
+	for _, a := range e.co.stub.Artifacts(id) {
+		b, _ := e.co.stub.ArtifactContent(a.ID)
+		texts = append(texts, string(b))
+	}
+	all := strings.Join(texts, "\n")
+	if !strings.Contains(all, "plain: ***") || !strings.Contains(all, "url: ***") {
+		t.Errorf("the logs do not show the masked lines:\n%s", all)
+	}
+	for _, s := range enc {
+		if strings.Contains(all, s) {
+			t.Errorf("%q (a form of the secret) is in the logs or artifacts", s)
+		}
+	}
+}
+

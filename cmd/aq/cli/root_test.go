@@ -163,7 +163,7 @@ func binHome(t *testing.T) (*testenv.Home, string) {
 	}
 	h := testenv.NewHome(t)
 	mark := t.TempDir()
-	h.Env = append(h.Env, "MARK="+mark)
+	h.Env = append(h.Env, "MARK="+mark, "AQ_ENGINE_ENV=MARK")
 	h.Bin = testenv.BuildAQ(t)
 	return h, mark
 }
