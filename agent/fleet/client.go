@@ -71,6 +71,8 @@ type Client struct {
 
 	// routes is what the coordinator answered about its routes (routes.go).
 	routes routeBook
+	// skewed is set once a clock skew was logged (it is said once).
+	skewed sync.Once
 }
 
 // CallResult is one finished call to the coordinator (after its retries),
@@ -278,7 +280,7 @@ func (c *Client) fixClaim(cl *Claim, info answer) {
 		cl.LeaseEpoch = cl.Job.LeaseEpoch
 	}
 	cl.Job.LeaseEpoch = cl.LeaseEpoch
-	cl.LocalExpiry = localExpiry(cl.LeaseExpiresAt, info)
+	cl.LocalExpiry = localExpiry(cl.LeaseExpiresAt, cl.TTL, info)
 }
 
 // Renew extends the lease on jobID at epoch. It retries transient failures
@@ -291,7 +293,7 @@ func (c *Client) Renew(ctx context.Context, jobID string, epoch int64) (Lease, e
 	if err != nil {
 		return Lease{}, err
 	}
-	l.LocalExpiry = localExpiry(l.ExpiresAt, info)
+	l.LocalExpiry = localExpiry(l.ExpiresAt, l.TTL, info)
 	return l, nil
 }
 
@@ -386,7 +388,7 @@ type call struct {
 // answer is what a successful call saw.
 type answer struct {
 	status int
-	sentAt time.Time
+	sentAt time.Time // when the last try was sent (this host's clock, monotonic)
 	date   time.Time // the server's Date header, zero if absent
 }
 
@@ -486,6 +488,7 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	info := answer{status: resp.StatusCode, sentAt: sentAt}
 	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 		info.date = d
+		c.noteSkew(sentAt, c.o.Now(), d)
 	}
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
@@ -583,21 +586,52 @@ func scrubURL(s string) string {
 	return s
 }
 
-// localExpiry is a lease expiry on this host's clock: when the coordinator's
-// Date header is known, the remaining time it implies is added to when the
-// request was sent (less a second for the header's resolution); the result
-// is never later than the coordinator's own timestamp. A clock that is behind
-// the coordinator's thus never makes aq believe it holds a lease longer than
-// it does.
-func localExpiry(exp time.Time, a answer) time.Time {
-	if exp.IsZero() || a.date.IsZero() || a.sentAt.IsZero() {
+// localExpiry is when a lease ends on this host's clock, from the time the
+// coordinator granted rather than from its clock (docs/fleet.md#leases):
+// ttl seconds when the answer carries a ttl, else the expiry minus the
+// answer's Date header (less a second for the header's resolution), counted
+// from when the request was sent — so the lease ends no later than the
+// coordinator thinks, whatever either clock reads, and the comparison uses
+// the monotonic clock (a wall clock stepped meanwhile changes nothing).
+// Without a ttl or a Date the expiry is taken as it is (clocks assumed to
+// agree).
+func localExpiry(exp time.Time, ttl float64, a answer) time.Time {
+	switch {
+	case a.sentAt.IsZero():
+		return exp
+	case ttl > 0:
+		return a.sentAt.Add(time.Duration(ttl * float64(time.Second)))
+	case exp.IsZero() || a.date.IsZero():
 		return exp
 	}
-	t := a.sentAt.Add(exp.Sub(a.date) - time.Second)
-	if t.Before(exp) {
-		return t
+	return a.sentAt.Add(exp.Sub(a.date) - time.Second)
+}
+
+// maxSkew is the clock difference with the coordinator worth a line: the
+// Date header has a second's resolution and a call takes its time.
+const maxSkew = 5 * time.Second
+
+// noteSkew logs, once per client, a coordinator clock that differs from
+// this host's by more than maxSkew, with both clocks: leases are timed on
+// this host's clock from the durations granted, so it is harmless to them,
+// but an operator wants to know.
+func (c *Client) noteSkew(sent, recv, date time.Time) {
+	if sent.IsZero() {
+		return
 	}
-	return exp
+	mid := sent.Add(recv.Sub(sent) / 2)
+	skew := date.Sub(mid)
+	if skew.Abs() <= maxSkew+recv.Sub(sent)/2 {
+		return
+	}
+	c.skewed.Do(func() {
+		way := "ahead of"
+		if skew < 0 {
+			way = "behind"
+		}
+		c.o.Log.Warn(fmt.Sprintf("the coordinator's clock is %s %s this host's: leases are timed on this host's clock from the durations the coordinator grants", skew.Abs().Round(time.Second), way),
+			"coordinator", date.UTC().Format(time.RFC3339), "factory", mid.UTC().Format(time.RFC3339))
+	})
 }
 
 // perTryClient returns hc with a per-request timeout (a copy; hc is shared).

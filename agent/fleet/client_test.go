@@ -234,25 +234,38 @@ func TestClientHeadersAndAnswers(t *testing.T) {
 	}
 }
 
+// TestLocalExpiry: a lease is timed on this host's clock from the time the
+// coordinator granted — the ttl when sent, else the expiry minus the Date
+// header — whichever way the clocks differ (issue #26, finding 5: a
+// coordinator 120 s behind used to make every lease look expired).
 func TestLocalExpiry(t *testing.T) {
 	exp := time.Date(2030, 1, 1, 0, 1, 30, 0, time.UTC)
 	server := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	// Same clocks: a second early at most (the Date header's resolution).
-	if got := localExpiry(exp, answer{sentAt: server, date: server}); got != exp.Add(-time.Second) {
-		t.Errorf("same clock: %v", got)
+	granted := 89 * time.Second // 90 s, less the Date header's second
+	for _, c := range []struct {
+		name string
+		ours time.Time
+	}{
+		{"same clocks", server},
+		{"ours 10 minutes behind", server.Add(-10 * time.Minute)},
+		{"ours 120 s ahead", server.Add(120 * time.Second)},
+		{"ours a day ahead", server.Add(24 * time.Hour)},
+	} {
+		if got := localExpiry(exp, 0, answer{sentAt: c.ours, date: server}); !got.Equal(c.ours.Add(granted)) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.ours.Add(granted))
+		}
+		// A ttl wins over the Date arithmetic.
+		if got := localExpiry(exp, 30, answer{sentAt: c.ours, date: server}); !got.Equal(c.ours.Add(30 * time.Second)) {
+			t.Errorf("%s with ttl 30: %v", c.name, got)
+		}
 	}
-	// Our clock 10 minutes behind: the remaining time counts from our clock.
-	behind := server.Add(-10 * time.Minute)
-	if got := localExpiry(exp, answer{sentAt: behind, date: server}); got != behind.Add(89*time.Second) {
-		t.Errorf("behind: %v", got)
-	}
-	// Our clock ahead: never later than the coordinator's timestamp.
-	ahead := server.Add(10 * time.Minute)
-	if got := localExpiry(exp, answer{sentAt: ahead, date: server}); got != exp {
-		t.Errorf("ahead: %v", got)
-	}
-	if got := localExpiry(exp, answer{}); got != exp {
+	if got := localExpiry(exp, 0, answer{}); got != exp {
 		t.Errorf("no Date: %v", got)
+	}
+	// Monotonic: the result keeps the send time's monotonic reading.
+	now := time.Now()
+	if got := localExpiry(exp, 0, answer{sentAt: now, date: server}); got.Sub(now) != granted || got.String() == got.Round(0).String() {
+		t.Errorf("the expiry lost the monotonic clock: %v", got)
 	}
 }
 

@@ -595,3 +595,37 @@ echo "plain: $MY_API_KEY" >&2
 	}
 }
 
+// Finding 5: a coordinator whose clock is 120 s behind the factory's (its
+// Date header and lease expiries say so) used to fail every job lease_lost
+// after the engine ran, with no renewal tried: leases are timed on the
+// factory's clock from the durations granted, the job renews and ships,
+// and the skew is said once, with both clocks.
+func TestWireCoordinatorClockBehind(t *testing.T) {
+	skew := -120 * time.Second
+	clock := func() time.Time { return time.Now().Add(skew) }
+	e := newWireEnv(t, coord.Options{LeaseTTL: 6 * time.Second, Now: clock})
+	e.co.clock = clock
+	id := testenv.ID("wire-clock")
+	// Longer than the lease: it must be renewed while the engine runs.
+	e.post(id, "repo: app\nengine: script\nship: branch\nscript: sleep 8; echo done > done.txt", "# job")
+	r := e.run("run", "--once")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "job "+id+": shipped") {
+		t.Fatalf("the job: %s", clipped(r))
+	}
+	if n := e.co.stub.Stats().Routes[coord.RouteRenew].Status["200"]; n < 2 {
+		t.Fatalf("%d renewals, want the lease renewed while the engine ran", n)
+	}
+	lines := 0
+	for _, l := range strings.Split(r.Stderr, "\n") {
+		// The Date header has a second's resolution.
+		if strings.Contains(l, "the coordinator's clock is 2m0s behind this host's") || strings.Contains(l, "the coordinator's clock is 2m1s behind this host's") {
+			lines++
+			if !strings.Contains(l, "coordinator=") || !strings.Contains(l, "factory=") {
+				t.Errorf("the skew line does not give both clocks: %s", l)
+			}
+		}
+	}
+	if lines != 1 {
+		t.Fatalf("the skew was said %d times, want once:\n%s", lines, clipped(r))
+	}
+}
