@@ -573,7 +573,7 @@ echo "plain: $MY_API_KEY" >&2
 	}
 
 	// What the engine printed, in the logs and in the uploaded artifacts.
-	enc := []string{apiKey, base64.StdEncoding.EncodeToString([]byte(apiKey)), strings.TrimRight(base64.StdEncoding.EncodeToString([]byte("x" + apiKey)), "=")[4:20],
+	enc := []string{apiKey, base64.StdEncoding.EncodeToString([]byte(apiKey)), strings.TrimRight(base64.StdEncoding.EncodeToString([]byte("x"+apiKey)), "=")[4:20],
 		url.QueryEscape(apiKey), strings.NewReplacer("+", "%2B", "/", "%2F", "=", "%3D", "&", "%26", "?", "%3F").Replace(apiKey)}
 	var texts []string
 	for _, n := range []string{"stdout.log", "stderr.log"} {
