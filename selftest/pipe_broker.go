@@ -131,8 +131,8 @@ func runBroker(ctx context.Context, s *session) {
 		case <-ctx.Done():
 			return "", failf("the job was not handed over: %v", context.Cause(ctx))
 		}
-		if acc.Message.JobID != j1 || acc.LeaseEpoch != 1 {
-			return "", failf("handed over %s at epoch %d, want %s at 1", acc.Message.JobID, acc.LeaseEpoch, j1)
+		if acc.Claim == nil || acc.Message.JobID != j1 || acc.Claim.Job.ID != j1 || acc.Claim.LeaseEpoch != 1 {
+			return "", failf("handed over %s (claim %+v), want %s at epoch 1", acc.Message.JobID, acc.Claim, j1)
 		}
 		if j, _ := st.Job(j1); j.Stage != coord.StageAssigned || j.Holder != fid {
 			return "", failf("the coordinator has the job %s held by %q", j.Stage, j.Holder)
@@ -246,7 +246,7 @@ func (r *brokerRig) start(ctx context.Context, s *session, topic, sub string) bo
 			if err != nil {
 				return dispatch.Accepted{}, err
 			}
-			return dispatch.Accepted{Job: cl, LeaseEpoch: cl.LeaseEpoch, LeaseExpiresAt: cl.LeaseExpiresAt}, nil
+			return dispatch.Accepted{Claim: cl}, nil
 		}),
 		Handler:       func(ctx context.Context, a dispatch.Accepted) { r.handled <- a },
 		Slots:         dispatch.NewSemaphore(1),

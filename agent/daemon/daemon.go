@@ -188,7 +188,7 @@ func New(o Options) (*Daemon, error) {
 		}
 		pipe = r
 	}
-	parts.Pipeline = &instrumented{inner: pipe, d: d}
+	parts.Pipeline = pipe
 	a, err := fleet.New(cfg, o.Log, o.Redactor, parts)
 	if err != nil {
 		return nil, err
@@ -237,6 +237,7 @@ func New(o Options) (*Daemon, error) {
 		},
 	})
 	a.Jobs.RenewFailed = d.m.renewFailed
+	a.Jobs.OnEvent = d.jobEvent
 	a.Client.Observe(func(r fleet.CallResult) {
 		d.m.observe(r)
 		if r.Call == "POST /fleet/factories/heartbeat" {

@@ -62,7 +62,7 @@ func (ru *run) checkpoint(parent context.Context) {
 		}
 		ru.out.Checkpoint, ru.cpAfter, taken = sha, sha, sha
 		ru.log.Info("checkpointed", "checkpoint", sha, "ref", job.WIPBranch(ru.j.ID))
-		ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
+		ru.event(Checkpointed{Checkpoint: sha})
 		if ru.fencedNow(parent) || !ru.hasOrigin(ctx) {
 			return
 		}
@@ -155,7 +155,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	if sha != ru.lastPeriodic {
 		ru.lastPeriodic = sha
 		ru.log.Info("periodic checkpoint", "checkpoint", sha)
-		ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
+		ru.event(Checkpointed{Checkpoint: sha})
 	}
 	// An unchanged tree whose last push was skipped or failed is pushed
 	// now: the work must reach origin even if the engine writes no more.
@@ -173,7 +173,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 		return
 	}
 	ru.wipOnOrigin, pushed = sha, true
-	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
+	ru.event(CheckpointPushed{Checkpoint: sha})
 }
 
 // confirmBeforePush bounds the renewal a periodic push waits for.

@@ -51,7 +51,7 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 	ru.out.Pushed = true
 	// Recorded before anything else happens: a crash from here on must not
 	// run the engine again (the next attempt finds the result on origin).
-	ru.event(Event{Kind: "delivered", Branch: ru.out.Branch, Commit: ru.out.Commit})
+	ru.event(Delivered{Branch: ru.out.Branch, Commit: ru.out.Commit})
 	ru.openPR(ctx, prBody)
 }
 
@@ -184,7 +184,7 @@ func (ru *run) redeliver(ctx context.Context, sha string) {
 	ru.log.Warn("the job's result is already on origin (an earlier attempt pushed it): reporting it, not running the engine again",
 		"branch", job.JobBranch(ru.j.ID), "commit", sha)
 	ru.out.Branch, ru.out.Commit, ru.out.Pushed, ru.out.Redelivered = job.JobBranch(ru.j.ID), sha, true, true
-	ru.event(Event{Kind: "delivered", Branch: ru.out.Branch, Commit: sha})
+	ru.event(Delivered{Branch: ru.out.Branch, Commit: sha})
 	if ru.j.Ship == "none" { // never pushed by aq; someone else put it there
 		ru.out.Stage = job.Testing
 		return

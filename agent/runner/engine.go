@@ -118,7 +118,7 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 		mu.Lock()
 		last = u
 		mu.Unlock()
-		ru.event(Event{Kind: "usage", Usage: u, Engine: ru.eng.Name()})
+		ru.event(Progress{Engine: ru.eng.Name(), Usage: u})
 		if j.Budget.USD > 0 && u.CostUSD > j.Budget.USD {
 			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("cost $%.4f over budget $%.2f", u.CostUSD, j.Budget.USD)))
 		}

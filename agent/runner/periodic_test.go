@@ -39,13 +39,22 @@ type eventLog struct {
 
 func (l *eventLog) add(e runner.Event) { l.mu.Lock(); l.evs = append(l.evs, e); l.mu.Unlock() }
 
+// kinds are the checkpoints of the events taken ("checkpoint") or
+// pushed ("checkpoint-pushed"), in order.
 func (l *eventLog) kinds(kind string) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []string
 	for _, e := range l.evs {
-		if e.Kind == kind {
-			out = append(out, e.Checkpoint)
+		switch e := e.(type) {
+		case runner.Checkpointed:
+			if kind == "checkpoint" {
+				out = append(out, e.Checkpoint)
+			}
+		case runner.CheckpointPushed:
+			if kind == "checkpoint-pushed" {
+				out = append(out, e.Checkpoint)
+			}
 		}
 	}
 	return out

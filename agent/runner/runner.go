@@ -140,17 +140,6 @@ type Lease interface {
 	Held(margin time.Duration) bool
 }
 
-// Event reports progress to the caller (live progress, the checkpoints a
-// fleet job records).
-type Event struct {
-	Kind       string // "started", "usage", "checkpoint", "checkpoint-pushed", "delivered"
-	Usage      engines.Usage
-	Checkpoint string
-	Engine     string
-	// Branch and Commit: "delivered" — the result is on origin.
-	Branch, Commit string
-}
-
 // Options are per-run.
 type Options struct {
 	Attempt int
@@ -159,7 +148,7 @@ type Options struct {
 	Checkpoint string
 	Lease      Lease
 	// OnEvent, if set, is called synchronously, one event at a time, from the
-	// run, the engine's meter and the periodic checkpoints.
+	// run, the engine's meter and the periodic checkpoints (events.go).
 	OnEvent func(Event)
 }
 
@@ -275,6 +264,7 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 	start := r.now()
 	ru := &run{r: r, j: j, o: o, log: r.logger().With("job", j.ID, "repo", j.Repo)}
 	ru.logDir = filepath.Join(r.Cfg.logsDir(), j.ID)
+	ru.event(Preparing{})
 	defer func() {
 		if p := recover(); p != nil {
 			ru.log.Error("panic while running job", "panic", fmt.Sprint(p))
@@ -410,7 +400,7 @@ func (ru *run) do(ctx context.Context) {
 	// Last of all (after the checkpoint deferred below), the worktree goes
 	// back to the pool for the next job on the repository.
 	defer ru.release(ctx)
-	ru.event(Event{Kind: "started", Engine: ru.eng.Name()})
+	ru.event(EngineStarted{Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.
 	defer ru.checkpoint(ctx)

@@ -36,10 +36,10 @@ func (p *progress) event(id string, e runner.Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	switch e.Kind {
-	case "started":
+	switch e := e.(type) {
+	case runner.EngineStarted:
 		p.start[id] = now
-	case "usage":
+	case runner.Progress:
 		line := id + "  " + engines.FormatProgress(e.Engine, e.Usage, now.Sub(p.start[id]))
 		if p.tty {
 			fmt.Fprintf(p.w, "\r\033[K%s", line)

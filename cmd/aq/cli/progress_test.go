@@ -14,9 +14,9 @@ import (
 func TestProgressTTYRewritesOneLine(t *testing.T) {
 	var out bytes.Buffer
 	p := newProgress(&out, true, slog.New(slog.DiscardHandler))
-	p.event("j1", runner.Event{Kind: "started", Engine: "claude"})
-	p.event("j1", runner.Event{Kind: "usage", Engine: "claude", Usage: engines.Usage{TokensIn: 1200, TokensOut: 300, CostUSD: 0.02, Turns: 2}})
-	p.event("j1", runner.Event{Kind: "usage", Engine: "claude", Usage: engines.Usage{TokensIn: 2400, TokensOut: 600, CostUSD: 0.04, Turns: 3}})
+	p.event("j1", runner.EngineStarted{Engine: "claude"})
+	p.event("j1", runner.Progress{Engine: "claude", Usage: engines.Usage{TokensIn: 1200, TokensOut: 300, CostUSD: 0.02, Turns: 2}})
+	p.event("j1", runner.Progress{Engine: "claude", Usage: engines.Usage{TokensIn: 2400, TokensOut: 600, CostUSD: 0.04, Turns: 3}})
 	p.done("j1")
 	s := out.String()
 	if strings.Count(s, "\r\033[K") != 3 || strings.Contains(s, "\n") || !strings.Contains(s, "3 turns") || !strings.Contains(s, "$0.0400") {
@@ -29,10 +29,10 @@ func TestProgressPlainLogsThrottled(t *testing.T) {
 	p := newProgress(&bytes.Buffer{}, false, slog.New(slog.NewTextHandler(&logs, nil)))
 	clock := time.Unix(0, 0)
 	p.now = func() time.Time { return clock }
-	p.event("j1", runner.Event{Kind: "started"})
+	p.event("j1", runner.EngineStarted{})
 	for i := 0; i < 10; i++ {
 		clock = clock.Add(2 * time.Second)
-		p.event("j1", runner.Event{Kind: "usage", Engine: "codex", Usage: engines.Usage{TokensIn: int64(i)}})
+		p.event("j1", runner.Progress{Engine: "codex", Usage: engines.Usage{TokensIn: int64(i)}})
 	}
 	if n := strings.Count(logs.String(), "msg=progress"); n != 2 {
 		t.Fatalf("%d progress lines in 20 s, want 2 (one per 15 s):\n%s", n, logs.String())
