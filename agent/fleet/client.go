@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-cleanhttp"
 	"github.com/hashicorp/go-retryablehttp"
@@ -176,7 +177,7 @@ func (c *Client) Enroll(ctx context.Context, req EnrollRequest) (*Enrollment, er
 		return nil, err
 	}
 	if out.Token == "" {
-		return nil, &StatusError{Call: RouteEnroll, Status: http.StatusOK, Detail: "the answer carries no token"}
+		return nil, &ContractError{Call: RouteEnroll, Status: http.StatusOK, Detail: "the answer carries no token"}
 	}
 	if out.FactoryID == "" {
 		out.FactoryID = req.FactoryID
@@ -268,7 +269,7 @@ func (c *Client) Accept(ctx context.Context, jobID string) (*Claim, error) {
 		return nil, err
 	}
 	if cl.Job.ID == "" {
-		return nil, &StatusError{Call: name, Status: info.status, Detail: "the answer carries no job"}
+		return nil, &ContractError{Call: name, Status: info.status, Detail: "the answer carries no job"}
 	}
 	cl.Source, cl.Asked = "broker", jobID
 	c.fixClaim(&cl, info)
@@ -502,7 +503,13 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	if cl.limit > 0 {
 		limit = cl.limit
 	}
-	data, rerr := io.ReadAll(io.LimitReader(resp.Body, limit))
+	// One byte over the cap says the answer is over it (rather than
+	// decoding a truncated body and blaming its JSON).
+	data, rerr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	over := int64(len(data)) > limit
+	if over {
+		data = data[:limit]
+	}
 	info := answer{status: resp.StatusCode, sentAt: sentAt}
 	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 		info.date = d
@@ -521,10 +528,13 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 			*cl.raw = b
 			return info, nil
 		}
-		if out != nil && s != http.StatusNoContent && len(bytes.TrimSpace(data)) > 0 {
-			if err := json.Unmarshal(data, out); err != nil {
-				return info, &StatusError{Call: cl.name, Status: s, Detail: "the answer is not the expected JSON: " + c.redact(err.Error())}
-			}
+		if out == nil || s == http.StatusNoContent {
+			return info, nil
+		}
+		if err := decodeAnswer(data, over, limit, out); err != nil {
+			err.Call, err.Status, err.ContentType = cl.name, s, clipText(resp.Header.Get("Content-Type"), 80)
+			err.Detail = c.redact(err.Detail)
+			return info, err
 		}
 		return info, nil
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
@@ -557,6 +567,38 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		return info, &TransientError{Call: cl.name, Status: s, Tries: at.tries, Detail: c.detail(data)}
 	}
 	return info, &StatusError{Call: cl.name, Status: resp.StatusCode, Detail: c.detail(data)}
+}
+
+// decodeAnswer decodes a 2xx answer's body into out: the contract's JSON
+// (an empty body is none, and leaves out as it is). An answer over the cap
+// (over) or that does not decode is a *ContractError — a proxy's login
+// page, a truncated body — whose caller fills in the call and status.
+func decodeAnswer(data []byte, over bool, limit int64, out any) *ContractError {
+	if over {
+		return &ContractError{Cap: limit}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		detail := err.Error()
+		if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '<' {
+			detail = "it starts with \"" + clipText(oneLine(string(t)), 40) + "\""
+		}
+		return &ContractError{Detail: detail}
+	}
+	return nil
+}
+
+// clipText cuts s to at most n bytes (at a rune boundary), marking the cut.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // detail is the server's error text, redacted and cut to one short line.

@@ -77,6 +77,11 @@ type Result struct {
 	// Refused: the job did not pass admission (manifest.Admit); nothing of
 	// it ran here.
 	Refused bool `json:"refused,omitempty"`
+	// ReportRefused says why the coordinator refused a report of the job
+	// for good (its building report, which stops the job before its
+	// engine, or its terminal report): the coordinator does not have what
+	// it said; it is kept in $AQ_HOME/spool/dead. `aq run` exits 6.
+	ReportRefused string `json:"reportRefused,omitempty"`
 	// Err is a refusal of this factory's credentials seen while the job ran
 	// (the fleet path must stop).
 	Err error `json:"-"`
@@ -184,6 +189,13 @@ func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 	case IsAuth(d.Err):
 		cj.res.Err = d.Err
 		cj.stop(job.Stop(job.ReasonInterrupted, "the coordinator refused this factory's credentials"))
+	case d.Rejected:
+		// The coordinator will not take this job's reports: running it would
+		// spend an engine run on a result nobody records.
+		cj.res.ReportRefused = reportRefusal(d)
+		cj.log.Error("the coordinator refused the building report; the job is stopped before its engine", "err", d.Err)
+		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonReportRefused,
+			Detail: "the coordinator refused the building report (" + oneLine(errText(d.Err)) + "): the job was stopped before its engine"}
 	}
 	return nil
 }
@@ -275,6 +287,10 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 	if res.Err == nil && IsAuth(d.Err) {
 		res.Err = d.Err
 	}
+	if d.Rejected {
+		res.ReportRefused = reportRefusal(d)
+		log.Error("the coordinator refused the job's terminal report: it does not have the job's outcome", "report", "rejected", "err", d.Err)
+	}
 	r.record(log, c.Job.ID, func(rec *jobstate.Record) { endRecord(rec, res, out, r.now()) })
 	return cj.settled()
 }
@@ -315,6 +331,7 @@ func endRecord(rec *jobstate.Record, res *Result, out *runner.Outcome, now time.
 		rec.Checkpoint = out.Checkpoint
 	}
 	rec.Branch, rec.PR = out.Branch, out.PRURL
+	rec.ReportRefused = res.ReportRefused
 	in := out.Insights
 	rec.Insights = &in
 	rec.EndedAt = now.UTC()

@@ -177,7 +177,7 @@ func (r *Reporter) settle(log *slog.Logger, rep Report, stage string, err error,
 			_ = r.Spool.Remove(rep)
 		}
 		return Delivery{Fenced: true, Err: err}
-	case errors.Is(err, ErrGone) || isStatus(err):
+	case errors.Is(err, ErrGone) || isStatus(err) || IsContract(err):
 		log.Error("the coordinator refused the report for good; kept in spool/dead", "err", err)
 		if rerr := r.Spool.Reject(rep, err.Error()); rerr != nil {
 			log.Error("cannot keep the refused report", "err", rerr)
@@ -208,11 +208,14 @@ func (r *Reporter) spool(log *slog.Logger, rep Report, why error) Delivery {
 // reportRefusal is what a job's record says of a report the coordinator
 // refused for good.
 func reportRefusal(d Delivery) string {
-	why := "refused"
-	if d.Err != nil {
-		why = oneLine(d.Err.Error())
+	return oneLine(errText(d.Err)) + "; the report is kept in $AQ_HOME/spool/dead"
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "refused"
 	}
-	return why + "; the report is kept in $AQ_HOME/spool/dead"
+	return err.Error()
 }
 
 func isStatus(err error) bool {

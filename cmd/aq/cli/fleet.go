@@ -124,7 +124,9 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 // fleetTally counts a fleet run's results for its exit code.
 type fleetTally struct {
 	ran, failed int
-	last        *fleet.Result
+	// refused counts jobs whose report the coordinator refused for good.
+	refused int
+	last    *fleet.Result
 }
 
 func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
@@ -132,6 +134,9 @@ func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
 	t.last = r
 	if r.Outcome.Failed() && !r.Outcome.IsParked() {
 		t.failed++
+	}
+	if r.ReportRefused != "" {
+		t.refused++
 	}
 	printFleetResult(f, opts, r)
 }
@@ -170,6 +175,10 @@ func (t *fleetTally) exit() error {
 	case last != nil && (last.Fenced || last.Outcome.Reason == job.ReasonLeaseLost):
 		// Lease lost counts as fenced (DESIGN §9): another factory may own it.
 		return &aqerr.Silent{Code: aqerr.Fenced}
+	case t.refused > 0:
+		// A job ran (or was stopped before its engine) and the
+		// coordinator refused its report: not 0, and not "the job failed".
+		return &aqerr.Silent{Code: aqerr.ReportRefused}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
 	case last != nil && last.Outcome.IsParked():
@@ -183,8 +192,9 @@ func fleetError(err error) error {
 	var (
 		ae *fleet.AuthError
 		ce *fleet.CredentialsError
-		te *fleet.TransientError
-		ra *fleet.RouteAbsentError
+		te  *fleet.TransientError
+		ra  *fleet.RouteAbsentError
+		ctr *fleet.ContractError
 	)
 	switch {
 	case errors.Is(err, fleet.ErrNoJob):
@@ -193,6 +203,10 @@ func fleetError(err error) error {
 		return aqerr.Wrap(aqerr.AuthFail, err, ae.Error(), ae.Fix())
 	case errors.As(err, &ce):
 		return aqerr.Wrap(aqerr.Usage, err, ce.Error(), ce.Fix)
+	case errors.As(err, &ctr):
+		// Nothing ran: a claim, an accept or an enrollment answered with
+		// something that is not the contract's.
+		return aqerr.Wrap(aqerr.Usage, err, ctr.Error(), ctr.Fix())
 	case errors.As(err, &te):
 		return aqerr.Wrap(aqerr.Failed, err, te.Error(), "check AQ_FLEET_API and that the coordinator is up; reports are kept in $AQ_HOME/spool and re-sent")
 	case errors.As(err, &ra) && !ra.Optional():
@@ -200,6 +214,18 @@ func fleetError(err error) error {
 			"check AQ_FLEET_API: it is the coordinator's base URL, e.g. https://host/api (aq demo coordinator prints one)")
 	}
 	return err
+}
+
+// endText is how a job ended, for a line that goes on to its report.
+func endText(r *fleet.Result) string {
+	o := r.Outcome
+	switch {
+	case o.Reason == job.ReasonReportRefused:
+		return "was stopped before its engine"
+	case o.Failed():
+		return fmt.Sprintf("failed (%s: %s)", o.Reason, job.Printable(o.Detail, false))
+	}
+	return fmt.Sprintf("ended %s (%s)", o.Stage, shippedText(o))
 }
 
 func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
@@ -210,6 +236,9 @@ func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	o := r.Outcome
 	id, detail := job.Show(r.JobID), job.Printable(o.Detail, false)
 	switch {
+	case r.ReportRefused != "":
+		fmt.Fprintf(f.IO.Err, "aq: job %s %s, but the coordinator refused its report: %s; the coordinator does not have the job's outcome (`aq job show %s`)\n",
+			id, endText(r), job.Printable(r.ReportRefused, false), id)
 	case r.Refused:
 		fmt.Fprintf(f.IO.Err, "aq: job %s refused (%s): %s; nothing of it ran here; the coordinator has it in %s (report %s)\n", id, o.Reason, detail, r.Stage, r.Report)
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:

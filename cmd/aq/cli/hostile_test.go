@@ -629,3 +629,113 @@ func TestWireCoordinatorClockBehind(t *testing.T) {
 		t.Fatalf("the skew was said %d times, want once:\n%s", lines, clipped(r))
 	}
 }
+
+// Finding 6: a report the coordinator refuses is not called success. A 400
+// (or a 200 whose JSON is cut off) to the terminal PATCH makes `aq run`
+// exit 6 with one line, keeps the report in spool/dead and `aq job show`
+// says so; a 400 to the building PATCH stops the job before its engine.
+func TestWireRefusedReports(t *testing.T) {
+	terminal := func(x *exchange) bool {
+		return x.route("PATCH /fleet/jobs/*") && !bytes.Contains(x.ReqBody, []byte(`"stage":"building"`))
+	}
+	for _, c := range []struct {
+		name   string
+		status int
+		body   string
+		ctype  string
+		want   string
+	}{
+		{"400", http.StatusBadRequest, `{"error":"stage shipped is not allowed for this product"}`, "application/json", "400 Bad Request: stage shipped is not allowed for this product"},
+		{"200 with cut JSON", http.StatusOK, `{"id":"x","stage":"shi`, "application/json", "is not the contract's JSON: unexpected end of JSON input"},
+	} {
+		t.Run("terminal "+c.name, func(t *testing.T) {
+			e := newWireEnv(t, coord.Options{})
+			id := testenv.ID("wire-report")
+			e.post(id, "repo: app\nengine: script\nship: branch\nscript: echo x > x.txt", "# job")
+			e.co.tamper(func(x *exchange) {
+				if terminal(x) {
+					x.Status, x.Body = c.status, []byte(c.body)
+					x.Header.Set("Content-Type", c.ctype)
+				}
+			})
+			r := e.run("run", "--once")
+			line := oneAQLine(t, r)
+			if r.Code != 6 || !strings.Contains(line, "aq: job "+id+" ended shipped") || !strings.Contains(line, "but the coordinator refused its report") ||
+				!strings.Contains(line, c.want) || !strings.Contains(line, "spool/dead") {
+				t.Fatalf("want exit 6 and one line saying the report was refused (%s):\n%s", c.want, clipped(r))
+			}
+			if dead, _ := os.ReadDir(filepath.Join(e.h.Dir, "spool", "dead")); len(dead) != 1 {
+				t.Fatalf("the refused report is not kept in spool/dead: %v", dead)
+			}
+			show := e.run("job", "show", id)
+			if show.Code != 0 || !strings.Contains(show.Stdout, "refused by the coordinator: ") || !strings.Contains(show.Stdout, c.want) {
+				t.Fatalf("aq job show does not say the report was refused:\n%s", clipped(show))
+			}
+		})
+	}
+	t.Run("building 400", func(t *testing.T) {
+		e := newWireEnv(t, coord.Options{})
+		id := testenv.ID("wire-building")
+		ran := filepath.Join(e.root, "ran")
+		e.post(id, "repo: app\nengine: script\nship: branch\nscript: touch "+ran, "# job")
+		e.co.tamper(func(x *exchange) {
+			if x.route("PATCH /fleet/jobs/*") && bytes.Contains(x.ReqBody, []byte(`"stage":"building"`)) {
+				x.Status, x.Body = http.StatusBadRequest, []byte(`{"error":"no such stage"}`)
+			}
+		})
+		r := e.run("run", "--once")
+		line := oneAQLine(t, r)
+		if r.Code != 6 || !strings.Contains(line, "was stopped before its engine, but the coordinator refused its report") || !strings.Contains(line, "no such stage") {
+			t.Fatalf("want exit 6 and the job stopped before its engine:\n%s", clipped(r))
+		}
+		if testenv.Exists(ran) {
+			t.Fatal("the engine ran after the building report was refused")
+		}
+		e.assertNoBranch()
+		if j := e.job(id); j.Reason != "report_refused" || j.Stage == coord.StageBuilding || j.Stage == coord.StageAssigned {
+			t.Fatalf("the coordinator has the job %s (%s), want it released with report_refused", j.Stage, j.Reason)
+		}
+	})
+}
+
+// Finding 7: a coordinator answering HTML (a proxy's login page) or an
+// answer over the size cap is a configuration error before any job ran —
+// exit 2, one line that names the content type or the cap and AQ_FLEET_API
+// — not "a job failed" (1) with "unexpected end of JSON input".
+func TestWireAnswerNotTheContract(t *testing.T) {
+	big := append([]byte(`{"job":{"id":"j","bodyMd":"`), bytes.Repeat([]byte("x"), 9<<20)...)
+	for _, c := range []struct {
+		name, ctype string
+		body        []byte
+		want        string
+	}{
+		{"login page", "text/html; charset=utf-8", []byte("<!DOCTYPE html>\n<html><body><form>Sign in</form></body></html>"),
+			`(200 OK, text/html; charset=utf-8) is not the contract's JSON: it starts with "<!DOCTYPE html>`},
+		{"garbage", "application/json", []byte("\x00\x01 not json"), "(200 OK, application/json) is not the contract's JSON"},
+		{"over the cap", "application/json", big, "(200 OK, application/json) is over the 8 MiB cap on an answer"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newWireEnv(t, coord.Options{})
+			id := testenv.ID("wire-html")
+			ran := filepath.Join(e.root, "ran")
+			e.post(id, "repo: app\nengine: script\nship: branch\nscript: touch "+ran, "# job")
+			e.co.tamper(func(x *exchange) {
+				if x.route("POST /fleet/claim") {
+					x.Status, x.Body = http.StatusOK, c.body
+					x.Header.Set("Content-Type", c.ctype)
+				}
+			})
+			before := tree(t, e.root)
+			r := e.run("run", "--once")
+			line := oneAQLine(t, r)
+			if r.Code != 2 || !strings.Contains(line, "the coordinator's answer to POST /fleet/claim "+c.want) || !strings.Contains(line, "check AQ_FLEET_API") {
+				t.Fatalf("want exit 2 and one line naming %q and AQ_FLEET_API:\n%s", c.want, clipped(r))
+			}
+			if testenv.Exists(ran) {
+				t.Fatal("a job ran")
+			}
+			assertOnlyUnder(t, e.root, before, "home")
+			e.assertNoBranch()
+		})
+	}
+}
