@@ -190,8 +190,8 @@ func (t *fleetTally) exit() error {
 // fleetError maps the fleet package's typed errors to exit codes.
 func fleetError(err error) error {
 	var (
-		ae *fleet.AuthError
-		ce *fleet.CredentialsError
+		ae  *fleet.AuthError
+		ce  *fleet.CredentialsError
 		te  *fleet.TransientError
 		ra  *fleet.RouteAbsentError
 		ctr *fleet.ContractError
