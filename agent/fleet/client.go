@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -654,18 +655,31 @@ func scrubURL(s string) string {
 // coordinator thinks, whatever either clock reads, and the comparison uses
 // the monotonic clock (a wall clock stepped meanwhile changes nothing).
 // Without a ttl or a Date the expiry is taken as it is (clocks assumed to
-// agree).
+// agree). Whatever a coordinator sends, the time granted is read as at
+// least zero (a lease already over) and at most MaxLease: no value makes
+// the arithmetic wrap around into a lease that never ends.
 func localExpiry(exp time.Time, ttl float64, a answer) time.Time {
 	switch {
 	case a.sentAt.IsZero():
 		return exp
-	case ttl > 0:
-		return a.sentAt.Add(time.Duration(ttl * float64(time.Second)))
+	case ttl > 0 && !math.IsInf(ttl, 0):
+		return a.sentAt.Add(granted(time.Duration(min(ttl, MaxLease.Seconds()) * float64(time.Second))))
 	case exp.IsZero() || a.date.IsZero():
 		return exp
 	}
-	return a.sentAt.Add(exp.Sub(a.date) - time.Second)
+	left := exp.Sub(a.date) // Sub saturates rather than wrapping
+	if left < time.Second {
+		return a.sentAt // over already
+	}
+	return a.sentAt.Add(granted(left - time.Second))
 }
+
+// MaxLease bounds the time a lease is believed granted for: a longer one
+// (or a leaseExpiresAt centuries away) is taken as this long.
+const MaxLease = 24 * time.Hour
+
+// granted clamps a lease's time to live to [0, MaxLease].
+func granted(d time.Duration) time.Duration { return min(max(d, 0), MaxLease) }
 
 // maxSkew is the clock difference with the coordinator worth a line: the
 // Date header has a second's resolution and a call takes its time.

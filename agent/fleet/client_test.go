@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -294,5 +295,39 @@ func TestErrorPredicates(t *testing.T) {
 	}
 	if err := error(&TransientError{Status: 503}); !errors.As(err, &tmp) || !tmp.Temporary() {
 		t.Error("503 is not Temporary")
+	}
+}
+
+// TestLocalExpiryHostileValues: no leaseExpiresAt, Date or ttl a
+// coordinator sends makes the time granted wrap around into a lease that
+// never ends; it is read as between zero and MaxLease.
+func TestLocalExpiryHostileValues(t *testing.T) {
+	now := time.Now()
+	date := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		exp  time.Time
+		ttl  float64
+		want time.Duration
+	}{
+		{"expiry in year 1", time.Time{}.Add(4 * time.Second), 0, 0},
+		{"expiry before the Date", date.Add(-time.Hour), 0, 0},
+		{"expiry in year 9999", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), 0, MaxLease},
+		{"ttl of centuries", date, 1e12, MaxLease},
+		{"infinite ttl", date.Add(90 * time.Second), math.Inf(1), 89 * time.Second},
+		{"NaN ttl", date.Add(90 * time.Second), math.NaN(), 89 * time.Second},
+		{"negative ttl", date.Add(90 * time.Second), -5, 89 * time.Second},
+	} {
+		got := localExpiry(c.exp, c.ttl, answer{sentAt: now, date: date})
+		if c.name == "expiry in year 1" {
+			// A zero-looking expiry with a Date: the lease is over.
+			if got.Sub(now) > 0 {
+				t.Errorf("%s: a lease of %v", c.name, got.Sub(now))
+			}
+			continue
+		}
+		if d := got.Sub(now); d != c.want {
+			t.Errorf("%s: a lease of %v, want %v", c.name, d, c.want)
+		}
 	}
 }

@@ -238,7 +238,7 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 		// through the route fallback (PATCH queued + release).
 		d = r.Reporter.Send(rctx, FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
-			Retryable: true, Checkpoint: out.Checkpoint, Detail: out.Detail, NotBefore: out.ParkedUntil,
+			Retryable: true, Checkpoint: onOrigin(out), Detail: out.Detail, NotBefore: out.ParkedUntil,
 		}))
 		res.Stage = job.Inbox
 		if d.Delivered && d.Stage != "" {
@@ -253,7 +253,7 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 		in := out.Insights
 		rep := FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
-			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail, Insights: &in,
+			Retryable: !out.Reason.Permanent(), Checkpoint: onOrigin(out), Detail: out.Detail, Insights: &in,
 		})
 		// For a coordinator without /fleet/fail, which leaves the retry
 		// decision to the factory (failpatch.go).
@@ -293,6 +293,19 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 	}
 	r.record(log, c.Job.ID, func(rec *jobstate.Record) { endRecord(rec, res, out, r.now()) })
 	return cj.settled()
+}
+
+// onOrigin is the checkpoint a failure's report names: the run's own when
+// it was pushed, else the one origin had (an earlier attempt's, or a
+// periodic one this run pushed before its lease was lost), else none. The
+// WIP of a run whose lease was lost stays on this host (docs/fleet.md,
+// "Lease lost"): naming it would send the next factory after a commit it
+// cannot fetch.
+func onOrigin(out *runner.Outcome) string {
+	if out.WIPPushed {
+		return out.Checkpoint
+	}
+	return out.OriginCheckpoint
 }
 
 // settled is the job's end as far as the lifecycle needs it.

@@ -164,6 +164,12 @@ type Outcome struct {
 	PRURL      string       `json:"prUrl,omitempty"`
 	Pushed     bool         `json:"pushed,omitempty"` // job branch pushed to origin
 	WIPPushed  bool         `json:"wipPushed,omitempty"`
+	// OriginCheckpoint is the WIP commit on origin's aq/wip/<id> when the
+	// run ended, as far as this run knows ("" = none): Checkpoint when it
+	// was pushed (WIPPushed), an earlier one when it was not (a lost
+	// lease's). A report names only this one: another factory resumes from
+	// origin, never from a commit that stayed on this host.
+	OriginCheckpoint string `json:"originCheckpoint,omitempty"`
 	Fenced     bool         `json:"fenced,omitempty"`
 	// Redelivered: an earlier attempt had put the result on origin; this run
 	// reported it without running the engine.
@@ -272,6 +278,9 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 			ru.fail(job.ReasonCrash, fmt.Sprintf("aq panicked: %v", p))
 		}
 		ru.out.Insights.WallMS = r.now().Sub(start).Milliseconds()
+		ru.cpMu.Lock()
+		ru.out.OriginCheckpoint = ru.wipOnOrigin
+		ru.cpMu.Unlock()
 		if ru.out.Insights.Engine == "" && ru.eng != nil {
 			ru.out.Insights.Engine = ru.eng.Name()
 		}

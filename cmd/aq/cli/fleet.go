@@ -216,6 +216,39 @@ func fleetError(err error) error {
 	return err
 }
 
+// leaseLostText says exactly what became of a job whose lease was lost:
+// what is on origin and what the coordinator was told. docs/fleet.md
+// ("Lease lost") and docs/troubleshooting.md quote it.
+func leaseLostText(r *fleet.Result) string {
+	o := r.Outcome
+	id := job.Show(r.JobID)
+	work := fmt.Sprintf("its work is checkpointed on aq/wip/%s on this host, not pushed (the lease may be another factory's)", id)
+	switch {
+	case o.Checkpoint == "":
+		work = "no checkpoint was taken"
+	case o.WIPPushed:
+		work = fmt.Sprintf("its work is checkpointed and pushed to origin's aq/wip/%s", id)
+	}
+	if !o.WIPPushed && o.OriginCheckpoint != "" {
+		work += fmt.Sprintf("; origin keeps the earlier checkpoint %s", shortSHA(o.OriginCheckpoint))
+	}
+	told := map[string]string{
+		"delivered": "the coordinator was told (/fleet/fail lease_lost, report delivered) and has the job in " + string(r.Stage),
+		"spooled":   "its /fleet/fail (lease_lost) is spooled in $AQ_HOME/spool and is re-sent until the coordinator takes it",
+	}[r.Report]
+	if told == "" {
+		told = "its /fleet/fail (lease_lost) was not taken (report " + r.Report + ")"
+	}
+	return work + "; nothing else was pushed; " + told
+}
+
+func shortSHA(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
 // endText is how a job ended, for a line that goes on to its report.
 func endText(r *fleet.Result) string {
 	o := r.Outcome
@@ -241,6 +274,8 @@ func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 			id, endText(r), job.Printable(r.ReportRefused, false), id)
 	case r.Refused:
 		fmt.Fprintf(f.IO.Err, "aq: job %s refused (%s): %s; nothing of it ran here; the coordinator has it in %s (report %s)\n", id, o.Reason, detail, r.Stage, r.Report)
+	case o.Reason == job.ReasonLeaseLost && !r.Fenced:
+		fmt.Fprintf(f.IO.Err, "aq: job %s lost its lease (lease_lost): %s; %s\n", id, detail, leaseLostText(r))
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:
 		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", id, o.Reason, detail, id)
 	case o.IsParked():

@@ -169,9 +169,10 @@ func (h *hostile) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := httptest.NewRecorder()
 	h.stub.ServeHTTP(rec, req)
 	x := &exchange{Method: r.Method, Path: path, ReqBody: sent, Status: rec.Code, Header: rec.Header().Clone(), Body: rec.Body.Bytes()}
-	if clock != nil {
-		x.Header.Set("Date", clock().UTC().Format(http.TimeFormat))
+	if clock == nil {
+		clock = time.Now
 	}
+	x.Header.Set("Date", clock().UTC().Format(http.TimeFormat))
 	for _, fn := range tampers {
 		fn(x)
 	}
@@ -738,4 +739,66 @@ func TestWireAnswerNotTheContract(t *testing.T) {
 			e.assertNoBranch()
 		})
 	}
+}
+
+// Finding 9: a lost lease is told one way. The coordinator keeps the lease
+// (its own clock says it holds) while it tells the factory the lease is
+// short and answers every renewal 503: the factory counts the lease lost,
+// stops the engine, keeps its work on this host and says exactly that —
+// the checkpoint is not pushed, and the /fleet/fail it sends (delivered)
+// names no checkpoint origin does not have; docs/fleet.md says the same.
+func TestWireLeaseLostToldOneWay(t *testing.T) {
+	e := newWireEnv(t, coord.Options{LeaseTTL: 5 * time.Minute})
+	id := testenv.ID("wire-lost")
+	e.post(id, "repo: app\nengine: script\nship: branch\nscript: echo work > work.txt; sleep 60", "# job")
+	e.co.tamper(func(x *exchange) {
+		switch {
+		case x.route("POST /fleet/jobs/*") && strings.HasSuffix(x.Path, "/lease/renew"):
+			x.Status, x.Body = http.StatusServiceUnavailable, []byte(`{"error":"try later"}`)
+		case x.route("POST /fleet/claim"):
+			date, _ := http.ParseTime(x.Header.Get("Date"))
+			x.Body = editJSON(t, x.Body, func(m map[string]any) { m["leaseExpiresAt"] = date.Add(4 * time.Second).Format(time.RFC3339Nano) })
+		}
+	})
+	r := e.run("run", "--once")
+	line := oneAQLine(t, r)
+	want := "aq: job " + id + " lost its lease (lease_lost): "
+	said := "its work is checkpointed on aq/wip/" + id + " on this host, not pushed (the lease may be another factory's); nothing else was pushed; " +
+		"the coordinator was told (/fleet/fail lease_lost, report delivered)"
+	if r.Code != 4 || !strings.HasPrefix(line, want) || !strings.Contains(line, said) {
+		t.Fatalf("want exit 4 and the one message:\n  %s…%s\n%s", want, said, clipped(r))
+	}
+	fails := e.co.requests("POST /fleet/fail")
+	if len(fails) != 1 {
+		t.Fatalf("%d fail reports, want 1", len(fails))
+	}
+	var f struct{ Reason, Checkpoint string }
+	json.Unmarshal(fails[0].ReqBody, &f)
+	if f.Reason != "lease_lost" || f.Checkpoint != "" {
+		t.Fatalf("the fail report names reason %q, checkpoint %q: a checkpoint that was never pushed", f.Reason, f.Checkpoint)
+	}
+	if refs := testenv.RemoteRefs(t, e.origin, "refs/heads/aq/"); len(refs) > 0 {
+		t.Fatalf("pushed after the lease was lost: %v", refs)
+	}
+	if got := testenv.Git(t, e.h.RepoBase+"/app", "rev-parse", "--verify", "refs/heads/aq/wip/"+id); got == "" {
+		t.Fatal("the work is not checkpointed on this host")
+	}
+	doc := testenv.ReadFile(t, filepath.Join(moduleRoot(t), "docs", "fleet.md"))
+	if !strings.Contains(strings.Join(strings.Fields(doc), " "), "checkpointed on aq/wip/<id> on this host, not pushed (the lease may be another factory's); nothing else was pushed;") {
+		t.Fatal("docs/fleet.md does not say what the CLI says of a lost lease")
+	}
+}
+
+// moduleRoot is the directory holding go.mod.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, _ := os.Getwd()
+	for !testenv.Exists(filepath.Join(dir, "go.mod")) {
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found")
+		}
+		dir = parent
+	}
+	return dir
 }
