@@ -170,7 +170,7 @@ type Outcome struct {
 	// lease's). A report names only this one: another factory resumes from
 	// origin, never from a commit that stayed on this host.
 	OriginCheckpoint string `json:"originCheckpoint,omitempty"`
-	Fenced     bool         `json:"fenced,omitempty"`
+	Fenced           bool   `json:"fenced,omitempty"`
 	// Redelivered: an earlier attempt had put the result on origin; this run
 	// reported it without running the engine.
 	Redelivered bool `json:"redelivered,omitempty"`
