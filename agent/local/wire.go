@@ -31,6 +31,9 @@ type Parts struct {
 	// job's end (nil: off).
 	Tracer   trace.Tracer
 	Notifier *notify.Notifier
+	// Queue are further options of the queue (queue.WithWait: the CLI's
+	// signal-aware waits).
+	Queue []queue.Option
 }
 
 // New builds the local agent from configuration: the queue under
@@ -40,7 +43,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	parse := func(path string) (*job.Job, error) { return manifest.ParseFile(path, cat) }
 	// The queue first: an AQ_HOME that cannot be used is a usage error that
 	// names it, whatever else under it (profiles) would fail next.
-	q, err := queue.Open(cfg.QueueDir(), queue.WithParser(parse))
+	q, err := queue.Open(cfg.QueueDir(), append([]queue.Option{queue.WithParser(parse)}, parts.Queue...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -79,17 +78,20 @@ func ReadFile(path string) ([]byte, error) {
 }
 
 func readFile(path string) (data []byte, msg, fix string) {
-	f, err := os.Open(path)
-	if err != nil {
+	f, kind, err := mdmeta.OpenRegular(path)
+	switch {
+	case err != nil:
 		return nil, "cannot read: " + errText(err), "check the path and its permissions"
+	case kind == "a directory":
+		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md")
+	case kind != "":
+		// Never opened for reading: a FIFO would wait for a writer.
+		return nil, "is " + kind + ", not a manifest file", "name a regular .md file (to check a generated manifest, write it to a file first)"
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, "cannot read: " + errText(err), "check the path and its permissions"
-	}
-	if st.IsDir() {
-		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md")
 	}
 	if st.Mode().IsRegular() && st.Size() > MaxSize {
 		return nil, fmt.Sprintf("file is %d bytes, over the %d byte (1 MiB) limit", st.Size(), MaxSize), mdmeta.TooBigFix

@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
@@ -76,9 +77,19 @@ func (f *Factory) Local() (*local.Agent, error) {
 			f.localErr = err
 			return
 		}
-		f.local, f.localErr = local.New(cfg, f.Logger(), f.Redactor(), local.Parts{})
+		f.local, f.localErr = local.New(cfg, f.Logger(), f.Redactor(), local.Parts{Queue: []queue.Option{f.queueWait()}})
 	})
 	return f.local, f.localErr
+}
+
+// queueWait makes the queue's lock waits obey the command's context
+// (Ctrl-C, SIGTERM) and say, after a second, what they wait for.
+func (f *Factory) queueWait() queue.Option {
+	ctx := context.Background()
+	if f.active != nil && f.active.Context() != nil {
+		ctx = f.active.Context()
+	}
+	return queue.WithWait(ctx, func(msg string) { fmt.Fprintln(f.IO.Err, "aq: "+msg) })
 }
 
 // Config loads and validates the configuration once.
