@@ -802,3 +802,65 @@ func moduleRoot(t *testing.T) string {
 	}
 	return dir
 }
+
+// Finding 11, smaller ones: a title taken from the body keeps no escape
+// sequence (aq job show printed it raw); a 10 KB id is not echoed whole;
+// base HEAD and the job's own aq/job/<id> are refused by validate, not at
+// run time.
+func TestWireSmallerInputs(t *testing.T) {
+	h, _ := binHome(t)
+	h.Repo(t, "app", nil)
+	dir := t.TempDir()
+	esc := filepath.Join(dir, "esc.md")
+	testenv.WriteFile(t, esc, "---\nid: esc-title\nrepo: app\nengine: script\nscript: \"true\"\n---\n# Fix \x1b[2J\x1b[31mthe\x1b]0;owned\x07 thing\n\nDo it.\n")
+	if r := h.Run(t, "submit", esc); r.Code != 0 {
+		t.Fatalf("submit: %s", r)
+	}
+	show := h.Run(t, "job", "show", "esc-title")
+	if show.Code != 0 || strings.ContainsAny(show.Stdout, "\x1b\x07") || !strings.Contains(show.Stdout, "Fix [2J[31mthe]0;owned thing") {
+		t.Fatalf("aq job show printed control characters: %q", show.Stdout)
+	}
+
+	long := filepath.Join(dir, "long.md")
+	testenv.WriteFile(t, long, "---\nid: "+strings.Repeat("x", 10<<10)+"\nrepo: app\n---\n# x\n")
+	r := h.Run(t, "validate", long)
+	if r.Code != 1 || len(r.Stderr) > 600 || !strings.Contains(r.Stderr, "… (10240 bytes)") {
+		t.Fatalf("a 10 KB id: want one short line: exit %d, %d bytes of stderr: %.300q", r.Code, len(r.Stderr), r.Stderr)
+	}
+
+	for _, c := range []struct{ base, want string }{
+		{"HEAD", `base "HEAD" is not a branch name`},
+		{"aq/job/self-base", `base "aq/job/self-base" is this job's own result branch`},
+		{"aq/wip/other", `base "aq/wip/other" is an aq checkpoint branch, not a base`},
+	} {
+		m := filepath.Join(dir, "base.md")
+		testenv.WriteFile(t, m, "---\nid: self-base\nrepo: app\nbase: "+c.base+"\n---\n# x\n")
+		if r := h.Run(t, "validate", m); r.Code != 1 || !strings.Contains(r.Stderr, m+":4: "+c.want) {
+			t.Fatalf("base %s: want exit 1 and %q: %s", c.base, c.want, r)
+		}
+	}
+}
+
+// Finding 11: a spool file whose name differs from its jobId was re-sent
+// at every start (its removal looked for the name its content implied). It
+// is corrupt: moved to spool/dead at once, with a line, and never sent.
+func TestWireSpoolNameMismatch(t *testing.T) {
+	e := newWireEnv(t, coord.Options{})
+	spool := filepath.Join(e.h.Dir, "spool")
+	if err := os.MkdirAll(filepath.Join(spool, "dead"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WriteFile(t, filepath.Join(spool, "00000000000000000001-renamed.json"),
+		`{"v":1,"seq":1,"kind":"fail","jobId":"real-job","leaseEpoch":1,"fail":{"jobId":"real-job","leaseEpoch":1,"reason":"crash","retryable":true}}`)
+	for i := 0; i < 2; i++ {
+		if r := e.run("run", "--once"); r.Code != 3 {
+			t.Fatalf("run %d: %s", i, clipped(r))
+		}
+	}
+	if n := len(e.co.requests("POST /fleet/fail")); n != 0 {
+		t.Fatalf("the mismatched spool file was sent %d times", n)
+	}
+	if _, err := os.Stat(filepath.Join(spool, "dead", "00000000000000000001-renamed.json")); err != nil {
+		t.Fatalf("not moved to spool/dead: %v", err)
+	}
+}
