@@ -56,7 +56,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // 503s. It fails if any invariant breaks. AQ_CHAOS_SEED replays a seed.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
-		t.Skip("the chaos run takes a minute or two; skipped with -short")
+		t.Skip("the reduced chaos run takes 1½ to 5 minutes under -race on 2 cores; skipped with -short")
 	}
 	if why := sbpeertest.Missing(); why != "" {
 		t.Skip("the chaos run needs the broker peer: " + why)

@@ -74,6 +74,10 @@ const (
 // engine can never hold a slot forever.
 const DefaultWall = 2 * time.Hour
 
+// DefaultBackoff is the first retry's wait when neither manifest nor profile
+// sets retry.backoff (doubled per attempt: Backoff).
+const DefaultBackoff = 30 * time.Second
+
 // Engines are the engine names a manifest may ask for.
 var Engines = []string{"claude", "codex", "devin", "script", "any"}
 

@@ -186,7 +186,7 @@ func Backoff(r Reason, attempts int, policy Retry) time.Duration {
 	}
 	base := policy.Backoff.D()
 	if base <= 0 {
-		base = 30 * time.Second
+		base = DefaultBackoff
 	}
 	d := base
 	for i := 1; i < attempts && d < time.Hour; i++ {

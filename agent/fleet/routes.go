@@ -39,6 +39,10 @@ const (
 	RouteArtifactList = "GET /fleet/jobs/:id/artifacts"
 	RouteArtifactGet  = "GET /fleet/artifacts/:id"
 	RouteAction       = "POST /fleet/jobs/:id/actions/:action"
+	// Undoing an operator's mistake: a new manifest for a job that is not
+	// running (aq submit --replace), or the job removed (aq job rm).
+	RouteReplace = "PUT /fleet/jobs/:id"
+	RouteRemove  = "DELETE /fleet/jobs/:id"
 )
 
 // Fallbacks says, for each route aq can do without, what it does instead
@@ -58,6 +62,8 @@ var Fallbacks = map[string]string{
 	RouteArtifactList: "aq job logs cannot read the output of a job that ran on another factory",
 	RouteArtifactGet:  "aq job logs cannot read the output of a job that ran on another factory",
 	RouteAction:       "requeue, reject and ship a fleet job on the coordinator itself",
+	RouteReplace:      "aq submit --replace is refused with one line: replace the job on the coordinator itself, or submit the new manifest under another id",
+	RouteRemove:       "aq job rm is refused with one line: remove the job on the coordinator itself",
 }
 
 // ErrRouteAbsent matches (errors.Is) a *RouteAbsentError.

@@ -169,6 +169,25 @@ type SubmitAnswer struct {
 	Duplicate bool `json:"duplicate,omitempty"`
 }
 
+// ReplaceAnswer is PUT /fleet/jobs/:id's answer.
+type ReplaceAnswer struct {
+	JobID string `json:"jobId"`
+	// Stage is where the job went (queued or blocked).
+	Stage string `json:"stage,omitempty"`
+	// Replaced is the stage the job was in (optional).
+	Replaced string `json:"replaced,omitempty"`
+}
+
+// RemoveAnswer is DELETE /fleet/jobs/:id's answer.
+type RemoveAnswer struct {
+	JobID string `json:"jobId"`
+	// Stage is the stage the job was in (optional).
+	Stage string `json:"stage,omitempty"`
+	// Dependents are the jobs not shipped that name it in their deps
+	// (optional): they now wait for a job that is not there.
+	Dependents []string `json:"dependents,omitempty"`
+}
+
 // errorBody is the error answer aq reads (both spellings are common).
 type errorBody struct {
 	Error   string `json:"error"`

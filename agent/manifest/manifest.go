@@ -68,39 +68,54 @@ func ParseFile(path string, cat *profiles.Catalog) (*job.Job, error) {
 
 // ReadFile reads the manifest at path for Parse, refusing a directory and a
 // file over MaxSize without reading it whole; the error is then an Errors
-// with one line about the file.
+// with one line about the file — wrapped in an *UnreadableError when the
+// file could not be read at all (a usage error: the path is wrong).
 func ReadFile(path string) ([]byte, error) {
-	data, msg, fix := readFile(path)
+	data, msg, fix, unreadable := readFile(path)
 	if msg != "" {
-		return nil, Errors{{File: path, Msg: msg, Fix: fix}}
+		errs := Errors{{File: path, Msg: msg, Fix: fix}}
+		if unreadable {
+			return nil, &UnreadableError{Errors: errs}
+		}
+		return nil, errs
 	}
 	return data, nil
 }
 
-func readFile(path string) (data []byte, msg, fix string) {
+// UnreadableError is a manifest file that could not be read at all: it does
+// not exist, cannot be opened or read, or is not a regular file (a
+// directory, a FIFO, a device). Commands treat it as a usage error (exit 2,
+// docs/troubleshooting.md), where a file that was read and is invalid is
+// the manifest's problem. errors.As finds the Errors inside.
+type UnreadableError struct{ Errors Errors }
+
+func (e *UnreadableError) Error() string { return e.Errors.Error() }
+func (e *UnreadableError) Unwrap() error { return e.Errors }
+
+func readFile(path string) (data []byte, msg, fix string, unreadable bool) {
 	f, kind, err := mdmeta.OpenRegular(path)
 	switch {
 	case err != nil:
-		return nil, "cannot read: " + errText(err), "check the path and its permissions"
+		return nil, "cannot read: " + errText(err), "check the path and its permissions", true
 	case kind == "a directory":
-		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md")
+		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md"), true
 	case kind != "":
 		// Never opened for reading: a FIFO would wait for a writer.
-		return nil, "is " + kind + ", not a manifest file", "name a regular .md file (to check a generated manifest, write it to a file first)"
+		return nil, "is " + kind + ", not a manifest file", "name a regular .md file (to check a generated manifest, write it to a file first)", true
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, "cannot read: " + errText(err), "check the path and its permissions"
+		return nil, "cannot read: " + errText(err), "check the path and its permissions", true
 	}
 	if st.Mode().IsRegular() && st.Size() > MaxSize {
-		return nil, fmt.Sprintf("file is %d bytes, over the %d byte (1 MiB) limit", st.Size(), MaxSize), mdmeta.TooBigFix
+		return nil, fmt.Sprintf("file is %d bytes, over the %d byte (1 MiB) limit", st.Size(), MaxSize), mdmeta.TooBigFix, false
 	}
 	data, err = io.ReadAll(io.LimitReader(f, MaxSize+1))
 	if err != nil {
-		return nil, "cannot read: " + errText(err), "check the file"
+		return nil, "cannot read: " + errText(err), "check the file", true
 	}
-	return data, "", ""
+	return data, "", "", false
 }
 
 func errText(err error) string {
@@ -463,6 +478,11 @@ func (p *parser) applyDefaults() {
 	}
 	if j.Budget.Wall == 0 {
 		j.Budget.Wall = job.Duration(job.DefaultWall)
+	}
+	if j.Retry.Backoff == 0 {
+		// What job.Backoff applies to an unset backoff, shown as such (aq
+		// validate --json, the sidecar, the coordinator's copy).
+		j.Retry.Backoff = job.Duration(job.DefaultBackoff)
 	}
 	if j.Title == "" {
 		// The body's heading is prose: it may hold what a title: may not

@@ -59,7 +59,7 @@ func TestAccepts(t *testing.T) {
 		{"minimal manifest gets the defaults", "job.md", mf("repo: svc\n", body), func(t *testing.T, j *job.Job) {
 			want := job.Job{ID: "job", Title: "Do the thing", Repo: "svc", Base: job.DefaultBase, Engine: job.DefaultEngine,
 				Capabilities: []string{}, Priority: job.PriorityNormal, PriorityName: "normal",
-				Budget: job.Budget{Wall: job.Duration(job.DefaultWall)}, DepsMode: job.DefaultDepsMode, Ship: job.DefaultShip,
+				Budget: job.Budget{Wall: job.Duration(job.DefaultWall)}, Retry: job.Retry{Backoff: job.Duration(job.DefaultBackoff)}, DepsMode: job.DefaultDepsMode, Ship: job.DefaultShip,
 				Body: strings.TrimSpace(body), Source: "job.md"}
 			if !reflect.DeepEqual(*j, want) {
 				t.Errorf("got  %+v\nwant %+v", *j, want)

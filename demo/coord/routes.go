@@ -27,9 +27,9 @@ var RouteSets = []string{RoutesFull, RoutesLegacy}
 
 // ProposedRoutes are the stub's routes the coordinator in service today does
 // not have (GIGAFACTORY_SYSTEM_OVERVIEW §9 lists its routes): the redesign's
-// accept and fail, deregister, and the factories list. RoutesLegacy leaves
-// them out.
-var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories}
+// accept and fail, deregister, the factories list, and replacing or removing
+// a job that is not running. RoutesLegacy leaves them out.
+var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories, RouteReplace, RouteRemove}
 
 // stubRoutes are routes of the stub's own (request counters, fault
 // injection): instruments of the double, served in every route set.
@@ -55,7 +55,7 @@ func checkRoutes(o *Options) error {
 // allRoutes is every route the stub can serve.
 var allRoutes = []string{
 	RouteEnroll, RouteHeartbeat, RouteFactories, RouteRevoke, RouteDeregister, RouteQueueState, RouteClaim, RouteAccept,
-	RouteRenew, RouteRelease, RoutePatch, RouteFail, RouteSubmit, RouteJobs, RouteJob, RouteEvents, RouteAction,
+	RouteRenew, RouteRelease, RoutePatch, RouteFail, RouteSubmit, RouteJobs, RouteJob, RouteEvents, RouteAction, RouteReplace, RouteRemove,
 	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete, RouteGetStats, RouteFaults,
 }
 

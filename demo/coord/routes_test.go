@@ -71,6 +71,8 @@ func TestLegacyAnswersUnknownRoutesAsExpress(t *testing.T) {
 		{"POST", "/api/fleet/factories/f1/deregister"},
 		{"GET", "/api/fleet/factories"},
 		{"DELETE", "/api/fleet/claim"}, // a known path, another method
+		{"PUT", "/api/fleet/jobs/j1"},
+		{"DELETE", "/api/fleet/jobs/j1"},
 	} {
 		req, _ := http.NewRequest(c.method, r.url+c.path, strings.NewReader(`{}`))
 		req.Header.Set("Authorization", "Bearer "+tok)

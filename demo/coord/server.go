@@ -449,6 +449,8 @@ func (s *Server) routes() {
 	m.HandleFunc(RouteJob, s.anyToken(s.handleJob))
 	m.HandleFunc(RouteEvents, s.anyToken(s.handleEvents))
 	m.HandleFunc(RouteAction, s.anyToken(s.handleAction))
+	m.HandleFunc(RouteReplace, s.anyToken(s.handleReplace))
+	m.HandleFunc(RouteRemove, s.anyToken(s.handleRemove))
 	m.HandleFunc(RouteArtifactUpload, s.anyToken(s.handleArtifactUpload))
 	m.HandleFunc(RouteArtifactList, s.anyToken(s.handleArtifactList))
 	m.HandleFunc(RouteArtifactGet, s.anyToken(s.handleArtifactGet))

@@ -234,6 +234,10 @@ const (
 	RouteJob        = "GET /fleet/jobs/{id}"
 	RouteEvents     = "GET /fleet/jobs/{id}/events"
 	RouteAction     = "POST /fleet/jobs/{id}/actions/{action}"
-	RouteGetStats   = "GET /fleet/_stats"
-	RouteFaults     = "POST /fleet/_faults"
+	// RouteReplace and RouteRemove undo an operator's mistake (aq submit
+	// --replace, aq job rm) on a job that is not running.
+	RouteReplace  = "PUT /fleet/jobs/{id}"
+	RouteRemove   = "DELETE /fleet/jobs/{id}"
+	RouteGetStats = "GET /fleet/_stats"
+	RouteFaults   = "POST /fleet/_faults"
 )

@@ -107,9 +107,16 @@ func (x *tmuxSession) waitText(texts ...string) string {
 	})
 }
 
-// selectRow presses Down until the cursor is on id's row.
+// selectRow moves the cursor to the first row (the row may be above it:
+// a shipped job the cursor followed is the last), then presses Down until
+// it is on id's row.
 func (x *tmuxSession) selectRow(id string) {
 	x.t.Helper()
+	if strings.Contains(x.screen(), "> "+id) {
+		return
+	}
+	x.keys("g")
+	time.Sleep(150 * time.Millisecond)
 	for range 30 {
 		if strings.Contains(x.screen(), "> "+id) {
 			return
@@ -143,14 +150,20 @@ echo done > done.txt`, "ship: branch"))
 	h.Submit(t, "tmux-child", scriptJob("other", "true", "deps: ["+testenv.ID("tmux-long")+"]"))
 	aq := start(t, h, "run", "--once")
 	aq.waitMark(mark, "started")
+	// Submitted once long runs: runnable, waiting for the next aq run.
+	h.Submit(t, "tmux-next", scriptJob("other", "true"))
 
-	long, child, broken := testenv.ID("tmux-long"), testenv.ID("tmux-child"), testenv.ID("tmux-broken")
+	long, child, broken, next := testenv.ID("tmux-long"), testenv.ID("tmux-child"), testenv.ID("tmux-broken"), testenv.ID("tmux-next")
 	x := startTmux(t, h.Environ(), shellQuote(h.Bin)+" status --watch --interval 300ms")
-	s := x.waitText("aq board · local", "RUNNING (1)", long, "1.5k tok $0.2500", "editing the parser now", "WAITING (1)", child, "waits for all of: "+long, "FAILED (1)", broken, "engine_failed: script exited 2", "q quit")
+	s := x.waitText("aq board · local", "RUNNING (1)", long, "1.5k tok $0.2500", "editing the parser now", "RUNNABLE — next for aq run (1)", next,
+		"WAITING (1)", child, "waits for all of: "+long, "FAILED (1)", broken, "engine_failed: script exited 2", "q quit")
 	if !regexp.MustCompile(`(?m)^> ` + regexp.QuoteMeta(long) + `\s+app\s+script\s+engine\s+\d+s`).MatchString(s) {
 		t.Fatalf("the running row (cursor, repo, engine, phase, elapsed):\n%s", s)
 	}
-	if !strings.Contains(s, "inbox 0  blocked 1  building 1") {
+	if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(next) + `\s+other\s+script\s+priority normal`).MatchString(s) {
+		t.Fatalf("the runnable row (repo, engine, priority):\n%s", s)
+	}
+	if !strings.Contains(s, "inbox 1  blocked 1  building 1") {
 		t.Fatalf("stage counts:\n%s", s)
 	}
 	t.Logf("local board:\n%s", s)

@@ -31,8 +31,10 @@ func newDemoCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo [--keep] [--dir DIR] [--local-only] [--json]",
 		Short: "Run aq's offline demo: local mode, a two-factory fleet, then a pool scaled to zero",
-		Long: `Run aq's main job offline, in a throw-away workspace, in a minute or two,
-narrating what happens and checking that every expected event happened.
+		Long: `Run aq's main job offline, in a throw-away workspace, narrating what happens
+and checking that every expected event happened. The three acts take about
+45 seconds on 2 cores (measured 2026-11-27; the last line says how long this
+run took); make demo on a fresh clone adds building aq and npm ci.
 
 Act 1, local mode (the embedded default): a folder queue, two repositories,
 five jobs run by a scripted engine through the real pipeline.

@@ -327,6 +327,21 @@ func runFleetSubmit(ctx context.Context, f *Factory, opts *submitOptions) error 
 	}
 	where := func(s job.Stage) string { return "the fleet (" + s.FleetName() + ")" }
 	return submitEach(f, opts, ms, where, func(m manifestFile) (submitted, error) {
+		if opts.Replace {
+			r, err := c.ReplaceJob(ctx, m.j, m.raw)
+			if err == nil {
+				stage := job.StageFromFleet(r.Stage)
+				if r.Stage == "" {
+					stage = job.Inbox
+				}
+				return submitted{ID: r.JobID, Stage: stage, File: m.file, Replaced: orDash(r.Replaced)}, nil
+			}
+			if !errors.Is(err, fleet.ErrGone) {
+				err = jobOpError(m.j.ID, "replace", err)
+				return submitted{}, aqerr.Wrap(aqerr.ExitCode(err), err, m.file+": "+aqerr.Message(err), "")
+			}
+			// The coordinator has no such job: this manifest is a new one.
+		}
 		a, err := c.Submit(ctx, m.j, m.raw)
 		if err != nil {
 			err = fleetError(err)

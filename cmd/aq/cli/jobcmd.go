@@ -13,6 +13,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
 )
@@ -22,12 +23,14 @@ func init() { register(newJobCmd) }
 func newJobCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "job",
-		Short: "Inspect or move one job: show, logs, requeue, ship, reject (fleet mode: through the coordinator)",
+		Short: "Inspect, move or remove one job: show, logs, requeue, ship, reject, rm (fleet mode: through the coordinator)",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f))
-	config.AddFlags(cmd.PersistentFlags(), config.GroupRepo)
+	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f), newJobRmCmd(f))
+	// What every job command reads besides the global keys: in fleet mode,
+	// the coordinator.
+	config.AddKeyFlags(cmd.PersistentFlags(), config.OperatorKeys...)
 	return cmd
 }
 
@@ -146,8 +149,8 @@ func printJob(w io.Writer, v JobView) error {
 
 func newJobLogsCmd(f *Factory) *cobra.Command {
 	var (
-		stream      string
-		follow, raw bool
+		stream              string
+		follow, raw, asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "logs ID",
@@ -159,6 +162,11 @@ log, as they were written.
 (what it says, the tools it calls and on what, usage and cost as they accrue)
 and the job's stage changes. With --raw, -f prints the engine's own
 stream-json/JSONL lines on stdout instead (stage changes go to stderr).
+
+--json prints one JSON object per line: {job, stream, text} for each line
+of a log as written; with -f, {job, kind, text, usage?} for each engine
+event (kind: attempt, system, text, tool, tool-error, usage, result,
+error) and {job, kind: "event", text} for each stage change or note.
 
 In fleet mode a job that ran (or runs) on another factory is read from the
 coordinator: its events while it runs, and its logs from the artifacts its
@@ -173,8 +181,11 @@ factory uploaded when it ended.`,
 			if names == nil {
 				return aqerr.Usagef("use stdout, stderr, verify or all", "--stream %q is not a log", stream)
 			}
-			if raw && !follow {
+			switch {
+			case raw && !follow:
 				return aqerr.Usagef("--raw goes with -f (without -f the logs are printed as written)", "--raw without -f")
+			case raw && asJSON:
+				return aqerr.Usagef("use one of them: --raw prints the engine's own JSON lines, --json aq's records", "--raw and --json cannot be combined")
 			}
 			if follow {
 				fo, err := newFollower(cmd.Context(), f, args[0], raw)
@@ -184,40 +195,80 @@ factory uploaded when it ended.`,
 				if raw {
 					fo.meta = func(l string) { fmt.Fprintln(f.IO.Err, l) }
 				}
+				if asJSON {
+					fo.rec = func(r logRecord) { writeJSONLine(f.IO.Out, r) }
+				}
 				return fo.run(cmd.Context(), func(l string) { fmt.Fprintln(f.IO.Out, l) })
 			}
+			out := &logPrinter{f: f, id: args[0], many: len(names) > 1, json: asJSON}
 			if useFleet(cfg) {
-				return fleetJobLogs(cmd.Context(), f, args[0], names)
+				return fleetJobLogs(cmd.Context(), f, out, names)
 			}
 			if _, err := jobEntry(f, args[0]); err != nil {
 				return err
 			}
-			printLocalLogs(f, filepath.Join(cfg.LogsDir(), args[0]), args[0], names)
+			printLocalLogs(f, out, filepath.Join(cfg.LogsDir(), args[0]), names)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&stream, "stream", "all", "which log: stdout|stderr|verify|all")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the job until it ends: its engine events rendered for a person, and its stage changes")
 	cmd.Flags().BoolVar(&raw, "raw", false, "with -f: the engine's own stream-json/JSONL lines, as written")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line: {job, stream, text} per log line; with -f {job, kind, text, usage?} per event")
 	return cmd
 }
 
+// logRecord is one line of `aq job logs --json`. Field names are stable.
+type logRecord struct {
+	Job string `json:"job"`
+	// Stream names the log a line was read from as written (stdout,
+	// stderr, verify); empty with -f.
+	Stream string `json:"stream,omitempty"`
+	// Kind is, with -f, the engine event's kind (engines.Note) or "event"
+	// for a stage change or a note of aq's.
+	Kind  string         `json:"kind,omitempty"`
+	Text  string         `json:"text"`
+	Usage *engines.Usage `json:"usage,omitempty"`
+}
+
+// logPrinter prints a job's logs as written, or as JSON records.
+type logPrinter struct {
+	f     *Factory
+	id    string
+	many  bool // headed by "--- NAME.log ---" per log (text only)
+	json  bool
+	shown int
+}
+
+// log prints one log's content; head is its heading's text.
+func (p *logPrinter) log(name, head string, b []byte) {
+	p.shown++
+	if !p.json {
+		if p.many {
+			fmt.Fprintf(p.f.IO.Out, "--- %s ---\n", head)
+		}
+		p.f.IO.Out.Write(b)
+		return
+	}
+	if len(b) == 0 {
+		return
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		writeJSONLine(p.f.IO.Out, logRecord{Job: p.id, Stream: name, Text: strings.TrimSuffix(l, "\r")})
+	}
+}
+
 // printLocalLogs prints the job's log files under dir.
-func printLocalLogs(f *Factory, dir, id string, names []string) {
-	shown := 0
+func printLocalLogs(f *Factory, out *logPrinter, dir string, names []string) {
 	for _, n := range names {
 		b, err := os.ReadFile(filepath.Join(dir, n+".log"))
 		if err != nil {
 			continue
 		}
-		if len(names) > 1 {
-			fmt.Fprintf(f.IO.Out, "--- %s.log ---\n", n)
-		}
-		f.IO.Out.Write(b)
-		shown++
+		out.log(n, n+".log", b)
 	}
-	if shown == 0 {
-		fmt.Fprintf(f.IO.Err, "aq: job %s has no %s log yet (it has not run)\n", id, strings.Join(names, ", "))
+	if out.shown == 0 {
+		fmt.Fprintf(f.IO.Err, "aq: job %s has no %s log yet (it has not run)\n", out.id, strings.Join(names, ", "))
 	}
 }
 
@@ -255,6 +306,71 @@ func newJobRejectCmd(f *Factory) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&why, "why", "rejected by an operator", "the reason recorded on the job")
 	return cmd
+}
+
+func newJobRmCmd(f *Factory) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm ID",
+		Short: "Remove a job that is not running (its worktree and branches are left to aq gc)",
+		Long: `Remove a job from the queue — in fleet mode from the coordinator (DELETE
+/fleet/jobs/:id) — so that a mistake need not live on under its id: a job
+in any stage but building. A running job is refused and left as it is.
+
+Nothing of its work is deleted: its worktree, its checkpoint aq/wip/<id> and
+its branch aq/job/<id> are left to aq gc, which never deletes unmerged work
+(docs/gc.md), and its logs stay under $AQ_HOME/logs/<id>. A job submitted
+later under the same id starts afresh, but resumes from that checkpoint if it
+is still there (delete the ref for a clean start). Jobs that name it in their
+deps are listed on stderr: they wait until a job with its id ships.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runJobRm(cmd.Context(), f, args[0])
+		},
+	}
+}
+
+// runJobRm is `aq job rm ID`. An unknown job gives the line and exit code
+// aq job show gives.
+func runJobRm(ctx context.Context, f *Factory, id string) error {
+	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	var (
+		was        string
+		dependents []string
+		where      string
+	)
+	if useFleet(cfg) {
+		if err := checkJobID(id); err != nil {
+			return err
+		}
+		c, err := operatorClient(ctx, f)
+		if err != nil {
+			return err
+		}
+		a, err := c.RemoveJob(ctx, id)
+		if err != nil {
+			return jobOpError(id, "remove", err)
+		}
+		was, dependents, where = "the coordinator had it in "+orDash(a.Stage), a.Dependents, "the coordinator"
+	} else {
+		if _, err := jobEntry(f, id); err != nil {
+			return err
+		}
+		a, _ := f.Local()
+		st, deps, err := a.Queue.Remove(id)
+		if err != nil {
+			return err
+		}
+		was, dependents, where = "it was in "+string(st.Stage), deps, "the queue"
+	}
+	fmt.Fprintf(f.IO.Out, "removed %s from %s (%s); its worktree and branches are left to aq gc, which never deletes unmerged work\n", id, where, was)
+	if len(dependents) > 0 {
+		fmt.Fprintf(f.IO.Err, "aq: warning: %s name %s in their deps: they wait until a job %s ships (`aq job rm` them, or give them new deps with `aq submit --replace`)\n",
+			strings.Join(dependents, ", "), id, id)
+	}
+	return nil
 }
 
 // jobAction is `aq job requeue|ship|reject`: on the local queue, or in

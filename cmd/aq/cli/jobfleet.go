@@ -243,7 +243,8 @@ func pastTense(action string) string {
 
 // fleetJobLogs prints a fleet job's logs: this host's files when it ran
 // here, else the artifacts the coordinator holds (the latest of each).
-func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) error {
+func fleetJobLogs(ctx context.Context, f *Factory, out *logPrinter, names []string) error {
+	id := out.id
 	if err := checkJobID(id); err != nil {
 		return err
 	}
@@ -252,7 +253,7 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 		return err
 	}
 	if dir := filepath.Join(cfg.LogsDir(), id); exists(dir) {
-		printLocalLogs(f, dir, id, names)
+		printLocalLogs(f, out, dir, names)
 		return nil
 	}
 	c, err := operatorClient(ctx, f)
@@ -273,7 +274,6 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 			latest[a.Name] = a
 		}
 	}
-	shown := 0
 	for _, n := range names {
 		a, ok := latest[want[n]]
 		if !ok {
@@ -283,13 +283,9 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 		if err != nil {
 			return jobOpError(id, "read the logs of", err)
 		}
-		if len(names) > 1 {
-			fmt.Fprintf(f.IO.Out, "--- %s.log (artifact %s from %s, attempt %d) ---\n", n, a.ID, orDash(a.FactoryID), a.Attempt)
-		}
-		f.IO.Out.Write(b)
-		shown++
+		out.log(n, fmt.Sprintf("%s.log (artifact %s from %s, attempt %d)", n, a.ID, orDash(a.FactoryID), a.Attempt), b)
 	}
-	if shown == 0 {
+	if out.shown == 0 {
 		fmt.Fprintf(f.IO.Err, "aq: the coordinator holds no log of job %s yet (it has not ended on a factory that uploads its logs)\n", id)
 	}
 	return nil

@@ -5,6 +5,7 @@ package cli
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -507,6 +508,47 @@ func TestRunHomeNotWritable(t *testing.T) {
 			t.Errorf("aq %v: want exit 2 and one line naming %s: %s", args, file, r)
 		}
 	}
+}
+
+// TestRunOnceSaysWhyNothingRuns: exit 3's line names the first job aq run
+// would take and why it waits (here: its engine is not installed), how many
+// more wait, and says so when nothing is queued at all.
+func TestRunOnceSaysWhyNothingRuns(t *testing.T) {
+	h, _ := binHome(t)
+	h.Repo(t, "app", nil)
+	bin := t.TempDir()
+	for _, tool := range []string{"git", "sh"} { // a PATH without claude, whatever this host has
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skip(tool + " is not installed")
+		}
+		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Env = append(h.Env, "PATH="+bin)
+	oneLine := func(r testenv.Result, want ...string) {
+		t.Helper()
+		lines := strings.Split(strings.TrimRight(r.Stderr, "\n"), "\n")
+		if r.Code != 3 || len(lines) != 1 {
+			t.Fatalf("want exit 3 and one line: %s", r)
+		}
+		for _, w := range want {
+			if !strings.Contains(lines[0], w) {
+				t.Errorf("the line lacks %q: %s", w, lines[0])
+			}
+		}
+	}
+	oneLine(h.Run(t, "run", "--once"), "aq: no runnable job: nothing is queued", "`aq submit FILE.md` queues a job")
+
+	claude := testenv.ID("needs-claude")
+	h.Submit(t, "needs-claude", "repo: app\nengine: claude\nship: branch")
+	oneLine(h.Run(t, "run", "--once"),
+		"aq: no runnable job: "+claude+" (inbox) waits: this host cannot run it: missing capability: engine:claude (not installed)",
+		"(`aq status` shows what is queued and why it waits)")
+
+	h.Submit(t, "after", scriptJob("app", "true", "deps: ["+claude+"]"))
+	oneLine(h.Run(t, "run", "--drain"), "no runnable job: "+claude+" (inbox) waits:", "(1 more job(s) wait; `aq status` shows")
 }
 
 // TestRunExitCodes: 3 with nothing to run, 0 on success, 1 on failure.

@@ -29,7 +29,7 @@ func TestValidateRefusesAFIFO(t *testing.T) {
 	for _, c := range []struct {
 		cmd  string
 		code int
-	}{{"validate", 1}, {"submit", 2}} {
+	}{{"validate", 2}, {"submit", 2}} {
 		cmd := h.Command(t, c.cmd, fifo)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
