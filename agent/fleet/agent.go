@@ -167,6 +167,13 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 	defer s.Stop()
 	ran := 0
 	for {
+		if a.Poller != nil && a.Poller.Ready != nil {
+			// A host that cannot write $AQ_HOME takes no job: it could only
+			// fail host_unavailable.
+			if err := a.Poller.Ready(); err != nil {
+				return err
+			}
+		}
 		var c *Claim
 		switch {
 		case o.JobID != "":

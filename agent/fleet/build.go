@@ -20,6 +20,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -117,6 +118,9 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		clock = RealClock{}
 	}
 	running := &Running{}
+	// $AQ_HOME takes writes (hostfault): checked before a claim, before a
+	// job starts and after a run that failed.
+	hostCheck := func() error { return hostfault.Probe(cfg.StateDir()) }
 	rep := &Reporter{Client: c, Spool: spool, Records: records, Log: log, Clock: clock}
 	hb := &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
 		Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log}
@@ -128,11 +132,12 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Heartbeat: hb,
 		Caps:      refresh,
 		Poller: &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log,
-			Refresher: refresh},
+			Refresher: refresh, Ready: hostCheck},
 		Reporter:  rep,
 		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
 			Policy:     manifest.Policy{Fleet: true, Engines: cfg.RunEngines(true)},
+			HostCheck:  hostCheck,
 			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
 		Running:  running,
 		Host:     host,

@@ -37,6 +37,12 @@ type JobRunner struct {
 	// under it before anything touches the file system or git
 	// (manifest.Admit). The zero Policy allows every engine.
 	Policy manifest.Policy
+	// HostCheck, when set, says whether this host can run a job: it is
+	// asked before the job starts and after a run that failed, and its
+	// error (hostfault: $AQ_HOME full, read-only or failing) makes the job
+	// fail host_unavailable — the host's fault, not the job's: the
+	// coordinator gives it to another factory.
+	HostCheck func() error
 	// LeaseRenew is the renewal cadence (AQ_FLEET_LEASE_RENEW_SEC).
 	LeaseRenew time.Duration
 	Clock      Clock
@@ -181,6 +187,10 @@ func (cj *claimedJob) Parse() (*job.Job, error) {
 // Start reports assigned → building, fenced: a 409 here means the job is
 // already someone else's, before any work.
 func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
+	if err := cj.r.hostFault(); err != nil {
+		cj.log.Error("this host cannot run the job: released for another factory", "reason", job.ReasonHostUnavailable, "err", err)
+		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: oneLine(err.Error()) + "; the job did not start"}
+	}
 	d := cj.r.Reporter.Send(ctx, PatchReport(cj.c.Job.ID, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: cj.c.LeaseEpoch}))
 	switch {
 	case d.Fenced:
@@ -247,6 +257,16 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 		log.Warn("job parked: lease released until the engine's limit resets", "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339),
 			"detail", out.Detail, "stage", res.Stage, "report", d.String(), "checkpoint", out.Checkpoint)
 	case lifecycle.Failed:
+		// A run that failed on a host that cannot write $AQ_HOME failed
+		// for the host's sake (an engine's "I/O error", a checkpoint that
+		// could not be written): the host's fault, not the job's.
+		if out.Reason != job.ReasonHostUnavailable {
+			if err := r.hostFault(); err != nil {
+				log.Error("the run failed on a host that cannot write $AQ_HOME: host_unavailable", "run", out.Reason, "err", err)
+				out.Detail = oneLine(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
+				out.Reason = job.ReasonHostUnavailable
+			}
+		}
 		// Also for lease_lost: the fail carries our epoch, so it is fenced
 		// (409) if the coordinator reaped the lease, and frees the lease at
 		// once if it did not.
@@ -436,6 +456,14 @@ func (r *JobRunner) record(log *slog.Logger, id string, fn func(*jobstate.Record
 	if _, err := r.Records.Update(id, fn); err != nil {
 		log.Error("cannot write the job record", "err", err)
 	}
+}
+
+// hostFault is HostCheck's verdict (nil without one).
+func (r *JobRunner) hostFault() error {
+	if r.HostCheck == nil {
+		return nil
+	}
+	return r.HostCheck()
 }
 
 func (r *JobRunner) now() time.Time { return r.clock().Now() }

@@ -47,7 +47,12 @@ type Agent struct {
 	// admitted under it (manifest.Check) before anything is prepared. The
 	// zero Policy allows every engine.
 	Policy manifest.Policy
-	Log    *slog.Logger
+	// HostCheck, when set, says whether this host can run a job ($AQ_HOME
+	// takes writes: hostfault): asked before a job starts and after a run
+	// that failed; its error makes the job fail host_unavailable (back to
+	// the inbox, the host's fault, not the job's).
+	HostCheck func() error
+	Log       *slog.Logger
 	// OnEvent, if set, receives each running job's progress (started, usage,
 	// checkpoint).
 	OnEvent func(jobID string, e runner.Event)
@@ -256,6 +261,12 @@ func (q *queuedJob) Parse() (*job.Job, error) { return q.a.Parse(q.path) }
 // engine is one this factory runs) before anything is prepared; a refusal
 // fails it there.
 func (q *queuedJob) Start(_ context.Context, j *job.Job) *runner.Outcome {
+	if q.a.HostCheck != nil {
+		if err := q.a.HostCheck(); err != nil {
+			q.log.Error("this host cannot run the job: back to the inbox", "reason", job.ReasonHostUnavailable, "err", err)
+			return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: oneLine(err.Error()) + "; the job did not start"}
+		}
+	}
 	if ref := manifest.Check(j, q.a.Policy); ref != nil {
 		q.log.Error("job refused before anything ran", "reason", ref.Reason, "why", ref.Msg)
 		return &runner.Outcome{Stage: job.Failed, Reason: ref.Reason, Detail: ref.Msg}
@@ -299,6 +310,15 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 		s.Stage, s.Err = job.Inbox, q.a.Queue.Park(id, out.Reason, out.Parked, out.Detail, out.ParkedUntil, record)
 		log.Warn("job parked", "stage", job.Inbox, "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339), "detail", out.Detail, "checkpoint", out.Checkpoint)
 	case lifecycle.Failed, lifecycle.Fenced:
+		if k == lifecycle.Failed && out.Reason != job.ReasonHostUnavailable && q.a.HostCheck != nil {
+			// A run that failed on a host that cannot write $AQ_HOME (an
+			// engine's "I/O error"): the host's fault, not the job's.
+			if err := q.a.HostCheck(); err != nil {
+				log.Error("the run failed on a host that cannot write $AQ_HOME: host_unavailable", "run", out.Reason, "err", err)
+				out.Detail = oneLine(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
+				out.Reason = job.ReasonHostUnavailable
+			}
+		}
 		s.Stage, s.Err = q.a.Queue.Fail(id, out.Reason, out.Detail, record)
 		log.Warn("job failed", "stage", s.Stage, "reason", out.Reason, "detail", out.Detail, "checkpoint", out.Checkpoint)
 	default:

@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -68,6 +69,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Parse:        parse,
 		Catalog:      cat,
 		Policy:       manifest.Policy{Engines: cfg.RunEngines(false)},
+		HostCheck:    func() error { return hostfault.Probe(filepath.Join(cfg.Home, "state")) },
 		Host: func(ctx context.Context) (*caps.Host, error) {
 			// Probes of unchanged engine binaries come from the cache:
 			// `aq run --once` after `aq run --once` runs none.

@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -203,6 +204,9 @@ func fleetError(err error) error {
 		return aqerr.Wrap(aqerr.AuthFail, err, ae.Error(), ae.Fix())
 	case errors.As(err, &ce):
 		return aqerr.Wrap(aqerr.Usage, err, ce.Error(), ce.Fix)
+	case hostfault.Is(err):
+		return aqerr.Wrap(aqerr.Failed, err, err.Error()+"; no job was taken",
+			"free space on $AQ_HOME's file system, or make it writable (or set AQ_HOME to one that is): docs/troubleshooting.md#host_unavailable")
 	case errors.As(err, &ctr):
 		// Nothing ran: a claim, an accept or an enrollment answered with
 		// something that is not the contract's.

@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -145,6 +146,13 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 		last = res
 		if res.Outcome.Failed() && !res.Outcome.IsParked() {
 			failed++
+		}
+		var unrecorded *queue.MovedUnrecordedError
+		if errors.As(err, &unrecorded) {
+			// The job moved (its manifest's folder), but $AQ_HOME took no
+			// state: said in the job's one line, not as a second error.
+			res.Outcome.Detail += "; $AQ_HOME could not record this (" + hostfault.Cause(unrecorded.Err) + "): the job is in " + string(unrecorded.To) + " all the same"
+			err = nil
 		}
 		printResult(f, opts, res)
 		if err != nil {
