@@ -18,6 +18,9 @@ import (
 	"strings"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 )
 
 // Message is a dispatch message (DESIGN §10): small, no job body. The broker
@@ -175,6 +178,16 @@ func parseBody(body []byte) (Message, error) {
 		return m, &invalid{ReasonMalformed, "body has no jobId"}
 	case m.TargetFactoryID == "":
 		return m, &invalid{ReasonMalformed, "body has no targetFactoryId"}
+	}
+	// The same rule as every job's (manifest.Admit): an id that is not one
+	// is never accepted, whatever the coordinator would answer for it.
+	if msg := job.CheckID(m.JobID); msg != "" {
+		return m, &invalid{ReasonMalformed, "jobId " + job.Show(m.JobID) + " is not a job id: it " + msg}
+	}
+	if m.Repo != "" {
+		if msg := mdmeta.CheckName(m.Repo); msg != "" {
+			return m, &invalid{ReasonMalformed, "repo " + job.Show(m.Repo) + " is not a repository name: it " + msg}
+		}
 	}
 	return m, nil
 }
