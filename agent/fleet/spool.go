@@ -171,19 +171,13 @@ func (s *Spool) Pending() (reports []Report, errs []error) {
 		}
 		var r Report
 		if err == nil {
-			err = json.Unmarshal(b, &r)
-		}
-		m := spoolName.FindStringSubmatch(e.Name())
-		if err == nil {
-			err = checkReport(r, m[2])
+			r, err = readReport(e.Name(), b)
 		}
 		if err != nil {
 			_ = os.Rename(p, filepath.Join(s.dir, "dead", e.Name()))
 			errs = append(errs, fmt.Errorf("spool file %s is corrupt (moved to dead/): %v", e.Name(), err))
 			continue
 		}
-		r.Seq, _ = strconv.ParseInt(m[1], 10, 64)
-		r.file = e.Name()
 		reports = append(reports, r)
 	}
 	sort.Slice(reports, func(i, j int) bool { return reports[i].Seq < reports[j].Seq })
@@ -271,6 +265,26 @@ func spoolKey(jobID string) string {
 	}
 	sum := sha256.Sum256([]byte(jobID))
 	return "x-" + hex.EncodeToString(sum[:16])
+}
+
+// readReport reads the spool file called name whose content is data: a
+// report, or why it is not one (checkReport). It is the spool's reader;
+// Pending moves what it refuses to dead/.
+func readReport(name string, data []byte) (Report, error) {
+	m := spoolName.FindStringSubmatch(name)
+	if m == nil {
+		return Report{}, errors.New("not a spool file's name")
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Report{}, err
+	}
+	if err := checkReport(r, m[2]); err != nil {
+		return Report{}, err
+	}
+	r.Seq, _ = strconv.ParseInt(m[1], 10, 64)
+	r.file = name
+	return r, nil
 }
 
 // checkReport says what is wrong with r, read from a spool file whose
