@@ -83,6 +83,18 @@ func TestChaos(t *testing.T) {
 		t.Errorf("seed %d: %s (sandbox kept at %s; replay: AQ_CHAOS_SEED=%d go test -run TestChaos ./chaos/)\n%s",
 			seed, res.Checks.Summary(), res.Dir, seed, strings.Join(res.Checks.Failed(), "\n"))
 	}
+	// Jobs with verify: need a repair round (the engine fixes what verify
+	// checks only when handed its failure): some must have shipped so.
+	verifyJobs := 0
+	for _, j := range res.Jobs {
+		if j.Verify && j.Plan != chaos.PlanInvalid && j.Plan != chaos.PlanAlways {
+			verifyJobs++
+		}
+	}
+	if verifyJobs > 0 && res.Checks.Repaired == 0 {
+		t.Errorf("%d jobs with verify: could ship, none shipped through a repair round", verifyJobs)
+	}
+	t.Logf("repair rounds: %d shipped jobs passed verify after %d rounds", res.Checks.Repaired, res.Checks.RepairRounds)
 	// The faults the issue names all happened, and the zombie case too.
 	kinds := map[string]int{}
 	for _, f := range res.Faults {

@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -47,10 +48,16 @@ type Report struct {
 	Redelivered []string `json:"redelivered,omitempty"`
 	// InFlight: WIP or job-branch pushes that landed just after the
 	// coordinator revoked the pusher's lease (a preemption).
-	InFlight   []string `json:"inFlight,omitempty"`
-	Orphans    int      `json:"orphans"`
-	FactoryErr int      `json:"factoryErrors"` // ERROR lines in the factories' logs
-	Pushes     int      `json:"pushes"`
+	InFlight []string `json:"inFlight,omitempty"`
+	Orphans  int      `json:"orphans"`
+	// Repaired counts the shipped jobs with verify: whose accepted run
+	// passed it only after repair rounds (the rounds in all of them:
+	// RepairRounds) — the scripted engine fixes what verify checks only
+	// once it is handed verify's failure.
+	Repaired     int `json:"repaired"`
+	RepairRounds int `json:"repairRounds"`
+	FactoryErr   int `json:"factoryErrors"` // ERROR lines in the factories' logs
+	Pushes       int `json:"pushes"`
 	// Requests and Refused503 count the request log: every request the
 	// factories made of the stub, over all its incarnations.
 	Requests   int `json:"requests"`
@@ -690,6 +697,19 @@ func Check(in *Input) *Report {
 		c.OK = len(c.Violations) == 0
 		c.Summary = fmt.Sprintf("%d problems seen while running", len(in.Problems))
 		rep.Checks = append(rep.Checks, c)
+	}
+
+	// Repair rounds under the faults: how many shipped jobs needed them.
+	for _, j := range in.Jobs {
+		sj := in.State.Jobs[j.ID]
+		if sj == nil || !j.Verify || sj.Stage != coord.StageShipped || len(sj.Insights) == 0 {
+			continue
+		}
+		var ins job.Insights
+		if json.Unmarshal(sj.Insights, &ins) == nil && ins.RepairRounds > 0 {
+			rep.Repaired++
+			rep.RepairRounds += ins.RepairRounds
+		}
 	}
 
 	checkLoss(in, rep)

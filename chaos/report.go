@@ -180,6 +180,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 		p("\n## What the faults did\n\n")
 		p("- Leases: %s.\n", leaseLine(rep.LeaseEnds))
 		p("- Orphans recovered at start-up after a kill -9 (checkpoint, WIP push under a confirmed lease, `/fleet/fail crash`): %d.\n", rep.Orphans)
+		p("- Shipped jobs whose verify passed only after repair rounds (the engine handed verify's failure): %d, in %d rounds.\n", rep.Repaired, rep.RepairRounds)
 		p("- Zombies (partitions):\n")
 		for _, z := range rep.Zombies {
 			p("  - %s cut off for %s holding %d jobs: the reaper took %d of its leases (%d of those jobs ended terminal later); after it came back the stub refused %d of its calls with 409.\n",

@@ -90,10 +90,16 @@ func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
 	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, d.HelpTimeout, d.Probes, nil)
 }
 
-// devinFiles are the prompt and trajectory files of one attempt.
+// devinFiles are the prompt and trajectory files of one run: an attempt's
+// first, or one of its repair rounds (-repair<k>), each kept in the job's
+// logs. Devin's CLI documents no way to continue a session: a repair round
+// is a fresh run with the task and the failure in its prompt.
 func devinFiles(spec Spec) (prompt, export string) {
-	return filepath.Join(spec.LogDir, fmt.Sprintf("devin-prompt-%d.md", spec.Attempt)),
-		filepath.Join(spec.LogDir, fmt.Sprintf("devin-trajectory-%d.json", spec.Attempt))
+	n := fmt.Sprint(spec.Attempt)
+	if spec.Round > 0 {
+		n += fmt.Sprintf("-repair%d", spec.Round)
+	}
+	return filepath.Join(spec.LogDir, "devin-prompt-"+n+".md"), filepath.Join(spec.LogDir, "devin-trajectory-"+n+".json")
 }
 
 // Args is devin's command line for spec, without the program.

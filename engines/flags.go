@@ -131,6 +131,12 @@ func ProbeFlags(ctx context.Context, name, path string, env []string, timeout ti
 	if !ok {
 		return nil, nil
 	}
+	return probeHelp(ctx, name, path, spec, env, timeout, cache)
+}
+
+// probeHelp is ProbeFlags for one HelpSpec of engine name (codex's
+// `exec resume` has one of its own: codexResumeHelp).
+func probeHelp(ctx context.Context, name, path string, spec HelpSpec, env []string, timeout time.Duration, cache *ProbeCache) (*FlagSet, error) {
 	if timeout <= 0 {
 		timeout = DefaultHelpTimeout
 	}

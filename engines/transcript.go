@@ -36,6 +36,11 @@ type Transcript struct {
 	last    string
 	ended   bool // the current attempt printed its final event
 	attempt int  // the current attempt's number, from its header (0: none seen)
+	// round and rounds are the current run's repair round (0: the
+	// attempt's first run) and the rounds its job allows, from its header;
+	// prior is what the attempt's earlier runs spent.
+	round, rounds int
+	prior         Usage
 	// mU is what the parser last fed its meter; mSeen says it did during
 	// the current line (the parsers meter synchronously, under t.mu).
 	mU    Usage
@@ -87,8 +92,10 @@ func NewTranscript(engine, model string, prices *PriceTable) *Transcript {
 	return &Transcript{hint: engine, model: model, prices: prices}
 }
 
-// headerLine matches the line Exec writes before each attempt.
-var headerLine = regexp.MustCompile(`^=== aq job (\S+) attempt (\d+): (\S+) at (\S+) ===$`)
+// headerLine matches the line Exec writes before each run (Header): job,
+// attempt, the repair round and the rounds allowed when it is one, what
+// ran, when.
+var headerLine = regexp.MustCompile(`^=== aq job (\S+) attempt (\d+)(?: repair (\d+)/(\d+))?: (\S+) at (\S+) ===$`)
 
 // IsHeader reports whether line is aq's own attempt header in a job log (not
 // the engine's output).
@@ -104,10 +111,20 @@ func (t *Transcript) Line(line []byte) []Note {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m := headerLine.FindSubmatch(bytes.TrimSpace(line)); m != nil {
-		t.attempt, _ = strconv.Atoi(string(m[2]))
+		attempt, _ := strconv.Atoi(string(m[2]))
+		round, _ := strconv.Atoi(string(m[3]))
+		rounds, _ := strconv.Atoi(string(m[4]))
+		if attempt == t.attempt && round > 0 {
+			// A repair round of the same attempt: it spends the attempt's
+			// budget, so its usage adds to the runs before it.
+			t.prior = t.prior.Plus(t.usage)
+		} else {
+			t.prior = Usage{}
+		}
+		t.attempt, t.round, t.rounds = attempt, round, rounds
 		t.kind, t.parser, t.ended = "", nil, false
-		t.usage, t.hasUse = Usage{}, false
-		bin := filepath.Base(string(m[3]))
+		t.usage, t.hasUse = Usage{}, t.hasUse && round > 0
+		bin := filepath.Base(string(m[5]))
 		if t.hint == "" {
 			switch {
 			case strings.Contains(bin, "claude"):
@@ -116,7 +133,11 @@ func (t *Transcript) Line(line []byte) []Note {
 				t.kind = "codex"
 			}
 		}
-		return t.note(Note{Kind: "attempt", Text: fmt.Sprintf("attempt %s: %s at %s", m[2], bin, m[4])})
+		what := "attempt " + string(m[2])
+		if round > 0 {
+			what += fmt.Sprintf(" repair %d/%d", round, rounds)
+		}
+		return t.note(Note{Kind: "attempt", Text: fmt.Sprintf("%s: %s at %s", what, bin, m[6])})
 	}
 	if t.kind == "" {
 		t.kind = t.detect(line)
@@ -155,12 +176,20 @@ func (t *Transcript) detect(line []byte) string {
 	return "" // undecided: plain text for now
 }
 
-// Usage is the current attempt's cumulative usage, and whether the engine
-// reported any.
+// Usage is the current attempt's cumulative usage (its repair rounds'
+// included), and whether the engine reported any.
 func (t *Transcript) Usage() (Usage, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.usage, t.hasUse
+	return t.prior.Plus(t.usage), t.hasUse
+}
+
+// Round is the repair round the log is at (0: the attempt's first run) and
+// the rounds its job allows, from the last header.
+func (t *Transcript) Round() (round, rounds int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.round, t.rounds
 }
 
 // Last is the last thing the engine did, on one line ("" before anything).

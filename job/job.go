@@ -37,6 +37,11 @@ type Job struct {
 	Script         string   `json:"script,omitempty"`
 	Ship           string   `json:"ship"` // none|branch|pr|merge
 
+	// VerifyRounds is how many repair rounds the job gets after a failed
+	// verify (the manifest's verify_rounds:, else its profile's); nil: the
+	// factory's AQ_VERIFY_ROUNDS decides.
+	VerifyRounds *int `json:"verifyRounds,omitempty"`
+
 	// Persona is the profile's body: the engine's standing instructions.
 	Persona string `json:"persona,omitempty"`
 	// Body is the manifest's markdown body: the task prompt.

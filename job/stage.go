@@ -220,4 +220,17 @@ type Insights struct {
 	LinesAdded    int     `json:"linesAdded"`
 	LinesDeleted  int     `json:"linesDeleted"`
 	ExitCode      int     `json:"exitCode"`
+
+	// Repair rounds (docs/engines.md, "Repair rounds"). The usage above is
+	// the attempt's: every run of the engine summed.
+	//
+	// Runs are the engine's runs of a job with a verify: command, the
+	// first and each repair round, with what each spent and what verify
+	// said after it.
+	Runs []Run `json:"runs,omitempty"`
+	// RepairRounds is how many repair rounds ran after a failed verify.
+	RepairRounds int `json:"repairRounds,omitempty"`
+	// Verify is the attempt's last verify (with the tail of its output when
+	// it failed): what the next attempt is told.
+	Verify *VerifyResult `json:"verify,omitempty"`
 }

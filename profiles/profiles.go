@@ -33,6 +33,9 @@ type Profile struct {
 	Model        string     `json:"model,omitempty"`
 	Capabilities []string   `json:"capabilities"` // canonical tokens
 	Budget       job.Budget `json:"budget"`
+	// VerifyRounds is the repair rounds the profile's jobs get after a
+	// failed verify (verify_rounds:); nil: not set.
+	VerifyRounds *int `json:"verifyRounds,omitempty"`
 	// Persona is the body: the prompt prepended to every job's task.
 	Persona string `json:"persona,omitempty"`
 	// Source is "embedded" or the override file the profile was read from.
@@ -43,7 +46,7 @@ type Profile struct {
 const SourceEmbedded = "embedded"
 
 // Keys are the front matter keys of a profile; any other key is an error.
-var Keys = []string{"name", "engine", "model", "capabilities", "budget"}
+var Keys = []string{"name", "engine", "model", "capabilities", "budget", "verify_rounds"}
 
 // BudgetKeys are the keys of budget:.
 var BudgetKeys = []string{"wall", "usd", "tokens", "turns"}
@@ -69,6 +72,10 @@ func (c *Catalog) Get(name string) (Profile, bool) {
 // capabilities slice.
 func (p Profile) clone() Profile {
 	p.Capabilities = append([]string{}, p.Capabilities...)
+	if p.VerifyRounds != nil {
+		v := *p.VerifyRounds
+		p.VerifyRounds = &v
+	}
 	return p
 }
 
@@ -261,6 +268,10 @@ func Parse(file string, data []byte) (Profile, error) {
 			}
 		case "budget":
 			p.Budget, _ = DecodeBudget(d, f)
+		case "verify_rounds":
+			if v, ok := DecodeVerifyRounds(d, f); ok {
+				p.VerifyRounds = &v
+			}
 		}
 	}
 	if msg := mdmeta.CheckName(p.Name); msg != "" {
@@ -306,6 +317,14 @@ func DecodeBudget(d *mdmeta.Decoder, f mdmeta.Field) (job.Budget, BudgetSet) {
 		}
 	}
 	return b, set
+}
+
+// DecodeVerifyRounds reads verify_rounds: the repair rounds a job gets
+// after a failed verify (docs/manifest.md), a whole number from 0 (off)
+// to job.MaxVerifyRounds.
+func DecodeVerifyRounds(d *mdmeta.Decoder, f mdmeta.Field) (int, bool) {
+	v, ok := d.Int(f, 0, job.MaxVerifyRounds, "2")
+	return int(v), ok
 }
 
 // CheckModel returns what is wrong with an engine model name, or "". Model

@@ -118,6 +118,7 @@ func localConfig(home, base string) *config.Config {
 		// The pipeline checks run script jobs, in fleet mode too: opted in
 		// (AQ_ENGINES=all).
 		Engines: config.EngineNames,
+		VerifyRounds: job.DefaultVerifyRounds, // AQ_VERIFY_ROUNDS's default, as an installation has it
 	}
 }
 

@@ -32,7 +32,8 @@ func localRunScenario() *scenario {
 		check(g, "pipeline.run.pr-body", ".aq_pr.md never reaches the commit; its text is kept as the PR body"),
 		check(g, "pipeline.run.no-changes", "an engine that changes nothing ships nothing (no branch)"),
 		check(g, "pipeline.run.warm", "the next job on the repository starts in the first job's worktree, reset to its base (the pool), not a new checkout"),
-		check(g, "pipeline.verify.failed", "a failing verify: command fails the job verify_failed, its work checkpointed"),
+		check(g, "pipeline.verify.repair", "a failed verify goes back to the engine: a repair round with verify's output in its prompt, and the job ships in the same attempt"),
+		check(g, "pipeline.verify.failed", "a verify that still fails after the job's repair rounds fails the job verify_failed, its work checkpointed"),
 		check(g, "pipeline.gc.merged", "gc deletes a merged job branch (locally and on origin) and its worktree"),
 		check(g, "pipeline.gc.unmerged", "gc keeps a job branch whose work is not merged"),
 		check(g, "pipeline.gc.idempotent", "a second gc right after the first deletes nothing"),
@@ -208,6 +209,25 @@ func runLocalRun(ctx context.Context, s *session) {
 		}
 		return "the second job on app reset the first job's worktree from the pool; it is back there: " + pooled[0].Path, nil
 	})
+	repairID := l.id("repair")
+	s.step(ctx, "pipeline.verify.repair", 20*time.Second, func(ctx context.Context) (string, error) {
+		// The engine writes the right answer only when its prompt names
+		// verify's failure.
+		script := "if grep -q 'want 42'; then echo 42 > answer.txt; else echo 41 > answer.txt; fi"
+		verify := `a=$(cat answer.txt); [ "$a" = 42 ] || { echo "FAIL: answer.txt says $a, want 42"; exit 1; }`
+		if _, err := l.submit(repairID, "repo: app\nengine: script\n"+yamlBlock("script", script)+"\n"+yamlBlock("verify", verify)+"\nship: none", ""); err != nil {
+			return "", err
+		}
+		r, err := l.runOne(ctx, repairID)
+		if err != nil {
+			return "", err
+		}
+		in := r.Outcome.Insights
+		if r.Outcome.Failed() || r.Attempt != 1 || in.RepairRounds != 1 || len(in.Runs) != 2 || in.Runs[0].VerifyExit != 1 || !in.Runs[1].VerifyPassed {
+			return "", failf("ended %s after %d repair round(s), attempt %d; want it shipped in attempt 1 after one round", outcomeText(r), in.RepairRounds, r.Attempt)
+		}
+		return "verify failed after the first run, the engine got its output in repair round 1 of 2, fixed it, verify passed: one attempt", nil
+	})
 	failedID := l.id("verify")
 	s.step(ctx, "pipeline.verify.failed", 20*time.Second, func(ctx context.Context) (string, error) {
 		if _, err := l.submit(failedID, "repo: app\nengine: script\nscript: \"echo half-done > broken.txt\"\nverify: test -f never-there.txt", ""); err != nil {
@@ -217,8 +237,8 @@ func runLocalRun(ctx context.Context, s *session) {
 		if err != nil {
 			return "", err
 		}
-		if r.Outcome.Reason != job.ReasonVerifyFailed {
-			return "", failf("ended %s, want verify_failed", outcomeText(r))
+		if r.Outcome.Reason != job.ReasonVerifyFailed || r.Outcome.Insights.RepairRounds != job.DefaultVerifyRounds {
+			return "", failf("ended %s after %d repair round(s), want verify_failed after %d", outcomeText(r), r.Outcome.Insights.RepairRounds, job.DefaultVerifyRounds)
 		}
 		if r.Stage != job.DeadLetter {
 			return "", failf("went to %s, want dead_letter (no retries left)", r.Stage)
@@ -229,7 +249,7 @@ func runLocalRun(ctx context.Context, s *session) {
 		if !fileExists(filepath.Join(l.cfg.LogsDir(), failedID, "verify.log")) {
 			return "", failf("no verify.log")
 		}
-		return "verify exited 1: verify_failed, dead_letter (no retries), broken.txt checkpointed, verify.log written", nil
+		return "verify exited 1 after the first run and both repair rounds: verify_failed, dead_letter (no retries), broken.txt checkpointed, verify.log written", nil
 	})
 	g := &gc.GC{
 		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: worktree.Policy{WIPRetention: 336 * time.Hour}},

@@ -9,6 +9,8 @@ package claim
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/aqfleet/aq/job"
 )
 
 // Job is the coordinator's job document: at least these fields.
@@ -28,6 +30,12 @@ type Job struct {
 	// Attempts counts the runs started, this one included (optional in the
 	// contract; 0 is read as 1).
 	Attempts int `json:"attempts,omitempty"`
+	// Previous is how the job's previous attempt ended, as the coordinator
+	// recorded it from that attempt's /fleet/fail (reason, detail, the
+	// failed verify's tail from its insights) or its reaper (lease_lost):
+	// the engine is told (optional in the contract; docs/fleet.md). It is
+	// text for a prompt, bounded before use (job.Previous.Bounded).
+	Previous *job.Previous `json:"previous,omitempty"`
 }
 
 // Claim is a job this factory holds a lease on, from POST /fleet/claim or

@@ -72,6 +72,10 @@ type Config struct {
 	DrainTimeout       time.Duration
 	KillGrace          time.Duration
 	CheckpointInterval time.Duration // periodic checkpoints while an engine runs; 0: off
+	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job gets
+	// after a failed verify when neither its manifest nor its profile says;
+	// 0: off.
+	VerifyRounds int
 	// WorktreePool (AQ_WORKTREE_POOL) is how many finished jobs' worktrees
 	// are kept per repository for the next job; derived from Slots when
 	// unset. 0: none (a Config built by hand gets none).

@@ -116,6 +116,8 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
 	{Name: "checkpoint_interval", Group: GroupEngine, Type: "duration", Env: []string{"AQ_CHECKPOINT_INTERVAL"}, Flag: "checkpoint-interval", Default: "5m", Usage: "while an engine runs, checkpoint its worktree this often (pushed to origin's aq/wip/<id> while the lease is held; 0: only when it stops)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
+	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
+		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
 	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",

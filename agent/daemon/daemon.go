@@ -98,9 +98,11 @@ type BrokerTuning struct {
 // JobEvent is one step of a job in the daemon.
 type JobEvent struct {
 	JobID  string
-	Kind   string // taken | pipeline | engine | done
+	Kind   string // taken | pipeline | engine | repair | done
 	Source string // broker | poll
 	At     time.Time
+	// Round and Rounds are a repair round's (Kind repair): round k of n.
+	Round, Rounds int
 }
 
 // Daemon is one `aq daemon`. Build it with New, run it with Run (once).

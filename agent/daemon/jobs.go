@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -114,6 +115,8 @@ func (d *Daemon) event(e JobEvent) {
 		switch e.Kind {
 		case "pipeline":
 			rj.Phase = "preparing"
+		case "repair":
+			rj.Phase = fmt.Sprintf("repair %d/%d", e.Round, e.Rounds)
 		case "engine":
 			rj.Phase, rj.EngineAt = "running", e.At.UTC()
 			d.m.toEngine.WithLabelValues(rj.Source).Observe(e.At.Sub(rj.AcceptedAt).Seconds())
@@ -136,10 +139,12 @@ func (d *Daemon) event(e JobEvent) {
 // sees when a job reaches the runner (repo lock and worktree next) and when
 // its engine starts (after them).
 func (d *Daemon) jobEvent(id string, e runner.Event) {
-	switch e.(type) {
+	switch e := e.(type) {
 	case runner.Preparing:
 		d.event(JobEvent{JobID: id, Kind: "pipeline", At: time.Now()})
 	case runner.EngineStarted:
 		d.event(JobEvent{JobID: id, Kind: "engine", At: time.Now()})
+	case runner.RepairStarted:
+		d.event(JobEvent{JobID: id, Kind: "repair", Round: e.Round, Rounds: e.Of, At: time.Now()})
 	}
 }

@@ -110,9 +110,30 @@ func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
 		res: &Result{JobID: c.Job.ID, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}}
 	lc := lifecycle.Lifecycle{Pipeline: r.Pipeline, Tracer: r.Tracer, Notifier: r.Notifier, OnEvent: r.OnEvent}
 	end := lc.Run(ctx, lifecycle.Job{ID: c.Job.ID, Repo: c.Job.Repo, Attempt: c.Attempt(), Checkpoint: c.Job.Checkpoint,
-		Mode: "fleet", Source: c.Source, Epoch: c.LeaseEpoch, Log: log}, cj)
+		Previous: r.previous(c, log), Mode: "fleet", Source: c.Source, Epoch: c.LeaseEpoch, Log: log}, cj)
 	cj.res.Outcome = end.Outcome
 	return cj.res
+}
+
+// previous is how the claimed job's previous attempt ended, for its
+// engine (read before the job's record is rewritten for this run): the
+// claim's previous (the coordinator's record, bounded); without one, this
+// factory's own record when that attempt ran here (a record closed at an
+// earlier lease epoch, not fenced); else nil — the runner then says only
+// that the job resumes from a checkpoint, if it does.
+func (r *JobRunner) previous(c *Claim, log *slog.Logger) *job.Previous {
+	if p := c.Job.Previous; p != nil {
+		return p.Bounded()
+	}
+	if r.Records == nil || c.Attempt() <= 1 {
+		return nil
+	}
+	rec, err := r.Records.Get(c.Job.ID)
+	if err != nil || rec.Running() || rec.Fenced || rec.Reason == "" || rec.Reason == job.ReasonFenced || rec.LeaseEpoch >= c.LeaseEpoch {
+		return nil
+	}
+	log.Debug("the coordinator sent no previous attempt; using this factory's record of it", "reason", rec.Reason, "epoch", rec.LeaseEpoch)
+	return job.PreviousOf(c.Attempt()-1, rec.Reason, rec.Detail, rec.Insights)
 }
 
 // claimedJob records one claimed job's life with the coordinator (reports,

@@ -37,6 +37,7 @@ type JobDoc struct {
 	Reason         string        `json:"reason,omitempty"`
 	Detail         string        `json:"detail,omitempty"`
 	Insights       *job.Insights `json:"insights,omitempty"`
+	Previous       *job.Previous `json:"previous,omitempty"`
 	Branch         string        `json:"branch,omitempty"`
 	PRURL          string        `json:"prUrl,omitempty"`
 	Holder         string        `json:"holderFactoryId,omitempty"`

@@ -162,6 +162,9 @@ type Job struct {
 	Attempt  int
 	// Checkpoint is the WIP commit the run resumes from ("" = none).
 	Checkpoint string
+	// Previous is how the job's previous attempt ended, as the mode knows
+	// it (nil: unknown); the pipeline tells the engine.
+	Previous *job.Previous
 	// Mode is "local" or "fleet"; Source ("poll", "broker", "job") and
 	// Epoch are a fleet claim's (traces).
 	Mode, Source string
@@ -214,7 +217,7 @@ func (l *Lifecycle) run(ctx context.Context, jb Job, rec Recorder) *End {
 			end.Outcome = *stop
 			break
 		}
-		o := runner.Options{Attempt: jb.Attempt, Checkpoint: jb.Checkpoint, OnEvent: func(e runner.Event) {
+		o := runner.Options{Attempt: jb.Attempt, Checkpoint: jb.Checkpoint, Previous: jb.Previous, OnEvent: func(e runner.Event) {
 			rec.Event(jobCtx, e)
 			if l.OnEvent != nil {
 				l.OnEvent(jb.ID, e)

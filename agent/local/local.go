@@ -233,7 +233,7 @@ func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 	log := a.log().With("job", st.ID, "repo", st.Repo)
 	log.Info("job taken", "stage", job.Building, "attempt", st.Attempts)
 	lc := lifecycle.Lifecycle{Pipeline: a.Runner, Tracer: a.Tracer, Notifier: a.Notifier, OnEvent: a.OnEvent}
-	end := lc.Run(ctx, lifecycle.Job{ID: st.ID, Repo: st.Repo, Attempt: st.Attempts, Checkpoint: st.Checkpoint, Mode: "local", Log: log},
+	end := lc.Run(ctx, lifecycle.Job{ID: st.ID, Repo: st.Repo, Attempt: st.Attempts, Checkpoint: st.Checkpoint, Previous: st.Previous, Mode: "local", Log: log},
 		&queuedJob{a: a, st: st, path: entry.ManifestPath, log: log})
 	return &Result{JobID: st.ID, Attempt: st.Attempts, Stage: end.Stage, Outcome: end.Outcome}, end.Err
 }

@@ -40,7 +40,7 @@ const MaxSize = mdmeta.MaxSize
 // Keys are the front matter keys a manifest may use (DESIGN §4, plus model);
 // any other key is an error.
 var Keys = []string{"id", "title", "repo", "base", "product", "profile", "engine", "model", "capabilities",
-	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "script", "ship"}
+	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship"}
 
 // RetryKeys are the keys of retry:.
 var RetryKeys = []string{"max", "backoff"}
@@ -320,6 +320,10 @@ func (p *parser) decode() {
 			if v, ok := d.String(f, "make test"); ok {
 				j.Verify = v
 			}
+		case "verify_rounds":
+			if v, ok := profiles.DecodeVerifyRounds(d, f); ok {
+				j.VerifyRounds = &v
+			}
 		case "script":
 			if v, ok := d.String(f, "./tools/fix.sh"); ok {
 				j.Script = v
@@ -391,6 +395,10 @@ func (p *parser) mergeProfile(cat *profiles.Catalog) {
 	}
 	if !p.budget.Turns {
 		j.Budget.Turns = prof.Budget.Turns
+	}
+	if !p.set("verify_rounds") && prof.VerifyRounds != nil {
+		v := *prof.VerifyRounds
+		j.VerifyRounds = &v
 	}
 }
 

@@ -173,6 +173,9 @@ func (q *Queue) Next(accept func(State) bool) (*Entry, error) {
 			if accept != nil && !accept(st.clone()) {
 				continue
 			}
+			// How the last run ended, for this one to be told (a job
+			// requeued by an operator has no reason: nothing to tell).
+			st.Previous = job.PreviousOf(st.Attempts, st.Reason, st.Detail, st.Insights)
 			st.Attempts++
 			st.StartedAt, st.EndedAt, st.NotBefore, st.Parked = now, time.Time{}, time.Time{}, ""
 			st.Host, st.PID = q.host, q.pid

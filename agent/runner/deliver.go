@@ -102,10 +102,15 @@ func (ru *run) confirmLease(ctx context.Context, when string) bool {
 	return true
 }
 
-// prBody is the engine's .aq_pr.md, or one made from the manifest.
+// prBody is the engine's .aq_pr.md, or one made from the manifest; with
+// verify's account (and the repair rounds it took) after it.
 func (ru *run) prBody(fromEngine string) string {
+	verify := ru.verifySummary()
 	if strings.TrimSpace(fromEngine) != "" {
-		return fromEngine
+		if verify == "" {
+			return fromEngine
+		}
+		return strings.TrimRight(fromEngine, "\n") + "\n\n---\n\n## Verify (aq)\n\n" + verify
 	}
 	j, in := ru.j, ru.out.Insights
 	var b strings.Builder
@@ -119,6 +124,9 @@ func (ru *run) prBody(fromEngine string) string {
 	}
 	fmt.Fprintf(&b, "- tokens in/out: %d/%d, cost: $%.4f, turns: %d\n", in.TokensIn, in.TokensOut, in.CostUSD, in.Turns)
 	fmt.Fprintf(&b, "- change: %d files, +%d/-%d\n", in.FilesChanged, in.LinesAdded, in.LinesDeleted)
+	if verify != "" {
+		fmt.Fprintf(&b, "\n## Verify\n\n%s", verify)
+	}
 	return b.String()
 }
 

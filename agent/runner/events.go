@@ -1,6 +1,9 @@
 package runner
 
-import "github.com/aqfleet/aq/engines"
+import (
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/job"
+)
 
 // Event is one step of a running job, handed to Options.OnEvent: one of the
 // types below. A consumer switches on the type and lets the others pass:
@@ -38,6 +41,23 @@ type Checkpointed struct{ Checkpoint string }
 // job records it with the coordinator, so the next owner resumes from it).
 type CheckpointPushed struct{ Checkpoint string }
 
+// Verified: the job's verify: command ran after the engine's run Round
+// (0: the attempt's first run, k: repair round k), with Result.
+type Verified struct {
+	Round  int
+	Result job.VerifyResult
+}
+
+// RepairStarted: verify failed (Verify) and the engine runs again, in the
+// same worktree and attempt, with the failure in hand: repair round Round
+// of Of. Session is the engine session it is asked to continue ("": none,
+// it starts fresh).
+type RepairStarted struct {
+	Round, Of       int
+	Engine, Session string
+	Verify          job.VerifyResult
+}
+
 // Delivered: the job's result commit is on origin's job branch — this run's,
 // or an earlier attempt's found there. Recorded before the report: a crash
 // from here on must not run the engine again.
@@ -49,3 +69,5 @@ func (Progress) event()         {}
 func (Checkpointed) event()     {}
 func (CheckpointPushed) event() {}
 func (Delivered) event()        {}
+func (Verified) event()         {}
+func (RepairStarted) event()    {}

@@ -77,6 +77,10 @@ type Config struct {
 	// EngineEnv are the further variables an engine gets (AQ_ENGINE_ENV)
 	// beyond its documented base (engines.Environ).
 	EngineEnv []string
+	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job whose
+	// manifest and profile set no verify_rounds gets after a failed verify
+	// (rounds.go). 0: none.
+	VerifyRounds int
 }
 
 // allows reports whether the runner may run engine name.
@@ -147,6 +151,10 @@ type Options struct {
 	// any: the run resumes from it.
 	Checkpoint string
 	Lease      Lease
+	// Previous is how the job's previous attempt ended, when the caller
+	// knows (a local job's queue record, a claimed job's previous, this
+	// factory's own record): the engine is told (rounds.go). nil: unknown.
+	Previous *job.Previous
 	// OnEvent, if set, is called synchronously, one event at a time, from the
 	// run, the engine's meter and the periodic checkpoints (events.go).
 	OnEvent func(Event)
@@ -255,9 +263,26 @@ type run struct {
 	cpr          *worktree.Checkpointer // takes the periodic checkpoints
 	evMu         sync.Mutex
 
-	cpOnce    sync.Once
-	cpAfter   string // the checkpoint taken after the engine ("" if it failed)
+	cpRound   int    // the run whose checkpoint after the engine was taken (-1: none yet)
+	cpAfter   string // the checkpoint taken after the engine's last run ("" if it failed)
 	cpPartial bool   // that checkpoint left out files git could not read
+	// resumedFrom is the WIP checkpoint the worktree was made from ("":
+	// the base).
+	resumedFrom string
+
+	// The attempt's engine runs (rounds.go): round is the current one (0:
+	// the first, k: repair round k after a failed verify), spent and
+	// engineTime what the finished runs spent, least the least any of them
+	// did, repair the failed verify the current round repairs, last the
+	// last run's result and sessionUsage what its session has spent so far.
+	round        int
+	runTime      time.Duration // the last run's engine time
+	spent        engines.Usage
+	engineTime   time.Duration
+	least        *runCost
+	repair       *job.VerifyResult
+	last         engines.Result
+	sessionUsage engines.Usage
 
 	// noOutcome: the engine's success is only its exit status
 	// (engines.Result.NoStructuredOutcome).
@@ -268,7 +293,7 @@ type run struct {
 // checkpointed and the run fails with reason crash.
 func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 	start := r.now()
-	ru := &run{r: r, j: j, o: o, log: r.logger().With("job", j.ID, "repo", j.Repo)}
+	ru := &run{r: r, j: j, o: o, log: r.logger().With("job", j.ID, "repo", j.Repo), cpRound: -1}
 	ru.logDir = filepath.Join(r.Cfg.logsDir(), j.ID)
 	ru.event(Preparing{})
 	defer func() {
@@ -413,20 +438,16 @@ func (ru *run) do(ctx context.Context) {
 
 	// 4. The engine; then the checkpoint, whatever happened.
 	defer ru.checkpoint(ctx)
-	res, runErr := ru.runEngine(ctx)
-	ru.checkpoint(ctx)
-	if !ru.judgeEngine(ctx, res, runErr) {
+	if !ru.engineRun(ctx) {
 		return
 	}
 
-	// 5. The result commit on the job branch, then verify, then ship.
-	cctx, cspan := ru.step(ctx, telemetry.SpanCommit)
-	prBody, ok := ru.commitResult(cctx)
-	ru.endStep(cspan, ok)
+	// 5. The result commit on the job branch, then verify — and while it
+	// fails, with rounds and budget left, a repair round: the engine again
+	// with the failure in hand, its checkpoint, commit and verify
+	// (rounds.go) — then ship.
+	prBody, ok := ru.result(ctx)
 	if !ok {
-		return
-	}
-	if !ru.verify(ctx) {
 		return
 	}
 	sctx, sspan := ru.step(ctx, telemetry.SpanShip, attribute.String("aq.ship", j.Ship))

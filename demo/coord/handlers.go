@@ -164,6 +164,16 @@ type claimAnswer struct {
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt,omitzero"`
 }
 
+// claimed is the answer to a claim or an accept of j: the job document
+// with its previous attempt — which the legacy route set leaves out, as
+// today's coordinator does not have it.
+func (s *Server) claimed(j Job, epoch int64, expires time.Time) claimAnswer {
+	if s.legacy() {
+		j.Previous = nil
+	}
+	return claimAnswer{Job: j, LeaseEpoch: epoch, LeaseExpiresAt: expires}
+}
+
 // handleClaim picks the best job for the factory and takes its lease with a
 // CAS on the job's revision; a lost CAS (another claim won) picks again.
 func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, c who) {
@@ -179,7 +189,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, c who) {
 			return
 		}
 		if req.DryRun {
-			writeJSON(w, http.StatusOK, claimAnswer{Job: j, LeaseEpoch: j.LeaseEpoch + 1})
+			writeJSON(w, http.StatusOK, s.claimed(j, j.LeaseEpoch+1, time.Time{}))
 			return
 		}
 		now := s.o.Now().UTC()
@@ -193,7 +203,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, c who) {
 			return
 		}
 		s.call(Call{Route: RouteClaim, JobID: nj.ID, Factory: c.factory, Epoch: nj.LeaseEpoch, JobEpoch: nj.LeaseEpoch, Stage: nj.Stage, Attempts: nj.Attempts, Status: http.StatusOK})
-		writeJSON(w, http.StatusOK, claimAnswer{Job: nj, LeaseEpoch: nj.LeaseEpoch, LeaseExpiresAt: nj.LeaseExpiresAt})
+		writeJSON(w, http.StatusOK, s.claimed(nj, nj.LeaseEpoch, nj.LeaseExpiresAt))
 		return
 	}
 	writeErr(w, http.StatusServiceUnavailable, "too much contention; try again")
@@ -228,7 +238,7 @@ func (s *Server) handleAccept(w http.ResponseWriter, r *http.Request, c who) {
 		return 0, "", []Event{{JobID: j.ID, Kind: "accepted", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
 	if ok {
-		writeJSON(w, http.StatusOK, claimAnswer{Job: j, LeaseEpoch: j.LeaseEpoch, LeaseExpiresAt: j.LeaseExpiresAt})
+		writeJSON(w, http.StatusOK, s.claimed(j, j.LeaseEpoch, j.LeaseExpiresAt))
 	}
 }
 
@@ -404,6 +414,9 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		if req.Detail != "" {
 			j.Detail = req.Detail
 		}
+		if req.Stage == StageFailed || req.Stage == StageQueued {
+			j.ended(req.Reason, req.Detail, req.Insights)
+		}
 		keep := s.legacy() && (req.Stage == StageFailed || req.Stage == StageQueued)
 		if req.Stage != StageBuilding && !keep {
 			j.Holder, j.LeaseExpiresAt = "", time.Time{} // the run is over: the lease ends
@@ -469,6 +482,7 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 			j.Checkpoint = req.Checkpoint
 		}
 		j.record(req.Insights)
+		j.ended(req.Reason, req.Detail, req.Insights)
 		j.Last = &LastReport{Kind: "fail", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "fail", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: stage, Detail: req.Reason}}
 	})
@@ -655,7 +669,7 @@ func (s *Server) ActionWith(id, action, detail string) (Job, error) {
 			holder := j.Holder
 			j.LeaseEpoch++
 			j.Holder, j.LeaseExpiresAt, j.NotBefore, j.Waiting, j.Last = "", time.Time{}, time.Time{}, false, nil
-			j.Reason, j.Detail = "", "requeued by an operator"
+			j.Reason, j.Detail, j.Previous = "", "requeued by an operator", nil
 			j.Stage = StageQueued
 			if !depsShipped(j, stageOf) {
 				j.Stage = StageBlocked

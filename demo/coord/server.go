@@ -650,6 +650,8 @@ func (s *Server) Reap(now time.Time) int {
 				x.LeaseEpoch++
 				x.Holder, x.LeaseExpiresAt = "", time.Time{}
 				x.Reason, x.Detail = string(job.ReasonLeaseLost), "lease of "+holder+" expired"
+				x.Previous = &job.Previous{Attempt: x.Attempts, Reason: job.ReasonLeaseLost,
+					Detail: "the lease of factory " + holder + " expired: it stopped renewing (lost, killed or cut off) while the job ran"}
 				x.Stage = StageQueued
 				if !job.Retryable(job.ReasonLeaseLost, x.Attempts, x.Retry) {
 					x.Stage = StageDeadLetter

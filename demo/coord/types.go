@@ -62,13 +62,19 @@ type Job struct {
 	Reason           string          `json:"reason,omitempty"`
 	Detail           string          `json:"detail,omitempty"`
 	Insights         json.RawMessage `json:"insights,omitempty"`
-	Branch           string          `json:"branch,omitempty"`
-	PRURL            string          `json:"prUrl,omitempty"`
-	Holder           string          `json:"holderFactoryId,omitempty"`
-	LeaseExpiresAt   time.Time       `json:"leaseExpiresAt,omitzero"`
-	Rev              int64           `json:"rev"`
-	CreatedAt        time.Time       `json:"createdAt"`
-	UpdatedAt        time.Time       `json:"updatedAt"`
+	// Previous is how the job's last run ended, from its /fleet/fail (or a
+	// legacy PATCH to failed or queued) or the reaper: a claim hands it to
+	// the next factory (docs/fleet.md, "previous"), so the next attempt's
+	// engine knows what went wrong. The legacy route set leaves it out of
+	// claims, as today's coordinator does.
+	Previous       *job.Previous `json:"previous,omitempty"`
+	Branch         string        `json:"branch,omitempty"`
+	PRURL          string        `json:"prUrl,omitempty"`
+	Holder         string        `json:"holderFactoryId,omitempty"`
+	LeaseExpiresAt time.Time     `json:"leaseExpiresAt,omitzero"`
+	Rev            int64         `json:"rev"`
+	CreatedAt      time.Time     `json:"createdAt"`
+	UpdatedAt      time.Time     `json:"updatedAt"`
 
 	// Waiting: queued with a NotBefore in the future; the reaper bumps the
 	// queue-state version when it passes (a gated factory must see it).
@@ -108,6 +114,23 @@ func (j *Job) record(insights json.RawMessage) {
 	j.Spent.TokensOut += in.TokensOut
 	j.Spent.Turns += in.Turns
 	j.Spent.WallMS += in.WallMS
+}
+
+// ended records how the job's run ended as the previous attempt the next
+// claim carries: the reason and detail the factory reported, and from its
+// insights the failed verify and the rounds (bounded: job.Previous.Bounded).
+func (j *Job) ended(reason, detail string, insights json.RawMessage) {
+	if reason == "" {
+		return
+	}
+	var in *job.Insights
+	if len(insights) > 0 && string(insights) != "null" {
+		var x job.Insights
+		if json.Unmarshal(insights, &x) == nil {
+			in = &x
+		}
+	}
+	j.Previous = job.PreviousOf(j.Attempts, job.Reason(reason), detail, in)
 }
 
 // LastReport identifies the last accepted holder report.

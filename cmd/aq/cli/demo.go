@@ -37,7 +37,7 @@ and checking that every expected event happened. The three acts take about
 run took); make demo on a fresh clone adds building aq and npm ci.
 
 Act 1, local mode (the embedded default): a folder queue, two repositories,
-five jobs run by a scripted engine through the real pipeline.
+six jobs run by a scripted engine through the real pipeline.
 
 Act 2, the fleet on one machine: the coordinator stub, the local Service Bus
 peer (when Node and its packages are installed: make sbpeer; else the gated

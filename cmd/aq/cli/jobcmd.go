@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -130,7 +131,9 @@ func printJob(w io.Writer, v JobView) error {
 		row("insights", fmt.Sprintf("engine %s %s, model %s, tokens in/out/cached %d/%d/%d, cost $%.4f%s, turns %d, wall %dms, files %d +%d/-%d",
 			in.Engine, in.EngineVersion, in.Model, in.TokensIn, in.TokensOut, in.TokensCached, in.CostUSD, map[bool]string{true: " (estimated)"}[in.CostEstimated], in.Turns, in.WallMS, in.FilesChanged, in.LinesAdded, in.LinesDeleted))
 	}
+	row("previous", previousText(s.Previous))
 	tw.Flush()
+	printRounds(w, s.Insights)
 	if len(s.History) > 0 {
 		fmt.Fprintln(w, "\nhistory:")
 		for _, h := range s.History {
@@ -443,4 +446,58 @@ func stageErr(err error) error {
 		return aqerr.Wrap(aqerr.Usage, err, err.Error(), "`aq job show` says where the job is")
 	}
 	return err
+}
+
+// previousText is how a job's previous attempt ended, on one line ("" when
+// none is known).
+func previousText(p *job.Previous) string {
+	if p == nil {
+		return ""
+	}
+	t := fmt.Sprintf("attempt %d ended %s", p.Attempt, p.Reason)
+	if p.Attempt <= 0 {
+		t = "the last run ended " + string(p.Reason)
+	}
+	if p.Detail != "" {
+		t += ": " + strings.Join(strings.Fields(p.Detail), " ")
+	}
+	if p.RepairRounds > 0 {
+		t += fmt.Sprintf(" (after %d repair round%s)", p.RepairRounds, map[bool]string{true: "s"}[p.RepairRounds != 1])
+	}
+	return t
+}
+
+// printRounds lists the engine's runs of a job's last attempt — the first
+// and each repair round after a failed verify — with what each spent and
+// what verify said after it, and the tail of a verify that failed.
+func printRounds(w io.Writer, in *job.Insights) {
+	if in == nil || len(in.Runs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nruns (%d repair round%s):\n", in.RepairRounds, map[bool]string{true: "s"}[in.RepairRounds != 1])
+	for _, r := range in.Runs {
+		name := "first"
+		if r.Round > 0 {
+			name = fmt.Sprintf("repair %d", r.Round)
+		}
+		sess := ""
+		if r.Session != "" {
+			sess = ", continued session " + r.Session
+		}
+		after := "passed"
+		switch {
+		case r.VerifyExit < 0:
+			after = "not run"
+		case !r.VerifyPassed:
+			after = fmt.Sprintf("exited %d", r.VerifyExit)
+		}
+		fmt.Fprintf(w, "  %-9s tokens in/out %d/%d, $%.4f, %d turns, %s%s; verify %s\n", name, r.TokensIn, r.TokensOut, r.CostUSD, r.Turns,
+			time.Duration(r.EngineMS*int64(time.Millisecond)).Round(time.Millisecond), sess, after)
+	}
+	if v := in.Verify; v != nil && !v.Passed && v.Tail != "" {
+		fmt.Fprintf(w, "\nlast verify (%s, exit %d), its output's end:\n", v.Command, v.ExitCode)
+		for _, l := range strings.Split(v.Tail, "\n") {
+			fmt.Fprintln(w, "  "+l)
+		}
+	}
 }

@@ -163,7 +163,9 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 		row("insights", fmt.Sprintf("engine %s, model %s, tokens in/out %d/%d, cost $%.4f, turns %d, wall %dms, files %d +%d/-%d",
 			in.Engine, in.Model, in.TokensIn, in.TokensOut, in.CostUSD, in.Turns, in.WallMS, in.FilesChanged, in.LinesAdded, in.LinesDeleted))
 	}
+	row("previous", previousText(j.Previous))
 	tw.Flush()
+	printRounds(w, j.Insights)
 	if len(v.Events) > 0 {
 		fmt.Fprintln(w, "\nevents:")
 		for _, e := range v.Events {

@@ -162,8 +162,9 @@ echo done > %s.txt`, me, other, me)
 
 // k9Script is an engine that, on its first run, writes files and then keeps
 // writing (atomically, logging each write to $MARK/written) until it is
-// killed; a later run that finds its progress copies it to $MARK/seen.
-const k9Script = `if [ -f progress ]; then cp progress "$MARK/seen"; echo final > final.txt; exit 0; fi
+// killed; a later run that finds its progress copies it to $MARK/seen and
+// its prompt to $MARK/prompt.
+const k9Script = `if [ -f progress ]; then cp progress "$MARK/seen"; cat > "$MARK/prompt"; echo final > final.txt; exit 0; fi
 echo first > first.txt
 rm README.md
 i=0
@@ -261,6 +262,15 @@ func TestRunKill9MidJob(t *testing.T) {
 			if _, ok := files["README.md"]; ok {
 				t.Error("the first run's deletion was lost")
 			}
+			// The re-run was told why the killed attempt ended and that it
+			// resumes from that attempt's checkpoint.
+			prompt := testenv.ReadFile(t, filepath.Join(mark, "prompt"))
+			for _, want := range []string{"This job ran before. Its attempt 1 ended: crash (recovered: the process running it", "is gone; checkpoint ",
+				"cut off by the machine running it", "resumes from a checkpoint of the earlier work"} {
+				if !strings.Contains(prompt, want) {
+					t.Errorf("the retry's prompt lacks %q:\n%s", want, prompt)
+				}
+			}
 		})
 	}
 }
@@ -333,7 +343,9 @@ func TestRunFailureReasons(t *testing.T) {
 		{"timeout", scriptJob("app", wait, "budget: {wall: 1s}"), job.ReasonTimeout, "wall", false},
 		{"budget_tokens", scriptJob("app", "echo ::aq-usage tokens_in=600 tokens_out=600\n"+wait, "budget: {tokens: 1000}"), job.ReasonBudgetExceeded, "tokens", false},
 		{"budget_usd", scriptJob("app", "echo ::aq-usage cost_usd=1.25 turns=1\n"+wait, "budget: {usd: 1}"), job.ReasonBudgetExceeded, "$1.25", false},
-		{"verify_failed", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt"), job.ReasonVerifyFailed, "test -f y.txt", false},
+		// AQ_VERIFY_ROUNDS's default: two repair rounds before verify_failed.
+		{"verify_failed", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt"), job.ReasonVerifyFailed, "after 2 repair rounds", false},
+		{"verify_failed_no_rounds", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt", "verify_rounds: 0"), job.ReasonVerifyFailed, "test -f y.txt", false},
 		{"no_engine_path", scriptJob("app", "no-such-tool-xyz --fix"), job.ReasonNoEngine, "no-such-tool-xyz", true},
 		{"no_engine_127", scriptJob("app", "./tools/missing.sh"), job.ReasonNoEngine, "127", false},
 		{"engine_failed", scriptJob("app", "exit 2"), job.ReasonEngineFailed, "exited 2", false},

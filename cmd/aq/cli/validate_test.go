@@ -267,3 +267,23 @@ func TestValidateUsesProfileOverrides(t *testing.T) {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}
 }
+
+// TestValidateVerifyRounds: verify_rounds negative or not a number is one
+// FILE:LINE line each and exit 1; a good one is in the normalised job.
+func TestValidateVerifyRounds(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	neg := writeFile(t, filepath.Join(jobs, "neg.md"), "---\nrepo: svc\nverify: make test\nverify_rounds: -2\n---\nx\n")
+	word := writeFile(t, filepath.Join(jobs, "word.md"), "---\nrepo: svc\nverify_rounds: twice\n---\nx\n")
+	out, errOut, code := runAQ(t, "validate", neg, word)
+	want := neg + ":4: verify_rounds -2 is out of range (use a whole number from 0 to 10)\n" +
+		word + `:3: verify_rounds must be a whole number, not "twice" (write a whole number, e.g. verify_rounds: 2)` + "\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("exit %d stdout %q stderr\n%s\nwant\n%s", code, out, errOut, want)
+	}
+	good := writeFile(t, filepath.Join(jobs, "good.md"), "---\nrepo: svc\nverify: make test\nverify_rounds: 1\n---\nx\n")
+	out, errOut, code = runAQ(t, "validate", "--json", good)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 1 || got[0].VerifyRounds == nil || *got[0].VerifyRounds != 1 {
+		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+}

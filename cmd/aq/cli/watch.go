@@ -93,6 +93,9 @@ func (r *statusReader) enrich(id string, attempt int, phase *string, tokens *int
 		return false
 	}
 	*phase = "engine"
+	if r, n := tr.Round(); r > 0 {
+		*phase = fmt.Sprintf("repair %d/%d", r, n) // a repair round after a failed verify
+	}
 	if tr.Ended() {
 		*phase = "finishing"
 	}
