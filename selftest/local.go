@@ -117,7 +117,7 @@ func localConfig(home, base string) *config.Config {
 		Heartbeat: 30 * time.Second, LeaseRenew: 30 * time.Second, SBTopic: "fleet-dispatch", FactoryID: "selftest",
 		// The pipeline checks run script jobs, in fleet mode too: opted in
 		// (AQ_ENGINES=all).
-		Engines: config.EngineNames,
+		Engines:      config.EngineNames,
 		VerifyRounds: job.DefaultVerifyRounds, // AQ_VERIFY_ROUNDS's default, as an installation has it
 	}
 }
