@@ -533,7 +533,9 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 			return info, nil
 		}
 		if err := decodeAnswer(data, over, limit, out); err != nil {
-			err.Call, err.Status, err.ContentType = cl.name, s, clipText(resp.Header.Get("Content-Type"), 80)
+			// What the server sent is shown, never obeyed: no control
+			// character reaches a terminal.
+			err.Call, err.Status, err.ContentType = cl.name, s, clipText(job.Printable(resp.Header.Get("Content-Type"), false), 80)
 			err.Detail = c.redact(err.Detail)
 			return info, err
 		}
@@ -584,7 +586,7 @@ func decodeAnswer(data []byte, over bool, limit int64, out any) *ContractError {
 	if err := json.Unmarshal(data, out); err != nil {
 		detail := err.Error()
 		if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '<' {
-			detail = "it starts with \"" + clipText(oneLine(string(t)), 40) + "\""
+			detail = "it starts with \"" + clipText(job.Printable(oneLine(string(t)), false), 40) + "\""
 		}
 		return &ContractError{Detail: detail}
 	}
@@ -615,7 +617,7 @@ func (c *Client) detail(data []byte) string {
 	if msg == "" {
 		msg = strings.TrimSpace(string(data))
 	}
-	msg = strings.Join(strings.Fields(msg), " ")
+	msg = job.Printable(strings.Join(strings.Fields(msg), " "), false)
 	if len(msg) > 300 {
 		msg = msg[:300] + "…"
 	}

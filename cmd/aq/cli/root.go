@@ -25,6 +25,7 @@ import (
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 )
 
 // IO is where a command reads and writes. User output goes to Out; logs and
@@ -172,7 +173,9 @@ func run(ctx context.Context, args []string, io IO, supervisor string) int {
 	}
 	code := aqerr.ExitCode(err)
 	if !aqerr.IsSilent(err) {
-		msg := f.Redactor().String(aqerr.Message(err))
+		// An error may quote what a coordinator, a manifest or an engine
+		// said: shown, never obeyed (no escape sequence reaches a terminal).
+		msg := job.Printable(f.Redactor().String(aqerr.Message(err)), false)
 		fmt.Fprintln(io.Err, "aq: "+msg)
 	}
 	return int(code)
