@@ -67,6 +67,8 @@ $(SBPEER_STAMP): demo/sbpeer/package-lock.json demo/sbpeer/package.json
 ## another with -parallel 1 (the machine is shared); their seed corpora
 ## (testdata/fuzz/<target>) run in every `go test`. A crash is written to the
 ## target's testdata/fuzz and fails the run. FUZZTIME=10s for a quick pass.
+## New inputs are minimized for at most 5s (the default minute, on a loaded
+## machine with one worker, is a minute of no fuzzing).
 FUZZ_TARGETS := ./agent/manifest:FuzzParse ./agent/manifest:FuzzAdmit \
 	./agent/fleet:FuzzClaimAnswer ./agent/fleet:FuzzCoordinatorAnswer ./agent/fleet:FuzzSpoolReport \
 	./agent/dispatch:FuzzMessage
@@ -74,7 +76,7 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t#*:}; \
 		echo "fuzz $$fn in $$pkg for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg || exit 1; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -parallel 1 $$pkg || exit 1; \
 	done
 
 ## bench: every benchmark, with memory stats
