@@ -23,7 +23,7 @@ func FuzzMessage(f *testing.F) {
 		m, warning, err := parse(body, messageID, props, "fa", pool)
 		if err != nil {
 			var inv *invalid
-			if !errors.As(err, &inv) || inv.Reason == "" || len(inv.Description) > 700 || strings.ContainsAny(inv.Description, "\n\r") {
+			if !errors.As(err, &inv) || inv.Reason == "" || len(inv.Description) > 1024 || strings.ContainsAny(inv.Description, "\n\r") {
 				t.Fatalf("refusal %#v", err)
 			}
 			return
@@ -37,7 +37,7 @@ func FuzzMessage(f *testing.F) {
 		if targetProp != "" && targetProp != m.TargetFactoryID {
 			t.Fatalf("the routing property %q disagrees with the body's %q", targetProp, m.TargetFactoryID)
 		}
-		if strings.ContainsAny(warning, "\n\r") {
+		if strings.ContainsAny(warning, "\n\r") || len(warning) > 2048 {
 			t.Fatalf("warning %q", warning)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
@@ -134,7 +135,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		return m, "", err
 	}
 	if messageID != "" && messageID != m.JobID && !strings.HasPrefix(messageID, m.JobID+":") {
-		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", clip(messageID), clip(m.JobID))
+		warning = fmt.Sprintf("MessageID %s is not the body's jobId %s (nor jobId:generation); the body's jobId is used", quote(messageID), quote(m.JobID))
 	}
 	for _, p := range []struct {
 		name, body string
@@ -145,7 +146,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 			continue
 		}
 		if s, _ := v.(string); s != p.body {
-			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, clip(fmt.Sprint(v)), clip(p.body))
+			msg := fmt.Sprintf("application property %s %s disagrees with the body's %s", p.name, quote(fmt.Sprint(v)), quote(p.body))
 			if p.routing {
 				return m, "", &invalid{ReasonMalformed, msg}
 			}
@@ -157,7 +158,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		if pool != "" {
 			this += fmt.Sprintf(" of pool %q", pool)
 		}
-		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", clip(m.TargetFactoryID), this)}
+		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %s, %s (check the subscription's rules)", quote(m.TargetFactoryID), this)}
 	}
 	return m, warning, nil
 }
@@ -192,11 +193,30 @@ func parseBody(body []byte) (Message, error) {
 	return m, nil
 }
 
-// clip keeps broker-supplied text short in a dead-letter description.
+// clip keeps broker-supplied text short in a dead-letter description (at
+// a rune boundary).
 func clip(s string) string {
 	const max = 200
-	if len(s) > max {
-		return s[:max] + "…"
+	if len(s) <= max {
+		return s
 	}
-	return s
+	n := max
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// quoteRunes is how much of a broker-supplied value quote keeps.
+const quoteRunes = 40
+
+// quote shows a broker-supplied value in a description: cut to 40 runes,
+// then quoted (a byte that is not printable is escaped) — short whatever
+// it holds, which quoting after a cut by bytes was not (found by
+// FuzzMessage: 200 bytes of \x80 quoted to 800 characters).
+func quote(s string) string {
+	if utf8.RuneCountInString(s) > quoteRunes {
+		s = string([]rune(s)[:quoteRunes]) + "…"
+	}
+	return strconv.Quote(s)
 }
