@@ -154,9 +154,9 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		}
 	}
 	if m.TargetFactoryID != factoryID && (pool == "" || m.TargetFactoryID != pool) {
-		this := fmt.Sprintf("this factory is %q", factoryID)
+		this := "this factory is " + quote(factoryID)
 		if pool != "" {
-			this += fmt.Sprintf(" of pool %q", pool)
+			this += " of pool " + quote(pool)
 		}
 		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %s, %s (check the subscription's rules)", quote(m.TargetFactoryID), this)}
 	}
