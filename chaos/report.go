@@ -43,7 +43,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 
 	p("# Reliability: the chaos run\n\n")
 	p("This page is written by `make chaos` (`go run ./chaos/cmd/chaos --out docs/RELIABILITY.md`): a %s run of the\n", cfg.Name)
-	p("chaos harness (`chaos/`), which proves on a real multi-host fleet what FLEET_DISPATCH_REDESIGN §12 (M2) asks to\n")
+	p("chaos harness (`chaos/`), which proves on a real multi-host fleet what the second milestone (M2) of the coordinator team's \"Fleet dispatch redesign\" asks to\n")
 	p("verify — exactly-once shipping and crash recovery — and that nothing is lost on the way. `make test` runs a\n")
 	p("reduced run (`TestChaos`) that fails on any broken invariant. Result of this run: %s.\n\n", verdict)
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -191,7 +192,7 @@ func (c *Claude) canResume(spec Spec) string {
 	case !spec.Flags.Has("--resume"):
 		return "this claude has no --resume"
 	case !uuidPattern.MatchString(r.SessionID):
-		return fmt.Sprintf("the session id %q is not a UUID", oneLine(r.SessionID, 60))
+		return fmt.Sprintf("the session id %q is not a UUID", brief.OneLine(r.SessionID, 60))
 	}
 	return ""
 }
@@ -251,7 +252,7 @@ func (c *Claude) Run(ctx context.Context, spec Spec) (Result, error) {
 				res.Resumed = err == nil && !res.resumeMissing
 				return res, err
 			}
-			note = "claude has no session " + spec.Resume.SessionID + " to resume (" + orNone(oneLine(res.Detail, 200)) + ")"
+			note = "claude has no session " + spec.Resume.SessionID + " to resume (" + orNone(brief.OneLine(res.Detail, 200)) + ")"
 		}
 		spec.Resume = nil
 	}
@@ -434,7 +435,7 @@ func (p *claudeParser) onStdout(line []byte) {
 		var info claudeRateLimit
 		switch err := json.Unmarshal(ev.RateLimitInfo, &info); {
 		case err != nil:
-			p.limitNote = "a rate_limit_event's rate_limit_info is unreadable: " + oneLine(err.Error(), 120)
+			p.limitNote = "a rate_limit_event's rate_limit_info is unreadable: " + brief.OneLine(err.Error(), 120)
 		case info.Status == "rejected":
 			p.rejected = &info
 		case info.Status == "allowed" || info.Status == "allowed_warning":
@@ -632,7 +633,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 		if errs := rawTexts(r.Errors); len(errs) > 0 {
 			why = strings.Join(errs, "; ")
 		}
-		res.Detail = fmt.Sprintf("claude result %s (is_error %t): %s", r.Subtype, r.IsError, orNone(oneLine(why, 300)))
+		res.Detail = fmt.Sprintf("claude result %s (is_error %t): %s", r.Subtype, r.IsError, orNone(brief.OneLine(why, 300)))
 	}
 	return res
 }
@@ -694,7 +695,7 @@ func (p *claudeParser) unavailable(r *claudeEvent) (kind, excerpt string, ok boo
 		if why == "" {
 			why = errs
 		}
-		status := fmt.Sprintf("API error status %d: %s", r.APIErrorStatus, orNone(oneLine(why, 200)))
+		status := fmt.Sprintf("API error status %d: %s", r.APIErrorStatus, orNone(brief.OneLine(why, 200)))
 		switch s := r.APIErrorStatus; {
 		case s == 401 || s == 403:
 			return "auth failed", status, true
@@ -709,13 +710,13 @@ func (p *claudeParser) unavailable(r *claudeEvent) (kind, excerpt string, ok boo
 		return kind, ex, true
 	}
 	if k, found := claudeUnavailableErrors[p.apiError]; found {
-		return k, orNone(oneLine(p.errText.last(), 240)), true
+		return k, orNone(brief.OneLine(p.errText.last(), 240)), true
 	}
 	if rj := p.rejected; rj != nil && (r == nil || r.IsError) {
 		// The run failed after claude said the account's limit rejected it.
 		why := "rate_limit_event rejected (" + orNone(rj.RateLimitType) + ")"
 		if r != nil && r.Result != "" {
-			why += ": " + oneLine(r.Result, 200)
+			why += ": " + brief.OneLine(r.Result, 200)
 		}
 		return LimitUsage, why, true
 	}

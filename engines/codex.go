@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -187,7 +188,7 @@ func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 				res.Resumed = err == nil && !res.resumeMissing
 				return res, err
 			}
-			note = "codex has no thread " + r.SessionID + " to resume (" + orNone(oneLine(res.Detail, 200)) + ")"
+			note = "codex has no thread " + r.SessionID + " to resume (" + orNone(brief.OneLine(res.Detail, 200)) + ")"
 		}
 		spec.Resume = nil
 	}
@@ -201,7 +202,7 @@ func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 // that lacks what aq passes it.
 func (c *Codex) canResume(ctx context.Context, path string, spec Spec) string {
 	if !codexThreadID.MatchString(spec.Resume.SessionID) {
-		return fmt.Sprintf("the thread id %q is not one codex makes", oneLine(spec.Resume.SessionID, 60))
+		return fmt.Sprintf("the thread id %q is not one codex makes", brief.OneLine(spec.Resume.SessionID, 60))
 	}
 	fs, err := probeHelp(ctx, c.Name(), path, codexResumeHelp, spec.Env, c.HelpTimeout, c.Probes)
 	if err != nil {
@@ -361,7 +362,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 			p.classify(&res, kind, ex, p.failure)
 		} else {
 			res.Outcome = TaskFailed
-			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(oneLine(p.failure, 300)))
+			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(brief.OneLine(p.failure, 300)))
 		}
 		if pres.Stopped && !graceStop && p.last == "error" {
 			// An error event codex may still have retried from: aq's stop,
@@ -417,7 +418,7 @@ var codexNoThread = regexp.MustCompile(`(?i)no rollout found for (thread|convers
 
 func stderrSuffix(t tail) string {
 	if l := t.last(); l != "" {
-		return "; stderr: " + oneLine(l, 200)
+		return "; stderr: " + brief.OneLine(l, 200)
 	}
 	return ""
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Devin runs the Devin local CLI ("Devin for Terminal") headless, one turn:
@@ -197,7 +199,7 @@ func devinResult(out *devinOutput, traj *atifTrajectory, trajErr error, exit int
 	}
 	note := ""
 	if trajErr != nil && !errors.Is(trajErr, fs.ErrNotExist) {
-		note = " (trajectory unreadable: " + oneLine(trajErr.Error(), 160) + ")"
+		note = " (trajectory unreadable: " + brief.OneLine(trajErr.Error(), 160) + ")"
 	}
 	switch {
 	case stopped:

@@ -5,7 +5,7 @@
 //
 // Each adapter turns its engine's machine-readable output into one normalised
 // Result, deciding the outcome from what the engine printed, not from its exit
-// code alone (DESIGN §7, ENGINES.md). The package is a leaf: it never imports
+// code alone (docs/engines.md). The package is a leaf: it never imports
 // agent/ or cmd/.
 package engines
 

@@ -49,8 +49,8 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 	}
 	defer errF.Close()
 	header := Header(spec, filepath.Base(inv.Path), time.Now())
-	outF.WriteString(header)
-	errF.WriteString(header)
+	_, _ = outF.WriteString(header) // a log header: the engine runs whether or not it is written
+	_, _ = errF.WriteString(header)
 
 	outLog := secrets.NewWriter(outF, spec.Redactor)
 	errLog := secrets.NewWriter(errF, spec.Redactor)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // A Transcript renders an engine's output log (stdout.log, as Exec writes
@@ -150,7 +152,7 @@ func (t *Transcript) Line(line []byte) []Note {
 	case "script":
 		return t.script(line)
 	}
-	return t.note(Note{Kind: "text", Text: oneLine(string(line), 2000)})
+	return t.note(Note{Kind: "text", Text: brief.OneLine(string(line), 2000)})
 }
 
 // detect names the engine from its first line (or the hint).
@@ -219,7 +221,7 @@ func (t *Transcript) Ended() bool {
 func (t *Transcript) note(ns ...Note) []Note {
 	for _, n := range ns {
 		if n.Kind != "usage" {
-			t.last = oneLine(n.String(), 200)
+			t.last = brief.OneLine(n.String(), 200)
 		}
 	}
 	return ns
@@ -262,7 +264,7 @@ type claudeBlock struct {
 func (t *Transcript) claude(line []byte) []Note {
 	var ev claudeEvent
 	if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
-		return t.note(Note{Kind: "text", Text: oneLine(string(line), 2000)})
+		return t.note(Note{Kind: "text", Text: brief.OneLine(string(line), 2000)})
 	}
 	var out []Note
 	switch ev.Type {
@@ -282,21 +284,21 @@ func (t *Transcript) claude(line []byte) []Note {
 		}
 	case "assistant", "user":
 		if e := rawText(ev.Error); e != "" && ev.Type == "assistant" {
-			out = append(out, Note{Kind: "error", Text: "API error: " + oneLine(e, 300)})
+			out = append(out, Note{Kind: "error", Text: "API error: " + brief.OneLine(e, 300)})
 		}
 		if ev.Message != nil {
 			var blocks []claudeBlock
 			if json.Unmarshal(ev.Message.Content, &blocks) != nil {
 				// user messages may carry a plain string
 				if s := rawText(ev.Message.Content); s != "" && ev.Type == "assistant" {
-					out = append(out, Note{Kind: "text", Text: oneLine(s, 2000)})
+					out = append(out, Note{Kind: "text", Text: brief.OneLine(s, 2000)})
 				}
 			}
 			sub := ev.ParentToolUseID != nil && *ev.ParentToolUseID != ""
 			for _, b := range blocks {
 				switch {
 				case b.Type == "text" && ev.Type == "assistant" && strings.TrimSpace(b.Text) != "":
-					txt := oneLine(b.Text, 2000)
+					txt := brief.OneLine(b.Text, 2000)
 					if sub {
 						txt = "(subagent) " + txt
 					}
@@ -304,7 +306,7 @@ func (t *Transcript) claude(line []byte) []Note {
 				case b.Type == "tool_use":
 					out = append(out, Note{Kind: "tool", Text: toolText(b.Name, b.Input)})
 				case b.Type == "tool_result" && b.IsError:
-					out = append(out, Note{Kind: "tool-error", Text: "tool failed: " + oneLine(rawTextOrBlocks(b.Content), 240)})
+					out = append(out, Note{Kind: "tool-error", Text: "tool failed: " + brief.OneLine(rawTextOrBlocks(b.Content), 240)})
 				}
 			}
 		}
@@ -327,7 +329,7 @@ func (t *Transcript) claude(line []byte) []Note {
 			}
 			out[i].Text = "result: " + r + ", " + usageText(u)
 			if ev.Result != "" {
-				out[i].Text += " — " + oneLine(ev.Result, 300)
+				out[i].Text += " — " + brief.OneLine(ev.Result, 300)
 			}
 			out[i].Usage = &u
 		}
@@ -358,7 +360,7 @@ func toolText(name string, input json.RawMessage) string {
 	_ = json.Unmarshal(input, &in)
 	for _, k := range []string{"file_path", "notebook_path", "path", "command", "pattern", "url", "query", "description", "prompt"} {
 		if v, ok := in[k].(string); ok && strings.TrimSpace(v) != "" {
-			return name + " " + oneLine(v, 200)
+			return name + " " + brief.OneLine(v, 200)
 		}
 	}
 	return name
@@ -391,16 +393,16 @@ func (t *Transcript) codex(line []byte) []Note {
 	}
 	if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
 		t.observeCodex(line)
-		return t.note(Note{Kind: "text", Text: oneLine(string(line), 2000)})
+		return t.note(Note{Kind: "text", Text: brief.OneLine(string(line), 2000)})
 	}
 	var out []Note
 	switch ev.Type {
 	case "thread.started":
 		out = append(out, Note{Kind: "system", Text: "codex thread " + ev.ThreadID})
 	case "turn.failed":
-		out = append(out, Note{Kind: "result", Text: "turn failed: " + oneLine(codexErrorText(ev.Error), 300)})
+		out = append(out, Note{Kind: "result", Text: "turn failed: " + brief.OneLine(codexErrorText(ev.Error), 300)})
 	case "error":
-		out = append(out, Note{Kind: "error", Text: oneLine(ev.Message, 300)})
+		out = append(out, Note{Kind: "error", Text: brief.OneLine(ev.Message, 300)})
 	case "item.started", "item.completed":
 		if it := ev.Item; it != nil {
 			if n, ok := codexItemNote(ev.Type, it); ok {
@@ -438,18 +440,18 @@ func codexItemNote(evType string, it *codexItem) (Note, bool) {
 	switch it.Type {
 	case "agent_message":
 		if done && strings.TrimSpace(it.Text) != "" {
-			return Note{Kind: "text", Text: oneLine(it.Text, 2000)}, true
+			return Note{Kind: "text", Text: brief.OneLine(it.Text, 2000)}, true
 		}
 	case "reasoning":
 		if done && strings.TrimSpace(it.Text) != "" {
-			return Note{Kind: "system", Text: "thinking: " + oneLine(it.Text, 300)}, true
+			return Note{Kind: "system", Text: "thinking: " + brief.OneLine(it.Text, 300)}, true
 		}
 	case "command_execution":
 		if !done {
-			return Note{Kind: "tool", Text: "command " + oneLine(it.Command, 200)}, true
+			return Note{Kind: "tool", Text: "command " + brief.OneLine(it.Command, 200)}, true
 		}
 		if it.ExitCode != nil && *it.ExitCode != 0 {
-			return Note{Kind: "tool-error", Text: fmt.Sprintf("command exited %d: %s", *it.ExitCode, oneLine(it.Command, 200))}, true
+			return Note{Kind: "tool-error", Text: fmt.Sprintf("command exited %d: %s", *it.ExitCode, brief.OneLine(it.Command, 200))}, true
 		}
 	case "file_change":
 		if done {
@@ -465,10 +467,10 @@ func codexItemNote(evType string, it *codexItem) (Note, bool) {
 		}
 	case "web_search":
 		if !done {
-			return Note{Kind: "tool", Text: "web search " + oneLine(it.Query, 200)}, true
+			return Note{Kind: "tool", Text: "web search " + brief.OneLine(it.Query, 200)}, true
 		}
 	case "error":
-		return Note{Kind: "error", Text: oneLine(it.Message, 300)}, true
+		return Note{Kind: "error", Text: brief.OneLine(it.Message, 300)}, true
 	}
 	return Note{}, false
 }
@@ -486,5 +488,5 @@ func (t *Transcript) script(line []byte) []Note {
 	case strings.HasPrefix(l, "::aq-unavailable"):
 		return t.note(Note{Kind: "error", Text: "unavailable: " + strings.TrimSpace(strings.TrimPrefix(l, "::aq-unavailable"))})
 	}
-	return t.note(Note{Kind: "text", Text: oneLine(l, 2000)})
+	return t.note(Note{Kind: "text", Text: brief.OneLine(l, 2000)})
 }

@@ -23,7 +23,7 @@ type Job struct {
 	Base           string   `json:"base"`
 	Product        string   `json:"product,omitempty"`
 	Profile        string   `json:"profile,omitempty"`
-	Engine         string   `json:"engine"` // claude|codex|devin|script|any
+	Engine         string   `json:"engine"` // an engine of engines.Known()
 	Model          string   `json:"model,omitempty"`
 	Capabilities   []string `json:"capabilities"`
 	Priority       int      `json:"priority"`
@@ -82,9 +82,6 @@ const DefaultWall = 2 * time.Hour
 // DefaultBackoff is the first retry's wait when neither manifest nor profile
 // sets retry.backoff (doubled per attempt: Backoff).
 const DefaultBackoff = 30 * time.Second
-
-// Engines are the engine names a manifest may ask for.
-var Engines = []string{"claude", "codex", "devin", "script", "any"}
 
 // ShipModes are the ship: values.
 var ShipModes = []string{"none", "branch", "pr", "merge"}

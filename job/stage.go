@@ -2,7 +2,7 @@ package job
 
 import "time"
 
-// Stage is where a job is in its life (DESIGN §5). Local stage folders use
+// Stage is where a job is in its life (docs/local.md, "The queue on disk"). Local stage folders use
 // these names; the coordinator calls Inbox "queued".
 type Stage string
 
@@ -44,7 +44,7 @@ func StageFromFleet(s string) Stage {
 	return Stage(s)
 }
 
-// Reason says why a job failed (DESIGN §5).
+// Reason says why a job failed (docs/troubleshooting.md, "Failure reasons").
 type Reason string
 
 const (
@@ -61,8 +61,8 @@ const (
 	ReasonLeaseLost          Reason = "lease_lost"
 	ReasonInvalidManifest    Reason = "invalid_manifest"
 	// ReasonInterrupted: aq itself was asked to stop (SIGINT/SIGTERM) while the
-	// job ran. Not in DESIGN §5's list; added because it is neither the task's
-	// fault nor a crash.
+	// job ran: neither the task's fault nor a crash, so a reason of its own
+	// rather than one of those.
 	ReasonInterrupted Reason = "interrupted"
 	// ReasonShipFailed: the work is committed and checkpointed but could not
 	// be pushed or its PR opened (network, auth, branch protection).
@@ -202,7 +202,7 @@ func Backoff(r Reason, attempts int, policy Retry) time.Duration {
 }
 
 // Insights are what a run reports: engine usage, cost and the size of the
-// change (DESIGN §6 step 6).
+// change (docs/architecture.md, "Running a job": the report).
 type Insights struct {
 	Engine        string  `json:"engine,omitempty"`
 	EngineVersion string  `json:"engineVersion,omitempty"`

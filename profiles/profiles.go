@@ -1,4 +1,4 @@
-// Package profiles owns the persona catalog (DESIGN §4): markdown files whose
+// Package profiles owns the persona catalog (docs/manifest.md, "Profiles"): markdown files whose
 // front matter gives a job's defaults — engine, model, capabilities, budget —
 // and whose body is the persona prompt, the engine's standing instructions.
 // Every *.md file in this directory is a profile, embedded in the binary;
@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
@@ -239,8 +240,8 @@ func Parse(file string, data []byte) (Profile, error) {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !slices.Contains(job.Engines, v) {
-					d.Addf(f.Line, "use one of: "+strings.Join(job.Engines, ", "), "engine %q is not known", v)
+				if !slices.Contains(engines.Known(), v) {
+					d.Addf(f.Line, "use one of: "+strings.Join(engines.Known(), ", "), "engine %q is not known", v)
 				}
 				p.Engine = v
 			}

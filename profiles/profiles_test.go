@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
@@ -43,7 +44,7 @@ func TestEmbedded(t *testing.T) {
 			if p.Source != SourceEmbedded {
 				t.Errorf("source %q", p.Source)
 			}
-			if !slices.Contains(job.Engines, p.Engine) {
+			if !slices.Contains(engines.Known(), p.Engine) {
 				t.Errorf("engine %q", p.Engine)
 			}
 			if !slices.Contains(p.Capabilities, "has:git") {
@@ -135,7 +136,7 @@ func TestBadProfiles(t *testing.T) {
 		line                int
 		want                string
 	}{
-		{"unknown key", "a.md", "---\nengine: claude\nmodle: x\n---\nP.\n", 3, `unknown key "modle" (did you mean "model"?)`},
+		{"unknown key", "a.md", "---\nengine: claude\nmodle: x\n---\nP.\n", 3, `unknown key "modle" (did you mean "model"?)`}, //nolint:misspell // the typo is the test
 		{"unknown budget key", "a.md", "---\nbudget:\n  walltime: 1h\n---\nP.\n", 3, `unknown key "budget.walltime"`},
 		{"name mismatch", "a.md", "---\nname: b\n---\nP.\n", 2, `name "b" does not match the file name "a.md"`},
 		{"bad name", "a b.md", "---\n---\nP.\n", 1, `profile name "a b"`},

@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
@@ -145,7 +146,7 @@ func manifestText(id, front, body string) string {
 func (l *localSetup) submit(id, front, body string) (*job.Job, error) {
 	text := manifestText(id, front, body)
 	path := filepath.Join(l.dir, "manifests", id+".md")
-	if err := writeFile(path, text); err != nil {
+	if err := fixture.WriteFile(path, text); err != nil {
 		return nil, err
 	}
 	j, err := l.a.Parse(path)

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/gc"
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -246,13 +248,13 @@ func runLocalRun(ctx context.Context, s *session) {
 		if r.Outcome.Checkpoint == "" || !s.ws.treeHas(ctx, repo, r.Outcome.Checkpoint, "broken.txt") {
 			return "", failf("the work was not checkpointed")
 		}
-		if !fileExists(filepath.Join(l.cfg.LogsDir(), failedID, "verify.log")) {
+		if !fixture.Exists(filepath.Join(l.cfg.LogsDir(), failedID, "verify.log")) {
 			return "", failf("no verify.log")
 		}
 		return "verify exited 1 after the first run and both repair rounds: verify_failed, dead_letter (no retries), broken.txt checkpointed, verify.log written", nil
 	})
 	g := &gc.GC{
-		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: worktree.Policy{WIPRetention: 336 * time.Hour}},
+		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: plan.Policy{WIPRetention: 336 * time.Hour}},
 		Git: s.ws.git, Queue: l.a.Queue, Now: time.Now,
 		Base: func(path string) (string, error) {
 			j, err := manifest.ParseFile(path, s.ws.cat)
@@ -284,7 +286,7 @@ func runLocalRun(ctx context.Context, s *session) {
 		if refs, _ := s.ws.remoteRefs(ctx, origin, jobRef); len(refs) > 0 {
 			return "", failf("the merged branch is still on origin")
 		}
-		if fileExists(l.worktreePath("app", id)) {
+		if fixture.Exists(l.worktreePath("app", id)) {
 			return "", failf("the shipped job's worktree is still there")
 		}
 		d := rep.Deleted
@@ -350,17 +352,17 @@ func locksScenario() *scenario {
 				return "", err
 			}
 			ch := run(ctx, l.a)
-			if err := waitFor(ctx, "the job to be taken", func() bool { st, _ := l.state(id); return st.Stage == job.Building }); err != nil {
+			if err := fixture.WaitFor(ctx, "the job to be taken", func() bool { st, _ := l.state(id); return st.Stage == job.Building }); err != nil {
 				return "", err
 			}
 			time.Sleep(300 * time.Millisecond)
-			if fileExists(l.markFile(id + ".ran")) {
+			if fixture.Exists(l.markFile(id + ".ran")) {
 				return "", failf("the engine ran while another held the repository's lock")
 			}
 			released := time.Now()
 			lock.Unlock()
 			r := <-ch
-			if r.Outcome.Failed() || r.Stage != job.Shipped || !fileExists(l.markFile(id+".ran")) {
+			if r.Outcome.Failed() || r.Stage != job.Shipped || !fixture.Exists(l.markFile(id+".ran")) {
 				return "", failf("after the lock was released the job ended %s", outcomeText(r))
 			}
 			return fmt.Sprintf("waited for the repository lock (held 300ms+), then ran and shipped %s after the release", ms(time.Since(released))), nil
@@ -379,7 +381,7 @@ func locksScenario() *scenario {
 				return "", err
 			}
 			first := run(ctx, l.a) // takes the high-priority job on the locked repo, and waits
-			if err := waitFor(ctx, "the first job to be taken", func() bool { st, _ := l.state(waiting); return st.Stage == job.Building }); err != nil {
+			if err := fixture.WaitFor(ctx, "the first job to be taken", func() bool { st, _ := l.state(waiting); return st.Stage == job.Building }); err != nil {
 				return "", err
 			}
 			second, err := s.ws.newLocalOn(l) // another runner on the same AQ_HOME
@@ -390,7 +392,7 @@ func locksScenario() *scenario {
 			if r2.JobID != other || r2.Stage != job.Shipped {
 				return "", failf("the job on repository two ended %s (%s) while one was locked", outcomeText(r2), r2.JobID)
 			}
-			if fileExists(l.markFile(waiting + ".ran")) {
+			if fixture.Exists(l.markFile(waiting + ".ran")) {
 				return "", failf("the job on the locked repository ran")
 			}
 			lock.Unlock()
@@ -440,7 +442,7 @@ func failuresScenario() *scenario {
 			if r.Outcome.Reason != job.ReasonNoEngine {
 				return "", failf("ended %s, want no_engine", outcomeText(r))
 			}
-			if fileExists(l.worktreePath("app", id)) {
+			if fixture.Exists(l.worktreePath("app", id)) {
 				return "", failf("a worktree was made for a job whose engine is missing")
 			}
 			return "no_engine: " + r.Outcome.Detail, nil
@@ -476,7 +478,7 @@ func failuresScenario() *scenario {
 			if r.JobID != id || r.Outcome.Reason != job.ReasonCapabilityMismatch || !strings.Contains(r.Outcome.Detail, "has:gh") {
 				return "", failf("ended %s, want capability_mismatch naming has:gh", outcomeText(r))
 			}
-			if fileExists(l.worktreePath("app", id)) {
+			if fixture.Exists(l.worktreePath("app", id)) {
 				return "", failf("a worktree was made although the job could not ship")
 			}
 			return "capability_mismatch before any work: " + r.Outcome.Detail, nil

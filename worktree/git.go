@@ -5,11 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // Git runs the git CLI. The zero value runs "git" from PATH.
@@ -79,23 +83,53 @@ func (g Git) run(ctx context.Context, dir string, env []string, args []string) (
 	}
 	cmd := g.command(ctx, dir, args)
 	cmd.Env = g.environ(env)
+	return runCmd(ctx, cmd, dir, args)
+}
+
+// runStdin is run with stdin: git reads its input (`--stdin`) from in.
+func (g Git) runStdin(ctx context.Context, dir string, in io.Reader, args ...string) ([]byte, error) {
+	g = g.at(dir)
+	cmd := g.command(ctx, dir, args)
+	cmd.Stdin = in
+	return runCmd(ctx, cmd, dir, args)
+}
+
+// runCmd runs cmd, a git made by command, to its end and returns its
+// stdout. A failure is a *GitError for args in dir; when ctx ended, its
+// error is the context's.
+func runCmd(ctx context.Context, cmd *exec.Cmd, dir string, args []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if err == nil {
 		return stdout.Bytes(), nil
 	}
-	gerr.Stderr = stderr.String()
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		gerr.ExitCode = exitErr.ExitCode() // -1 when killed by a signal
-	}
-	gerr.Err = err
+	gerr := &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: exitCode(err), Stderr: stderr.String(), Err: err}
 	if cerr := ctx.Err(); cerr != nil {
 		gerr.Err = cerr
 	}
 	return stdout.Bytes(), gerr
+}
+
+// command is an *exec.Cmd for git with g's environment, for callers that
+// stream its output.
+func (g Git) command(ctx context.Context, dir string, args []string) *exec.Cmd {
+	bin := g.Bin
+	if bin == "" {
+		bin = "git"
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	cmd.Env = g.environ(nil)
+	// A cancelled git is asked to stop (SIGTERM), not killed: git then
+	// removes the lock files it holds (a ref's, the index's). Killed, it
+	// left them behind, and every later update of that ref failed — a
+	// periodic checkpoint stopped with its job left aq/wip/<id>.lock, which
+	// the final checkpoint and aq gc then met (found by the reduced chaos
+	// run). SIGKILL follows after waitDelay.
+	cmd.Cancel = func() error { return process.Terminate(cmd.Process) }
+	cmd.WaitDelay = waitDelay
+	return cmd
 }
 
 func (g Git) environ(extra []string) []string {
@@ -137,12 +171,17 @@ func (g Git) with(kv ...string) Git {
 	return g
 }
 
-// exitCode is the exit status of a failed git run, or -1 when err is not a
-// *GitError that ran to an exit.
+// exitCode is the exit status of a git that ran to an exit and failed: from
+// a *GitError, or from the *exec.ExitError of a git run by command. It is -1
+// for anything else: git did not start, a signal ended it, or err is nil.
 func exitCode(err error) int {
 	var ge *GitError
 	if errors.As(err, &ge) {
 		return ge.ExitCode
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
 	}
 	return -1
 }
@@ -221,21 +260,13 @@ func firstMeaningfulLine(stderr string) string {
 			continue
 		}
 		if strings.HasPrefix(line, "fatal:") || strings.HasPrefix(line, "error:") {
-			return clip(line)
+			return brief.Clip(line, 300)
 		}
 		if first == "" {
 			first = line
 		}
 	}
-	return clip(first)
-}
-
-func clip(s string) string {
-	const max = 300
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
+	return brief.Clip(first, 300)
 }
 
 // subcommand names the git command in args for messages: "worktree add",

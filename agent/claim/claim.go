@@ -1,6 +1,6 @@
 // Package claim is a job a coordinator has leased to this factory — its
 // document and its lease, in the coordinator contract's wire format
-// (docs/fleet.md, "The calls") — as POST /fleet/claim and POST /fleet/accept
+// (docs/contract.md, "Claiming and accepting a job") — as POST /fleet/claim and POST /fleet/accept
 // answer it. It is a package of its own so that dispatch, which carries a
 // job accepted from the broker to the daemon's handler, names its type
 // without importing the fleet client (agent/fleet, which calls it Claim too).

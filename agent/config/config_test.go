@@ -318,7 +318,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	if err == nil {
 		t.Fatal("want error")
 	}
-	c := &Config{}
+	var c *Config
 	isolate(t)
 	t.Setenv("AQ_FLEET_TOKEN", "tok-very-secret")
 	c, err = Load(flags(t))

@@ -288,7 +288,7 @@ func setEnum(field func(*Config) *string, allowed ...string) func(*Config, strin
 	}
 }
 
-// idPattern is DESIGN §4's id rule; config ids (factory, product, topic) obey
+// idPattern is the id rule of docs/manifest.md ("Keys": id); config ids (factory, product, topic) obey
 // it too, since they end up in paths, headers and broker filters.
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 

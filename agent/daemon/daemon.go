@@ -1,5 +1,5 @@
-// Package daemon is `aq daemon`: the long-running fleet factory (DESIGN §10a,
-// §11). It owns the loops of a factory and their lifetimes:
+// Package daemon is `aq daemon`: the long-running fleet factory (docs/daemon.md;
+// its metrics in docs/observability.md). It owns the loops of a factory and their lifetimes:
 //
 //   - the fleet session (agent/fleet): enrollment, the first heartbeat, the
 //     spool drain at start, then the heartbeat loop and the spool-drain loop;

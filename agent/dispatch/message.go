@@ -1,5 +1,6 @@
-// Package dispatch owns the factory's side of Service Bus delivery (DESIGN §10,
-// FLEET_DISPATCH_REDESIGN §4.2, §5.2, §5.3): it receives the targeted dispatch
+// Package dispatch owns the factory's side of Service Bus delivery
+// (docs/servicebus.md; the message and its settlement in docs/contract.md,
+// "Broker messages"; the background is the coordinator team's "Fleet dispatch redesign"): it receives the targeted dispatch
 // messages of this factory's subscription with the azservicebus SDK (PeekLock),
 // asks the coordinator to accept each job through a consumer-side Acceptor,
 // settles the message by the outcome table, hands accepted jobs to a Handler,
@@ -20,11 +21,12 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
 
-// Message is a dispatch message (DESIGN §10): small, no job body. The broker
+// Message is a dispatch message (docs/contract.md, "Broker messages"): small, no job body. The broker
 // is transport; the coordinator holds the job.
 type Message struct {
 	JobID           string   `json:"jobId"`
@@ -169,7 +171,7 @@ func parseBody(body []byte) (Message, error) {
 	var m Message
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&m); err != nil {
-		return m, &invalid{ReasonMalformed, "body is not a dispatch message: " + clip(err.Error())}
+		return m, &invalid{ReasonMalformed, "body is not a dispatch message: " + brief.Clip(err.Error(), 200)}
 	}
 	if dec.More() {
 		return m, &invalid{ReasonMalformed, "body has data after the JSON object"}
@@ -191,20 +193,6 @@ func parseBody(body []byte) (Message, error) {
 		}
 	}
 	return m, nil
-}
-
-// clip keeps broker-supplied text short in a dead-letter description (at
-// a rune boundary).
-func clip(s string) string {
-	const max = 200
-	if len(s) <= max {
-		return s
-	}
-	n := max
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }
 
 // quoteRunes is how much of a broker-supplied value quote keeps.

@@ -66,7 +66,7 @@ type Handler func(ctx context.Context, job Accepted)
 // Outcome is what happened to one message; it is also the metric label.
 type Outcome string
 
-// Outcomes, with the settlement each leads to (DESIGN §10).
+// Outcomes, with the settlement each leads to (docs/contract.md, "Broker messages").
 const (
 	OutcomeAccepted    Outcome = "accepted"    // 200: completed, handed to the Handler
 	OutcomeConflict    Outcome = "conflict"    // 409: completed
@@ -87,7 +87,7 @@ const (
 	DeadLetter Settlement = "dead-letter"
 )
 
-// Settle maps an outcome to its settlement: the outcome table of DESIGN §10.
+// Settle maps an outcome to its settlement: the outcome table of docs/contract.md ("Broker messages").
 func (o Outcome) Settle() Settlement {
 	switch o {
 	case OutcomeAccepted, OutcomeConflict, OutcomeGone:

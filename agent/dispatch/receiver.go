@@ -23,7 +23,7 @@ import (
 // DefaultTopic is AQ_SB_TOPIC's default.
 const DefaultTopic = "fleet-dispatch"
 
-// Config is what the receiver takes from aq's configuration (DESIGN §3).
+// Config is what the receiver takes from aq's configuration (docs/servicebus.md; `aq config`).
 type Config struct {
 	FactoryID string // AQ_FACTORY_ID: messages for any other factory are dead-lettered
 	// Pool (AQ_FACTORY_POOL): a message targeted at the pool is this

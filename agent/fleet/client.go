@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/agent/holds"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/internal/version"
@@ -52,7 +53,7 @@ type ClientOptions struct {
 	Holds *holds.Store
 }
 
-// Client calls the coordinator's /fleet API (DESIGN §9). Every call carries
+// Client calls the coordinator's /fleet API (docs/contract.md, "Requests, retries and errors"). Every call carries
 // the bearer token and x-product-id, retries only what can succeed on retry
 // within the call's budget, and maps answers to typed errors: 409
 // *FencedError, 401/403 *AuthError, a 404/405 for a route the coordinator
@@ -586,7 +587,7 @@ func decodeAnswer(data []byte, over bool, limit int64, out any) *ContractError {
 	if err := json.Unmarshal(data, out); err != nil {
 		detail := err.Error()
 		if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '<' {
-			detail = "it starts with \"" + clipText(job.Printable(oneLine(string(t)), false), 40) + "\""
+			detail = "it starts with \"" + clipText(job.Printable(brief.Head(string(t)), false), 40) + "\""
 		}
 		return &ContractError{Detail: detail}
 	}

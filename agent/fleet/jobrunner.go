@@ -14,6 +14,7 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -210,12 +211,12 @@ func (cj *claimedJob) Parse() (*job.Job, error) {
 func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 	if err := cj.r.hostFault(); err != nil {
 		cj.log.Error("this host cannot run the job: released for another factory", "reason", job.ReasonHostUnavailable, "err", err)
-		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: oneLine(err.Error()) + "; the job did not start"}
+		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: brief.Head(err.Error()) + "; the job did not start"}
 	}
 	d := cj.r.Reporter.Send(ctx, PatchReport(cj.c.Job.ID, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: cj.c.LeaseEpoch}))
 	switch {
 	case d.Fenced:
-		cj.lease.Fence("the coordinator refused the building report (409)")
+		_ = cj.lease.Fence("the coordinator refused the building report (409)") // the lease's state now; the outcome says the same
 		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonFenced, Detail: "fenced before the job started", Fenced: true}
 	case IsAuth(d.Err):
 		cj.res.Err = d.Err
@@ -226,7 +227,7 @@ func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 		cj.res.ReportRefused = reportRefusal(d)
 		cj.log.Error("the coordinator refused the building report; the job is stopped before its engine", "err", d.Err)
 		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonReportRefused,
-			Detail: "the coordinator refused the building report (" + oneLine(errText(d.Err)) + "): the job was stopped before its engine"}
+			Detail: "the coordinator refused the building report (" + brief.Head(errText(d.Err)) + "): the job was stopped before its engine"}
 	}
 	return nil
 }
@@ -284,7 +285,7 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 		if out.Reason != job.ReasonHostUnavailable {
 			if err := r.hostFault(); err != nil {
 				log.Error("the run failed on a host that cannot write $AQ_HOME: host_unavailable", "run", out.Reason, "err", err)
-				out.Detail = oneLine(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
+				out.Detail = brief.Head(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
 				out.Reason = job.ReasonHostUnavailable
 			}
 		}
@@ -435,7 +436,7 @@ func (r *JobRunner) reportContext(ctx context.Context) (context.Context, context
 func (r *JobRunner) refuse(ctx context.Context, c *Claim, ref *manifest.Refusal) *Result {
 	id := c.Job.ID
 	log := r.log().With("job", job.Show(id), "epoch", c.LeaseEpoch)
-	detail := oneLine(ref.Msg)
+	detail := brief.Head(ref.Msg)
 	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Failed, Refused: true,
 		Outcome: runner.Outcome{Stage: job.Failed, Reason: ref.Reason, Detail: detail}}
 	log.Error("job refused before anything ran", "reason", ref.Reason, "why", detail)
@@ -501,11 +502,4 @@ func (r *JobRunner) log() *slog.Logger {
 		return r.Log
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-func oneLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
 }

@@ -15,13 +15,14 @@ import (
 )
 
 // Operator calls: what `aq job show|requeue|reject|ship|logs` and the board
-// read from and do through the coordinator (GIGAFACTORY_SYSTEM_OVERVIEW §9).
+// read from and do through the coordinator (docs/contract.md, "Submitting
+// jobs and operator actions").
 // Reads that an older coordinator may lack (factories, events, artifacts)
 // answer *RouteAbsentError on 404/405, so the caller can show what it has
 // and name what is missing.
 
 // JobDoc is the coordinator's job document as an operator reads it: the
-// contract's fields (DESIGN §9) and what coordinators add, all optional.
+// contract's fields (docs/contract.md) and what coordinators add, all optional.
 type JobDoc struct {
 	ID             string        `json:"id"`
 	ProductID      string        `json:"productId,omitempty"`
@@ -79,7 +80,7 @@ type FactoryDoc struct {
 }
 
 // ArtifactDoc is an artifact's pointer (GET /fleet/jobs/:id/artifacts);
-// its bytes are at URL (GET /fleet/artifacts/:id). docs/fleet.md.
+// its bytes are at URL (GET /fleet/artifacts/:id). docs/contract.md, "Artifacts".
 type ArtifactDoc struct {
 	ID           string    `json:"id"`
 	JobID        string    `json:"jobId"`
@@ -267,7 +268,7 @@ func gunzip(b []byte, limit int64) ([]byte, error) {
 
 // ArtifactUpload is the body of POST /fleet/jobs/:id/artifacts: the
 // pointer's fields and the content, gzipped and base64-encoded (Data).
-// docs/fleet.md, "Artifacts".
+// docs/contract.md, "Artifacts".
 type ArtifactUpload struct {
 	Name         string `json:"name"`
 	Kind         string `json:"kind"` // log | transcript

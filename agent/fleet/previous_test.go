@@ -85,7 +85,7 @@ func TestRetryIsToldThePreviousAttempt(t *testing.T) {
 func TestRetryAfterALostHost(t *testing.T) {
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))
-		p, err := coord.NewPartition(strings.TrimPrefix(s.http.URL, "http://"))
+		p, err := coord.NewPartition(s.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,7 +35,7 @@ func TestNoRenewalRacesTheTerminalReport(t *testing.T) {
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		r := &reportRace{released: make(chan struct{}), renewDone: make(chan struct{}), reportTaken: make(chan struct{}),
 			held: make(chan struct{}), reportWaits: make(chan struct{})}
-		s := startStubWrapped(t, rs.opts(coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond}), r.wrap)
+		s := startStubBehind(t, rs.opts(coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond}), r.wrap)
 		w := newWorld(t, "app")
 		id := testenv.ID("renewal-race")
 		started, goFile := filepath.Join(w.dir, "started"), filepath.Join(w.dir, "go")
@@ -181,24 +180,6 @@ func isTerminalReport(req *http.Request) bool {
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	var p PatchRequest
 	return json.Unmarshal(body, &p) == nil && p.Stage != job.Building.FleetName()
-}
-
-// startStubWrapped is startStub with the stub's handler wrapped.
-func startStubWrapped(t testing.TB, o coord.Options, wrap func(http.Handler) http.Handler) *stub {
-	t.Helper()
-	s, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(wrap(s))
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	return &stub{Server: s, http: hs, API: hs.URL + "/api"}
 }
 
 // waitFile waits for path to exist (a script's signal), or fails the test

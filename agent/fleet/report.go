@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
@@ -208,7 +209,7 @@ func (r *Reporter) spool(log *slog.Logger, rep Report, why error) Delivery {
 // reportRefusal is what a job's record says of a report the coordinator
 // refused for good.
 func reportRefusal(d Delivery) string {
-	return oneLine(errText(d.Err)) + "; the report is kept in $AQ_HOME/spool/dead"
+	return brief.Head(errText(d.Err)) + "; the report is kept in $AQ_HOME/spool/dead"
 }
 
 func errText(err error) string {

@@ -7,7 +7,7 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// The wire format of DESIGN §9, as aq sends and reads it. Field names are the
+// The wire format of docs/contract.md, as aq sends and reads it. Field names are the
 // contract's; unknown fields in answers are ignored.
 
 // Job is the coordinator's job document, and Claim a job this factory holds

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +25,8 @@ import (
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -138,8 +142,7 @@ func (a *Agent) HostCaps(ctx context.Context) (*caps.Host, error) {
 // one: locally, a missing repo is the job's failure (repo_unavailable).
 func Requirements(s queue.State) []string {
 	reqs := append([]string(nil), s.Capabilities...)
-	switch s.Engine {
-	case "claude", "codex", "devin":
+	if slices.Contains(engines.Coding(), s.Engine) {
 		reqs = append(reqs, "engine:"+s.Engine)
 	}
 	return reqs
@@ -148,7 +151,7 @@ func Requirements(s queue.State) []string {
 // Runnable reports whether this host can run the job, and if not, why.
 func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	missing := caps.Match(Requirements(s), h)
-	if s.Engine == "any" || s.Engine == "" {
+	if s.Engine == engines.Any || s.Engine == "" {
 		found := false
 		for _, e := range h.Engines {
 			if e.Name != caps.ScriptEngine && e.Refused == "" {
@@ -156,7 +159,7 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 			}
 		}
 		if !found {
-			missing = append(missing, caps.Missing{Token: "engine:any", Reason: "no coding engine (claude, codex, devin) is installed"})
+			missing = append(missing, caps.Missing{Token: "engine:any", Reason: "no coding engine (" + strings.Join(engines.Coding(), ", ") + ") is installed"})
 		}
 	}
 	if len(missing) == 0 {
@@ -172,11 +175,11 @@ func HeldFor(h *caps.Host, active map[string]holds.Hold, s queue.State) (holds.H
 	if len(active) == 0 {
 		return holds.Hold{}, false
 	}
-	switch s.Engine {
-	case "claude", "codex", "devin":
+	switch {
+	case slices.Contains(engines.Coding(), s.Engine):
 		hold, ok := active[s.Engine]
 		return hold, ok
-	case "", "any":
+	case s.Engine == "" || s.Engine == engines.Any:
 		var first *holds.Hold
 		for _, e := range h.Engines {
 			if e.Name == caps.ScriptEngine || e.Refused != "" {
@@ -264,7 +267,7 @@ func (q *queuedJob) Start(_ context.Context, j *job.Job) *runner.Outcome {
 	if q.a.HostCheck != nil {
 		if err := q.a.HostCheck(); err != nil {
 			q.log.Error("this host cannot run the job: back to the inbox", "reason", job.ReasonHostUnavailable, "err", err)
-			return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: oneLine(err.Error()) + "; the job did not start"}
+			return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: brief.Head(err.Error()) + "; the job did not start"}
 		}
 	}
 	if ref := manifest.Check(j, q.a.Policy); ref != nil {
@@ -285,7 +288,7 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 	id, log := q.st.ID, q.log
 	s := lifecycle.Settled{Known: true, Fenced: out.Fenced}
 	if j == nil {
-		s.Stage, s.Err = q.a.Queue.Fail(id, job.ReasonInvalidManifest, oneLine(out.Detail), nil)
+		s.Stage, s.Err = q.a.Queue.Fail(id, job.ReasonInvalidManifest, brief.Head(out.Detail), nil)
 		log.Error("manifest no longer valid", "err", out.Detail, "stage", s.Stage)
 		return s
 	}
@@ -315,7 +318,7 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 			// engine's "I/O error"): the host's fault, not the job's.
 			if err := q.a.HostCheck(); err != nil {
 				log.Error("the run failed on a host that cannot write $AQ_HOME: host_unavailable", "run", out.Reason, "err", err)
-				out.Detail = oneLine(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
+				out.Detail = brief.Head(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
 				out.Reason = job.ReasonHostUnavailable
 			}
 		}
@@ -329,12 +332,3 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 }
 
 func (q *queuedJob) Close(context.Context, *lifecycle.End) {}
-
-func oneLine(s string) string {
-	for i, r := range s {
-		if r == '\n' {
-			return s[:i] + " …"
-		}
-	}
-	return s
-}

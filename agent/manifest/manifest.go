@@ -1,4 +1,4 @@
-// Package manifest owns job manifests (DESIGN §4): it reads a markdown file
+// Package manifest owns job manifests (docs/manifest.md): it reads a markdown file
 // with YAML front matter, validates every key strictly (unknown keys, wrong
 // types and bad values are errors that name the line), merges the named
 // profile under it, applies aq's defaults and returns the normalised
@@ -19,6 +19,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -37,7 +38,7 @@ type Errors = mdmeta.Errors
 // before it is parsed.
 const MaxSize = mdmeta.MaxSize
 
-// Keys are the front matter keys a manifest may use (DESIGN §4, plus model);
+// Keys are the front matter keys a manifest may use (docs/manifest.md, "Keys");
 // any other key is an error.
 var Keys = []string{"id", "title", "repo", "base", "product", "profile", "engine", "model", "capabilities",
 	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship"}
@@ -243,8 +244,8 @@ func (p *parser) decode() {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !slices.Contains(job.Engines, v) {
-					d.Addf(f.Line, oneOf(v, job.Engines), "engine %q is not known", v)
+				if !slices.Contains(engines.Known(), v) {
+					d.Addf(f.Line, oneOf(v, engines.Known()), "engine %q is not known", v)
 				}
 				j.Engine = v
 			}
@@ -509,7 +510,7 @@ func (p *parser) check() {
 		d.Addf(p.doc.OpenLine, "add repo: NAME (a git repository under AQ_REPO_BASE) or repo: a git URL", "repo is required")
 	}
 	switch {
-	case !slices.Contains(job.Engines, j.Engine): // already reported
+	case !slices.Contains(engines.Known(), j.Engine): // already reported
 	case j.Engine == "script" && !p.set("script"):
 		line := p.at["engine"]
 		if line == 0 {

@@ -13,18 +13,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/aqfleet/aq/agent/repos"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
-
-// CodingEngines are the engines aq runs by their binary on PATH; engine:
-// any takes the first of them that is installed.
-var CodingEngines = []string{"claude", "codex", "devin"}
 
 // Host is where a job is checked.
 type Host struct {
@@ -64,21 +62,21 @@ func Check(j *job.Job, h Host) []string {
 }
 
 func (h Host) engine(j *job.Job) string {
-	switch j.Engine {
-	case "claude", "codex", "devin":
+	switch {
+	case slices.Contains(engines.Coding(), j.Engine): // found by their binary on PATH
 		if h.lookPath(j.Engine) {
 			return ""
 		}
 		return fmt.Sprintf("engine %s is not installed on this host (no %q on PATH): aq run leaves the job in the inbox until it is "+
 			"(install %s, or choose another engine: engine: script runs a command of yours and needs no account, docs/local.md)", j.Engine, j.Engine, j.Engine)
-	case "", "any":
-		for _, e := range CodingEngines {
+	case j.Engine == "" || j.Engine == engines.Any: // the first coding engine installed
+		for _, e := range engines.Coding() {
 			if h.lookPath(e) {
 				return ""
 			}
 		}
 		return fmt.Sprintf("engine %s needs one of %s, and none is installed on this host: aq run leaves the job in the inbox until one is "+
-			"(install one, or use engine: script with a script: command, docs/local.md)", orAny(j.Engine), strings.Join(CodingEngines, ", "))
+			"(install one, or use engine: script with a script: command, docs/local.md)", orAny(j.Engine), strings.Join(engines.Coding(), ", "))
 	}
 	return ""
 }

@@ -1,6 +1,6 @@
-// Package queue owns aq's local folder queue (DESIGN §5): jobs as files under
-// one directory, one folder per stage, safe for several `aq run` processes on
-// one host.
+// Package queue owns aq's local folder queue (docs/local.md, "The queue on
+// disk"): jobs as files under one directory, one folder per stage, safe for
+// several `aq run` processes on one host.
 //
 // # Layout
 //

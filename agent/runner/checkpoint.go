@@ -88,11 +88,10 @@ func (ru *run) checkpoint(parent context.Context) {
 		ru.log.Warn("not pushing the WIP checkpoint: this factory may no longer hold the job's lease; it is kept locally")
 		return
 	}
-	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
+	if err := ru.pushWIP(ctx, wip, sha); err != nil {
 		ru.log.Warn("cannot push the WIP checkpoint to origin; it is kept locally", "err", err)
 		return
 	}
-	ru.wipOnOrigin = sha
 	ru.out.WIPPushed, pushed = true, true
 }
 
@@ -180,14 +179,45 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 		ru.log.Warn("not pushing the periodic checkpoint: the lease may no longer be this factory's")
 		return
 	}
-	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
+	if err := ru.pushWIP(ctx, wip, sha); err != nil {
 		if ctx.Err() == nil {
 			ru.log.Warn("cannot push the periodic checkpoint; it is kept locally", "err", err)
 		}
 		return
 	}
-	ru.wipOnOrigin, pushed = sha, true
+	pushed = true
 	ru.event(CheckpointPushed{Checkpoint: sha})
+}
+
+// pushWIP pushes checkpoint sha (on wip) to origin as a compare-and-swap
+// against what origin holds. Call it with cpMu held. A push that fails or
+// is stopped (a periodic one, when the engine ends) may have landed all the
+// same: git updates origin's ref before it reports. Its checkpoint is then
+// in doubt, and the next push asks origin first; if origin holds that very
+// checkpoint it is the value to swap from — without this, the final
+// checkpoint's push was refused as stale and stayed on this host.
+func (ru *run) pushWIP(ctx context.Context, wip, sha string) error {
+	if doubt := ru.wipInDoubt; doubt != "" {
+		refs, err := worktree.ListRemoteRefs(ctx, ru.r.Git, ru.repoDir, "origin", wip)
+		if err == nil {
+			ru.wipInDoubt = ""
+			for _, r := range refs {
+				if r.Name == wip && r.SHA == doubt {
+					ru.log.Debug("a checkpoint push that seemed to fail had landed", "checkpoint", doubt)
+					ru.wipOnOrigin = doubt
+				}
+			}
+		}
+	}
+	if sha == ru.wipOnOrigin {
+		return nil
+	}
+	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
+		ru.wipInDoubt = sha
+		return err
+	}
+	ru.wipOnOrigin, ru.wipInDoubt = sha, ""
+	return nil
 }
 
 // confirmBeforePush bounds the renewal a periodic push waits for.

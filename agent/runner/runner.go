@@ -1,4 +1,4 @@
-// Package runner runs one job through DESIGN §6, whatever its source (the
+// Package runner runs one job (docs/architecture.md, "Running a job"), whatever its source (the
 // local folder queue or the fleet): engine pre-flight, the per-(host, repo)
 // lock, a linked worktree started from the job's WIP checkpoint or its base,
 // the engine under its budgets and the kill ladder, a checkpoint on every exit
@@ -252,6 +252,10 @@ type run struct {
 	// wipOnOrigin is origin's aq/wip/<id> when the run started ("" = none):
 	// the WIP push is a compare-and-swap against it.
 	wipOnOrigin string
+	// wipInDoubt is a checkpoint whose push failed or was stopped: it may
+	// have reached origin all the same (git updates the ref before it
+	// reports), so the next push first asks origin (pushExpect).
+	wipInDoubt string
 	// jobOnOrigin is origin's aq/job/<id> when the run started ("" = none):
 	// the result push is a compare-and-swap against it.
 	jobOnOrigin string

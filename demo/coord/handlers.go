@@ -148,7 +148,11 @@ func (s *Server) RevokeFactory(id string) error {
 func (s *Server) handleQueueState(w http.ResponseWriter, r *http.Request, _ who) {
 	// One version for the whole queue: claims are not scoped by product
 	// (product is a tag, not the routing key), so neither is the gate.
-	writeJSON(w, http.StatusOK, map[string]any{"productId": r.Header.Get("x-product-id"), "version": s.st.version()})
+	v := s.st.version()
+	if s.broken(BreakFrozenVersion) {
+		v = 1
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"productId": r.Header.Get("x-product-id"), "version": v})
 }
 
 type claimReq struct {
@@ -231,7 +235,7 @@ func (s *Server) handleAccept(w http.ResponseWriter, r *http.Request, c who) {
 		return
 	}
 	j, ok := s.leaseCall(w, Call{Route: RouteAccept, Factory: c.factory}, req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
-		if !Runnable(j, now) {
+		if !Runnable(j, now) && !(s.broken(BreakDoubleLease) && j.held()) {
 			return http.StatusConflict, fmt.Sprintf("job %s is %s, not queued and due", j.ID, j.Stage), nil
 		}
 		s.lease(j, c.factory, now)
@@ -283,6 +287,15 @@ type leaseReq struct {
 	LeaseEpoch int64  `json:"leaseEpoch"`
 }
 
+// epoch is the lease epoch a write carries, as the stub judges it: the
+// job's own under BreakStaleEpoch (a stale epoch is taken as current).
+func (s *Server) epoch(j *Job, sent int64) int64 {
+	if s.broken(BreakStaleEpoch) {
+		return j.LeaseEpoch
+	}
+	return sent
+}
+
 // holds reports why factory at epoch does not hold j ("" when it does).
 func holds(j *Job, factory string, epoch int64) string {
 	switch {
@@ -302,7 +315,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, c who) {
 		return
 	}
 	j, ok := s.leaseCall(w, Call{Route: RouteRenew, Factory: c.factory, Epoch: req.LeaseEpoch}, r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		if now.After(j.LeaseExpiresAt) {
@@ -336,7 +349,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 			j.Last = &LastReport{Kind: "release", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: j.Stage}
 			return 0, "", []Event{{JobID: j.ID, Kind: "released", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 		}
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		j.Stage, j.Holder, j.LeaseExpiresAt = StageQueued, "", time.Time{}
@@ -392,11 +405,11 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		// re-sent building would be told it still holds the job.
 		// A building report that carries a new checkpoint is not a re-send.
 		if l := j.Last; l != nil && l.Kind == "patch" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && l.Stage == req.Stage &&
-			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, req.LeaseEpoch) == "") &&
-			(req.Checkpoint == "" || req.Checkpoint == j.Checkpoint) {
+			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, s.epoch(j, req.LeaseEpoch)) == "") &&
+			(req.Checkpoint == "" || req.Checkpoint == j.Checkpoint || s.broken(BreakDropCheckpoint)) && !s.broken(BreakResendConflict) {
 			return http.StatusOK, "", nil // a re-sent report
 		}
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		j.Stage = req.Stage
@@ -465,15 +478,17 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 	}
 	rc := Call{Route: RouteFail, Factory: c.factory, Epoch: req.LeaseEpoch, Reason: req.Reason}
 	j, ok := s.leaseCall(w, rc, req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
-		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
+		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch && !s.broken(BreakResendConflict) {
 			return http.StatusOK, "", nil // a re-sent report
 		}
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		stage, nb := afterFail(j, job.Reason(req.Reason), req.Retryable, now, s.o.MaxBackoff)
-		if job.Reason(req.Reason).Parks() {
+		if job.Reason(req.Reason).Parks() && !s.broken(BreakIgnoreNotBefore) {
 			stage, nb = afterPark(j, req.NotBefore, now)
+		} else if job.Reason(req.Reason).Parks() {
+			stage, nb = StageQueued, time.Time{} // the break: a park is any retryable failure, handed out at once
 		}
 		j.Stage, j.NotBefore, j.Waiting = stage, nb, stage == StageQueued && nb.After(now)
 		j.Holder, j.LeaseExpiresAt = "", time.Time{}

@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// section9 is GIGAFACTORY_SYSTEM_OVERVIEW §9 ("REST API surface") as far as
+// section9 is the REST surface of the coordinator in service today, as
+// the coordinator team's "Gigafactory system overview" lists it, as far as
 // the stub implements it, transcribed route by route: the routes the
 // coordinator in service today has. Factories: heartbeat, enroll, token
 // rotate/revoke — no deregister, no list. Claim: POST /fleet/claim — no

@@ -72,6 +72,10 @@ type Options struct {
 	// answered as unknown routes: a coordinator older or smaller still.
 	// SetWithout changes them at run time.
 	Without []string
+	// Breaks are rules of the contract the stub breaks on purpose
+	// (breaks.go: AllBreaks), each as a coordinator with that one bug
+	// would — how `aq fleet check` is shown to catch it.
+	Breaks []string
 }
 
 // Server is the stub: an http.Handler over the store.
@@ -119,6 +123,9 @@ func New(o Options) (*Server, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if err := checkRoutes(&o); err != nil {
+		return nil, err
+	}
+	if err := checkBreaks(&o); err != nil {
 		return nil, err
 	}
 	st, err := newStore(o.StateFile)
@@ -470,8 +477,6 @@ func (m routeMux) HandleFunc(pattern string, h http.HandlerFunc) {
 }
 
 // ---- authentication ----
-
-type ctxKey struct{}
 
 // who is the caller a token stands for.
 type who struct {

@@ -1,6 +1,6 @@
 // Package coord is an in-memory coordinator stub: a TEST AND DEMO DOUBLE of
 // the fleet coordinator, not the coordinator. It serves the /fleet REST calls
-// of DESIGN §9 with the semantics aq relies on — a compare-and-swap on each
+// of docs/contract.md with the semantics aq relies on — a compare-and-swap on each
 // job's revision, a lease epoch bumped on every claim and accept, lease TTLs
 // with a reaper that returns expired jobs to queued keeping their checkpoint
 // (epoch bumped: the old holder is fenced), a queue-state version bumped on
@@ -23,7 +23,8 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// Stages of the coordinator's job machine (GIGAFACTORY_SYSTEM_OVERVIEW §4).
+// Stages of the coordinator's job machine (docs/contract.md, "Stage reports";
+// the coordinator as built is in the coordinator team's "Gigafactory system overview").
 const (
 	StageQueued     = "queued"
 	StageBlocked    = "blocked"
@@ -36,7 +37,7 @@ const (
 	StageDeadLetter = "dead_letter"
 )
 
-// Job is the stub's job document. The fields of DESIGN §9 (id, productId,
+// Job is the stub's job document. The fields of docs/contract.md (id, productId,
 // repo, stage, capabilities, priority, leaseEpoch, checkpoint, bodyMd,
 // manifestSnapshot) and what the stub needs besides.
 type Job struct {
@@ -64,7 +65,7 @@ type Job struct {
 	Insights         json.RawMessage `json:"insights,omitempty"`
 	// Previous is how the job's last run ended, from its /fleet/fail (or a
 	// legacy PATCH to failed or queued) or the reaper: a claim hands it to
-	// the next factory (docs/fleet.md, "previous"), so the next attempt's
+	// the next factory (docs/contract.md, "Claiming and accepting a job"), so the next attempt's
 	// engine knows what went wrong. The legacy route set leaves it out of
 	// claims, as today's coordinator does.
 	Previous       *job.Previous `json:"previous,omitempty"`

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// Undoing an operator's mistake (docs/fleet.md, "Replacing and removing a
-// job"): PUT /fleet/jobs/:id gives a job that is not running a new manifest,
+// Undoing an operator's mistake (docs/contract.md, "Submitting jobs and
+// operator actions"): PUT /fleet/jobs/:id gives a job that is not running a new manifest,
 // keeping its history; DELETE /fleet/jobs/:id removes one. A job that runs
 // (assigned, building) is refused 409 with the factory that holds it; one
 // whose work is done (review, testing, shipped) cannot be replaced (409). A

@@ -25,6 +25,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
@@ -118,7 +119,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	names, _ := fs.Glob(jobFiles, "jobs/*.md")
 	sort.Strings(names)
 	jobsDir := filepath.Join(dir, "jobs")
-	os.MkdirAll(jobsDir, 0o755)
+	if err := os.MkdirAll(jobsDir, 0o755); err != nil {
+		return nil, err
+	}
 	for _, n := range names {
 		raw, _ := jobFiles.ReadFile(n)
 		p := filepath.Join(jobsDir, filepath.Base(n))
@@ -209,7 +212,7 @@ func narrate(say func(string, ...any), r *agentlocal.Result) {
 	if o.Failed() {
 		say("     ✗ %s: %s", o.Reason, o.Detail)
 		if o.Checkpoint != "" {
-			say("       work checkpointed to %s (%s)", job.WIPBranch(r.JobID), short(o.Checkpoint))
+			say("       work checkpointed to %s (%s)", job.WIPBranch(r.JobID), brief.SHA(o.Checkpoint))
 		}
 		say("       → %s", r.Stage)
 		return
@@ -324,13 +327,6 @@ func makeRepo(ctx context.Context, base, origins, name string, files map[string]
 		}
 	}
 	return nil
-}
-
-func short(sha string) string {
-	if len(sha) > 10 {
-		return sha[:10]
-	}
-	return sha
 }
 
 func orDash(s string) string {

@@ -135,6 +135,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // job; requeue through r and y, after which the job really is in the inbox;
 // a resize; Ctrl-C exits 0 and gives the terminal back.
 func TestBoardTmuxLocal(t *testing.T) {
+	testenv.Slow(t, "drives the live board in a real tmux")
 	h, mark := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
@@ -288,14 +289,14 @@ func makeFleetScene(t *testing.T, s *coord.Server, base, dir string) fleetScene 
 // coordinator that lacks GET /fleet/factories named; one that goes away
 // shown as unreachable with its last data kept.
 func TestBoardTmuxFleet(t *testing.T) {
+	testenv.Slow(t, "drives the live board in a real tmux")
 	bin := testenv.BuildAQ(t) // first: the scene's heartbeat must be fresh when the board reads it
 	s, dir, _ := fleetEnv(t)
-	hs := stubServer(t, s)
-	sc := makeFleetScene(t, s, hs.URL, dir)
+	sc := makeFleetScene(t, s.Server, "http://"+s.Addr, dir)
 
 	env := append(os.Environ(), "AQ_LOG_LEVEL=debug")
 	x := startTmux(t, env, shellQuote(bin)+" status --watch --interval 300ms")
-	scr := x.waitText("aq board · fleet", "coordinator "+hs.URL+"/api", "queued 1", "building 1", "review 1", "dead_letter 1",
+	scr := x.waitText("aq board · fleet", "coordinator "+"http://"+s.Addr+"/api", "queued 1", "building 1", "review 1", "dead_letter 1",
 		"FACTORIES (2)", "live-1", "1/2 running  load 0.50", "["+sc.running+"]", "gone-2", "stale",
 		"ALERTS", "factory gone-2 is stale", "job "+sc.dead+" is dead-lettered", "job "+sc.unroutable+": no live factory can run it",
 		"RUNNING (1)", sc.running, "on live-1", "REVIEW / TESTING", sc.review, "FAILED (1)", sc.dead)
@@ -330,7 +331,7 @@ func TestBoardTmuxFleet(t *testing.T) {
 	s.SetWithout()
 
 	// The coordinator goes away: the board says since when and keeps the data.
-	hs.Close()
+	s.Kill()
 	scr = x2.waitText("coordinator unreachable since", "showing what it said at", "RUNNING (1)", sc.running, sc.unroutable)
 	if strings.Contains(scr, "panic") || strings.Contains(scr, "goroutine") {
 		t.Fatalf("a stack trace on the board:\n%s", scr)
@@ -346,8 +347,7 @@ func TestBoardTmuxFleet(t *testing.T) {
 // GET /fleet/jobs only when the queue's version moved.
 func TestStatusWatchPlainAndCost(t *testing.T) {
 	s, dir, _ := fleetEnv(t)
-	hs := stubServer(t, s)
-	makeFleetScene(t, s, hs.URL, dir)
+	makeFleetScene(t, s.Server, "http://"+s.Addr, dir)
 	h := &testenv.Home{Dir: os.Getenv("AQ_HOME"), Bin: testenv.BuildAQ(t)}
 	cmd := exec.Command(h.Bin, "status", "--watch", "--interval", "250ms")
 	cmd.Env = os.Environ()

@@ -50,7 +50,7 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 	if opts.JobID == "" && (cfg.SBNamespace != "" || cfg.SBConnectionString != "") {
 		return runFleetBroker(ctx, f, cfg, opts)
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		mu sync.Mutex
 		t  fleetTally
 	)
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -174,7 +174,7 @@ func (t *fleetTally) exit() error {
 	last, failed := t.last, t.failed
 	switch {
 	case last != nil && (last.Fenced || last.Outcome.Reason == job.ReasonLeaseLost):
-		// Lease lost counts as fenced (DESIGN §9): another factory may own it.
+		// Lease lost counts as fenced (docs/contract.md, "Leases and fencing"): another factory may own it.
 		return &aqerr.Silent{Code: aqerr.Fenced}
 	case t.refused > 0:
 		// A job ran (or was stopped before its engine) and the
@@ -267,7 +267,7 @@ func endText(r *fleet.Result) string {
 
 func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	if opts.JSON {
-		writeJSONLine(f.IO.Out, r)
+		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome

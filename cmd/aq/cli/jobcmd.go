@@ -199,7 +199,7 @@ factory uploaded when it ended.`,
 					fo.meta = func(l string) { fmt.Fprintln(f.IO.Err, l) }
 				}
 				if asJSON {
-					fo.rec = func(r logRecord) { writeJSONLine(f.IO.Out, r) }
+					fo.rec = func(r logRecord) { _ = writeJSONLine(f.IO.Out, r) }
 				}
 				return fo.run(cmd.Context(), func(l string) { fmt.Fprintln(f.IO.Out, l) })
 			}
@@ -250,14 +250,14 @@ func (p *logPrinter) log(name, head string, b []byte) {
 		if p.many {
 			fmt.Fprintf(p.f.IO.Out, "--- %s ---\n", head)
 		}
-		p.f.IO.Out.Write(b)
+		_, _ = p.f.IO.Out.Write(b)
 		return
 	}
 	if len(b) == 0 {
 		return
 	}
 	for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-		writeJSONLine(p.f.IO.Out, logRecord{Job: p.id, Stream: name, Text: strings.TrimSuffix(l, "\r")})
+		_ = writeJSONLine(p.f.IO.Out, logRecord{Job: p.id, Stream: name, Text: strings.TrimSuffix(l, "\r")})
 	}
 }
 

@@ -205,16 +205,6 @@ func reasonText(r job.Reason) string {
 	return " (" + string(r) + ")"
 }
 
-// fleetJobAction is requeue, reject or ship through the coordinator.
-func fleetJobAction(ctx context.Context, f *Factory, id, action, detail string) error {
-	msg, err := fleetAct(ctx, f, id, action, detail)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(f.IO.Out, msg)
-	return nil
-}
-
 // fleetAct applies action and says what became of the job.
 func fleetAct(ctx context.Context, f *Factory, id, action, detail string) (string, error) {
 	if err := checkJobID(id); err != nil {

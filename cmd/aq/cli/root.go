@@ -1,7 +1,7 @@
 // Package cli is aq's command line: one cobra command per file, each an
 // options struct, a constructor that binds flags, and a run function that calls
 // into the packages that do the work. Only Main prints errors and maps them to
-// exit codes (DESIGN §2).
+// exit codes (README.md, "Exit codes").
 package cli
 
 import (

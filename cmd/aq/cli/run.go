@@ -90,7 +90,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	if err != nil {
 		return err
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	}
 }
 
-// exitFor maps the run's results to DESIGN §2's exit codes.
+// exitFor maps the run's results to the exit codes (README.md, "Exit codes").
 func exitFor(last *local.Result, failed int) error {
 	switch {
 	case last != nil && last.Outcome.Reason == job.ReasonFenced:
@@ -181,7 +181,7 @@ func exitFor(last *local.Result, failed int) error {
 
 func printResult(f *Factory, opts *runOptions, r *local.Result) {
 	if opts.JSON {
-		writeJSONLine(f.IO.Out, r)
+		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome

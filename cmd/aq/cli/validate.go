@@ -142,6 +142,6 @@ func printProblems(f *Factory, err error) {
 	}
 	red := f.Redactor()
 	for _, e := range es {
-		io.WriteString(f.IO.Err, red.String(e.Error())+"\n")
+		_, _ = io.WriteString(f.IO.Err, red.String(e.Error())+"\n")
 	}
 }
