@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -87,7 +88,16 @@ type Config struct {
 	// worktrees may use before aq gc trims the pool; 0: no ceiling.
 	WorktreeDiskMax int64
 
+	// Sandbox (AQ_SANDBOX) is whether engines run in a per-job sandbox;
+	// SandboxMemory and SandboxPids are its cgroup limits (0: none).
+	Sandbox       sandbox.Mode
+	SandboxMemory int64
+	SandboxPids   int
+
+	// ClaudePermissionMode and CodexSandbox are the engines' own autonomy
+	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).
 	ClaudePermissionMode string
+	CodexSandbox         string
 	PriceTable           string
 	// Engines (AQ_ENGINES) are the engines this factory may run and offer;
 	// nil: the default (RunEngines).

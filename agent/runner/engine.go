@@ -36,6 +36,10 @@ func (ru *run) specFor(name string) engines.Spec {
 	j := ru.j
 	withPersona := name != "claude" // claude takes it through --append-system-prompt
 	env := ru.engineEnv(name)
+	var stateDir string
+	if ru.jail != nil {
+		stateDir = ru.jail.Policy().StateDir()
+	}
 	spec := engines.Spec{
 		JobID:          j.ID,
 		Scope:          Scope(ru.r.Cfg.Home),
@@ -45,12 +49,15 @@ func (ru *run) specFor(name string) engines.Spec {
 		Model:          j.Model,
 		Script:         j.Script,
 		Budget:         ru.budgetLeft(),
-		PermissionMode: ru.r.Cfg.PermissionMode,
+		PermissionMode: ru.permissionMode(),
+		CodexSandbox:   ru.codexSandbox(),
 		LogDir:         ru.logDir,
 		Attempt:        ru.o.Attempt,
 		Env:            env,
 		Grace:          ru.r.Cfg.Grace,
 		Supervisor:     ru.r.Cfg.Supervisor,
+		Jail:           ru.jailed(),
+		StateDir:       stateDir,
 		Redactor:       ru.r.Redactor,
 		Prices:         ru.r.Cfg.Prices,
 		Flags:          ru.info.Flags,
@@ -74,7 +81,9 @@ func (ru *run) engineEnv(name string) []string {
 			}
 		}
 	}
-	env := engines.Environ(ru.r.env(), name, pass)
+	// The sandbox's own (the job's HOME and TMPDIR, its proxy) go over
+	// the base.
+	env := ru.sandboxEnv(engines.Environ(ru.r.env(), name, pass))
 	if telem {
 		env = telemetry.ClaudeEnv(env, ru.j.ID)
 	}
@@ -139,13 +148,14 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("%d tokens over budget %d%s", total.Tokens(), j.Budget.Tokens, ru.acrossRounds())))
 		}
 	})
-	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath)
+	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath, "sandbox", ru.sandboxLevel())
 	stopPeriodic := ru.startPeriodic(trace.ContextWithSpan(runCtx, jobSpan))
 	started := time.Now()
 	res, err = ru.eng.Run(runCtx, spec)
 	ru.runTime = time.Since(started)
 	ru.engineTime += ru.runTime
 	stopPeriodic()
+	ru.afterSandboxed()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {
 		res.Usage = last
@@ -231,6 +241,9 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 	in.ExitCode = res.ExitCode
 
 	if ru.out.Reason != "" { // stopped by its own budget
+		return false
+	}
+	if ru.sandboxFailure("the engine", err, res.Process.OOM && res.Outcome != engines.Succeeded) {
 		return false
 	}
 	if err != nil {

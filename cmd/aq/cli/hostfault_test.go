@@ -76,7 +76,7 @@ func TestWireFullDiskIsTheHosts(t *testing.T) {
 // even though $AQ_HOME can record nothing — not dead_letter, not stranded
 // in building with a dead pid — and the CLI says one thing.
 func TestFullDiskLocalJobBackToInbox(t *testing.T) {
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	m := testenv.Manifest(t, t.TempDir(), "full-local", "repo: app\nengine: script\nretry: { max: 0 }\nscript: dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; exit 3")
 	list := filepath.Join(t.TempDir(), "list")

@@ -57,7 +57,7 @@ func (x *exchange) route(r string) bool {
 	return x.Path == p
 }
 
-type hostile struct {
+type hostileCoord struct {
 	t    *testing.T
 	stub *coord.Server
 	URL  string // the API base (…/api)
@@ -76,7 +76,7 @@ type hostile struct {
 }
 
 // newHostile starts the stub behind the hostile front.
-func newHostile(t *testing.T, o coord.Options) *hostile {
+func newHostile(t *testing.T, o coord.Options) *hostileCoord {
 	t.Helper()
 	if o.ReapEvery == 0 {
 		o.ReapEvery = 100 * time.Millisecond
@@ -90,7 +90,7 @@ func newHostile(t *testing.T, o coord.Options) *hostile {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Start(ctx)
-	h := &hostile{t: t, stub: s, aliases: map[string]string{}}
+	h := &hostileCoord{t: t, stub: s, aliases: map[string]string{}}
 	hs := httptest.NewServer(h)
 	t.Cleanup(func() {
 		hs.Close()
@@ -102,7 +102,7 @@ func newHostile(t *testing.T, o coord.Options) *hostile {
 }
 
 // tamper adds a rewrite, applied to every exchange in the order added.
-func (h *hostile) tamper(fn func(*exchange)) {
+func (h *hostileCoord) tamper(fn func(*exchange)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.tampers = append(h.tampers, fn)
@@ -110,21 +110,21 @@ func (h *hostile) tamper(fn func(*exchange)) {
 
 // tamperRequest adds a rewrite of requests (x.ReqBody) before the stub
 // answers them.
-func (h *hostile) tamperRequest(fn func(x *exchange)) {
+func (h *hostileCoord) tamperRequest(fn func(x *exchange)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.reqTampers = append(h.reqTampers, fn)
 }
 
 // alias makes requests naming fake go to the stub's job real.
-func (h *hostile) alias(fake, real string) {
+func (h *hostileCoord) alias(fake, real string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.aliases[fake] = real
 }
 
 // requests returns the calls made to route so far, as sent.
-func (h *hostile) requests(route string) []exchange {
+func (h *hostileCoord) requests(route string) []exchange {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []exchange
@@ -136,7 +136,7 @@ func (h *hostile) requests(route string) []exchange {
 	return out
 }
 
-func (h *hostile) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *hostileCoord) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	h.mu.Lock()
 	tampers := append([]func(*exchange){}, h.tampers...)
@@ -222,7 +222,7 @@ func claimedJob(t *testing.T, x *exchange, fn func(job map[string]any)) {
 type wireEnv struct {
 	t      *testing.T
 	h      *testenv.Home
-	co     *hostile
+	co     *hostileCoord
 	root   string // the temp dir holding everything the test made
 	origin string
 	dir    string // manifests and scripts
@@ -808,7 +808,7 @@ func moduleRoot(t *testing.T) string {
 // base HEAD and the job's own aq/job/<id> are refused by validate, not at
 // run time.
 func TestWireSmallerInputs(t *testing.T) {
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	dir := t.TempDir()
 	esc := filepath.Join(dir, "esc.md")

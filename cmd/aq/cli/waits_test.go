@@ -21,7 +21,7 @@ import (
 // and SIGINT. A path that is not a regular file is refused at once, without
 // being opened for reading, in one line.
 func TestValidateRefusesAFIFO(t *testing.T) {
-	h, _ := binHome(t)
+	h := binHome(t)
 	fifo := filepath.Join(t.TempDir(), "job.md")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Skip("mkfifo:", err)
@@ -55,7 +55,7 @@ func TestQueueLockWaitSaysWhoAndObeysSignals(t *testing.T) {
 	if err != nil {
 		t.Skip("util-linux flock is not installed")
 	}
-	h, _ := binHome(t)
+	h := binHome(t)
 	if r := h.Run(t, "status"); r.Code != 0 { // makes the queue and its lock file
 		t.Fatalf("aq status: %s", r)
 	}
