@@ -77,6 +77,7 @@ func TestWireFullDiskIsTheHosts(t *testing.T) {
 // in building with a dead pid — and the CLI says one thing.
 func TestFullDiskLocalJobBackToInbox(t *testing.T) {
 	h := binHome(t)
+	h.Env = append(h.Env, "AQ_SANDBOX=off") // aq's handling of a full disk, not the sandbox's
 	h.Repo(t, "app", nil)
 	m := testenv.Manifest(t, t.TempDir(), "full-local", "repo: app\nengine: script\nretry: { max: 0 }\nscript: dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; exit 3")
 	list := filepath.Join(t.TempDir(), "list")
