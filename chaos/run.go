@@ -66,7 +66,7 @@ type FaultRecord struct {
 // factoryRoutes are the routes fault windows apply to: the factories'
 // calls (the harness's own submit and list calls are spared).
 var factoryRoutes = []string{coord.RouteEnroll, coord.RouteHeartbeat, coord.RouteQueueState, coord.RouteClaim, coord.RouteAccept,
-	coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail}
+	coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail, coord.RouteLogAppend}
 
 type harness struct {
 	cfg   Config

@@ -43,6 +43,10 @@ type Parts struct {
 	// job's end (nil: off).
 	Tracer   trace.Tracer
 	Notifier *notify.Notifier
+	// LiveLogEvery and LiveLogBacklog tune the live log (0: the defaults,
+	// a flush a second and a 1 MiB backlog).
+	LiveLogEvery   time.Duration
+	LiveLogBacklog int64
 }
 
 // DetectHost is the production detection of cfg's host: caps.Detect over
@@ -138,7 +142,8 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
 			Policy:     manifest.Policy{Fleet: true, Engines: cfg.RunEngines(true)},
 			HostCheck:  hostCheck,
-			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
+			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts,
+			LiveLogs: &LiveLogs{Client: c, LogsDir: cfg.LogsDir(), Redactor: red, Every: parts.LiveLogEvery, Backlog: parts.LiveLogBacklog, Log: log}},
 		Running:  running,
 		Host:     host,
 		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},

@@ -517,6 +517,11 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		info.date = d
 		c.noteSkew(sentAt, c.o.Now(), d)
 	}
+	if resp.StatusCode == http.StatusRequestedRangeNotSatisfiable && cl.name == RouteLogAppend {
+		if le := c.logOffset(data); le != nil {
+			return info, le
+		}
+	}
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
 		if rerr != nil {
@@ -603,6 +608,18 @@ func clipText(s string, n int) string {
 		n--
 	}
 	return s[:n] + "…"
+}
+
+// logOffset reads a 416 to a live log chunk: where the coordinator's copy
+// of the run ends (nil: not the contract's answer).
+func (c *Client) logOffset(data []byte) *LogOffsetError {
+	var a struct {
+		Next *int64 `json:"next"`
+	}
+	if json.Unmarshal(data, &a) != nil || a.Next == nil || *a.Next < 0 {
+		return nil
+	}
+	return &LogOffsetError{Next: *a.Next, Detail: c.detail(data)}
 }
 
 // detail is the server's error text, redacted and cut to one short line.

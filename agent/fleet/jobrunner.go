@@ -65,6 +65,9 @@ type JobRunner struct {
 	// OnEvent, if set, sees each running job's events (the daemon's job
 	// phases).
 	OnEvent func(jobID string, e runner.Event)
+	// LiveLogs, when set, streams the engine's output to the coordinator
+	// while the pipeline runs (livelog.go).
+	LiveLogs *LiveLogs
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -148,6 +151,7 @@ type claimedJob struct {
 	res   *Result
 	lease *JobLease
 	stop  context.CancelCauseFunc
+	live  *LogStream // the run's live log, from Start to Report
 }
 
 var _ lifecycle.Recorder = (*claimedJob)(nil)
@@ -229,6 +233,9 @@ func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonReportRefused,
 			Detail: "the coordinator refused the building report (" + brief.Head(errText(d.Err)) + "): the job was stopped before its engine"}
 	}
+	// The engine's output goes to the coordinator while the pipeline runs;
+	// a chunk refused 409 fences the run at once.
+	cj.live = cj.r.LiveLogs.Start(context.WithoutCancel(ctx), cj.c, cj.lease, cj.log)
 	return nil
 }
 
@@ -256,6 +263,10 @@ func (cj *claimedJob) Event(ctx context.Context, e runner.Event) {
 // /fleet/fail is told the job is exhausted).
 func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, out *runner.Outcome) lifecycle.Settled {
 	r, c, res, log := cj.r, cj.c, cj.res, cj.log
+	// The live log's last chunks and its end go before the report, so that
+	// whoever sees the job end has seen its output; a fenced run sends
+	// nothing more.
+	cj.live.Close(ctx, k != lifecycle.Fenced)
 	rctx, cancel := r.reportContext(ctx)
 	defer cancel()
 	var d Delivery

@@ -64,6 +64,7 @@ func pick[T any](rs routeSet, full, legacy T) T {
 }
 
 // stub is a coordinator stub on a real 127.0.0.1 listener.
+// stub is a coordinator stub on a real 127.0.0.1 listener.
 type stub struct{ *coord.Served }
 
 func startStub(t testing.TB, o coord.Options) *stub {

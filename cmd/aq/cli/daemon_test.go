@@ -492,6 +492,9 @@ func TestDemoCoordinatorBrokerFlags(t *testing.T) {
 		{[]string{"--broker-connection-string-file", remote}, "not loopback"},
 		{[]string{"--routes", "newest"}, "--routes \"newest\" is not a route set"},
 		{[]string{"--routes", "legacy", "--broker-connection-string-file", remote}, "publishes no dispatch messages"},
+		{[]string{"--log-cap", "0"}, "--log-cap-per-job 64, --log-cap 0"},
+		{[]string{"--log-cap-per-job", "2048"}, "the per-job cap at most the total"},
+		{[]string{"--log-cap", "lots"}, `invalid argument "lots" for "--log-cap"`},
 	} {
 		_, errOut, code := runAQ(t, append([]string{"demo", "coordinator", "--listen", "127.0.0.1:0"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "c2VjcmV0") {
