@@ -597,6 +597,9 @@ func (r *harness) newFactory(i int) (*factory, error) {
 		"GIT_CONFIG_GLOBAL="+r.sb.path("gitconfig"), "GIT_CONFIG_NOSYSTEM=1",
 		"AQ_HOME="+f.home, "AQ_REPO_BASE="+f.src,
 		"AQ_FLEET=1", "AQ_FLEET_API="+r.net.FactoryAPI(i), "AQ_FLEET_TOKEN="+r.enrol, "AQ_FACTORY_ID="+id,
+		// The chaos jobs are script jobs: the factories opt in to script,
+		// and pass the engine the two variables its script reads.
+		"AQ_ENGINES=all", "AQ_ENGINE_ENV=CHAOS_RUNS,CHAOS_FACTORY",
 		fmt.Sprintf("AQ_SLOTS=%d", r.cfg.Slots), "AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_POLL_SECONDS=1",
 		"AQ_FLEET_GATE="+gate, "AQ_KILL_GRACE=500ms", "AQ_DRAIN_TIMEOUT="+r.cfg.DrainTimeout.String(),
 		"AQ_CHECKPOINT_INTERVAL="+r.cfg.CheckpointInterval.String(),

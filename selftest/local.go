@@ -41,7 +41,8 @@ type localSetup struct {
 
 type localOpt struct {
 	parts local.Parts
-	env   []string // extra engine environment
+	env   []string // extra host environment
+	pass  []string // AQ_ENGINE_ENV: names of env the engines get
 	clock func() time.Time
 	// config adjusts the installation's configuration before its agent is
 	// built (the sandbox's checks: aq as the sandbox's init).
@@ -61,6 +62,7 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 		}
 	}
 	l.cfg = localConfig(l.home, l.base)
+	l.cfg.EngineEnv = o.pass
 	if o.config != nil {
 		o.config(l.cfg)
 	}
@@ -120,6 +122,9 @@ func localConfig(home, base string) *config.Config {
 		Home: home, RepoBase: base, KillGrace: killGrace, Poll: time.Second, ClaudePermissionMode: "acceptEdits",
 		FleetRoute: true, LogFormat: "text", LogLevel: "info", GCWIPRetention: 336 * time.Hour, Slots: 1, WorktreePool: 1,
 		Heartbeat: 30 * time.Second, LeaseRenew: 30 * time.Second, SBTopic: "fleet-dispatch", FactoryID: "selftest",
+		// The pipeline checks run script jobs, in fleet mode too: opted in
+		// (AQ_ENGINES=all).
+		Engines:      config.EngineNames,
 		VerifyRounds: job.DefaultVerifyRounds, // AQ_VERIFY_ROUNDS's default, as an installation has it
 	}
 }

@@ -80,7 +80,9 @@ func (c *checker) enroll(ctx context.Context) error {
 		return err
 	case fleet.IsRouteAbsent(err):
 		return &NotCoordinatorError{API: c.fac.API(), Why: "it has no " + fleet.RouteEnroll + " route (" + evidence(err) + ")"}
-	case errors.As(err, &se):
+	case errors.As(err, &se), fleet.IsContract(err):
+		// A refusal, or an answer that is not the contract's JSON (a web
+		// server's page): not a coordinator.
 		return &NotCoordinatorError{API: c.fac.API(), Why: fleet.RouteEnroll + " " + answer(err)}
 	default:
 		return err

@@ -44,53 +44,28 @@ type EgressProxy interface {
 // sandboxDir is where the jobs' own directories live ($AQ_HOME/sandbox).
 func (c Config) sandboxDir() string { return filepath.Join(c.Home, "sandbox") }
 
-// refuseUnsandboxed fails the run when the host cannot sandbox as
-// AQ_SANDBOX=on demands, or as the job requires (sandbox: required, a
-// sandbox:<level> capability: routing keeps such a job from a host like
-// this one, but a coordinator that hands it out anyway gets it back,
-// retryable elsewhere); it reports whether the run may go on.
-func (ru *run) refuseUnsandboxed() bool {
-	level := sandbox.LevelNone
-	if sb := ru.r.Sandbox; sb != nil {
-		if err := sb.Refusal(); err != nil {
-			ru.fail(job.ReasonSandboxUnavailable, err.Error())
-			return false
-		}
-		level = sb.Level()
+// SandboxLevel is the level this runner's engines run at: its sandbox's,
+// none without one (the admission's manifest.Policy.Sandbox).
+func (r *Runner) SandboxLevel() sandbox.Level {
+	if r.Sandbox == nil {
+		return sandbox.LevelNone
 	}
-	if need := requiredLevel(ru.j.Capabilities); !atLeast(level, need) {
-		ru.fail(job.ReasonSandboxUnavailable, fmt.Sprintf("the job requires sandbox:%s and engines run %s here (docs/sandbox.md)", need, levelWords(level)))
+	return r.Sandbox.Level()
+}
+
+// refuseUnsandboxed fails the run when the host cannot sandbox as
+// AQ_SANDBOX=on demands; it reports whether the run may go on. (A job that
+// requires a level this host lacks — sandbox: required — is refused at
+// admission, manifest.Check, before it reaches the runner.)
+func (ru *run) refuseUnsandboxed() bool {
+	if ru.r.Sandbox == nil {
+		return true
+	}
+	if err := ru.r.Sandbox.Refusal(); err != nil {
+		ru.fail(job.ReasonSandboxUnavailable, err.Error())
 		return false
 	}
 	return true
-}
-
-// requiredLevel is the highest sandbox level caps require (none: none).
-func requiredLevel(caps []string) sandbox.Level {
-	need := sandbox.LevelNone
-	for _, c := range caps {
-		r, err := job.ParseRequirement(c)
-		if err != nil || r.Kind != "sandbox" {
-			continue
-		}
-		if l := sandbox.Level(r.Value); !atLeast(need, l) {
-			need = l
-		}
-	}
-	return need
-}
-
-// atLeast reports whether level have holds every guarantee of want.
-func atLeast(have, want sandbox.Level) bool {
-	rank := map[sandbox.Level]int{sandbox.LevelNone: 0, sandbox.LevelPartial: 1, sandbox.LevelFull: 2}
-	return rank[have] >= rank[want]
-}
-
-func levelWords(l sandbox.Level) string {
-	if l == sandbox.LevelNone {
-		return "unsandboxed"
-	}
-	return "in a " + string(l) + " sandbox"
 }
 
 // openSandbox makes the job's sandbox once its worktree exists: the

@@ -89,48 +89,6 @@ func TestSandboxRefusedOn(t *testing.T) {
 	}
 }
 
-// TestSandboxRequired: a job that requires the full sandbox (sandbox:
-// required, a sandbox:<level> capability) handed to a host that runs
-// engines at a lower level — a coordinator that ignored the capability —
-// is refused before any worktree, sandbox_unavailable, retryable
-// elsewhere; on a host at the full level it runs.
-func TestSandboxRequired(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		mode sandbox.Mode
-		caps []string
-		want string // "" runs
-	}{
-		{"off, full required", sandbox.ModeOff, []string{"sandbox:full"}, "the job requires sandbox:full and engines run unsandboxed here"},
-		{"off, partial required", sandbox.ModeOff, []string{"has:git", "sandbox:partial"}, "the job requires sandbox:partial and engines run unsandboxed here"},
-		{"off, nothing required", sandbox.ModeOff, []string{"has:git"}, ""},
-		{"full, full required", sandbox.ModeAuto, []string{"sandbox:partial", "sandbox:full"}, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			sandboxed(t, f, tc.mode)
-			if tc.mode == sandbox.ModeAuto && f.r.Sandbox.Level() != sandbox.LevelFull {
-				t.Skipf("this host sandboxes at level %s", f.r.Sandbox.Level())
-			}
-			j := f.job("required", "echo x > x.txt")
-			j.Capabilities = tc.caps
-			out := f.run(context.Background(), j, runner.Options{Attempt: 1})
-			if tc.want == "" {
-				if out.Failed() {
-					t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
-				}
-				return
-			}
-			if out.Reason != job.ReasonSandboxUnavailable || !strings.Contains(out.Detail, tc.want) {
-				t.Fatalf("outcome %s %q, want sandbox_unavailable: %s", out.Reason, out.Detail, tc.want)
-			}
-			if testenv.Exists(f.wt("required")) {
-				t.Error("a worktree was made for a refused job")
-			}
-		})
-	}
-}
-
 // hiddenEngine is an engine whose binary lies where the sandbox hides it
 // (under $AQ_HOME) and that aq does not know to show: its sandbox cannot
 // start it.

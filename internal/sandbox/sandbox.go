@@ -70,6 +70,20 @@ const (
 	LevelFull Level = "full"
 )
 
+// Holds reports whether level l gives every guarantee of level want (an
+// unknown level holds none but none's).
+func (l Level) Holds(want Level) bool { return levelRank(l) >= levelRank(want) }
+
+func levelRank(l Level) int {
+	switch l {
+	case LevelFull:
+		return 2
+	case LevelPartial:
+		return 1
+	}
+	return 0
+}
+
 // Guarantee is one promise of the sandbox (docs/sandbox.md's table of
 // levels by guarantees).
 type Guarantee string

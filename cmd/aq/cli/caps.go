@@ -143,6 +143,7 @@ func runCaps(ctx context.Context, f *Factory, opts *capsOptions) error {
 	}
 	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, HelpTimeout: opts.HelpTimeout,
 		Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)),
+		Engines: cfg.RunEngines(useFleet(cfg)), EnginesListed: cfg.EnginesExplicit(),
 		Sandbox: runner.OpenSandbox(cfg, nil)}) // shown here, not announced
 	if err != nil {
 		var typed *aqerr.Error

@@ -289,6 +289,7 @@ It is not the coordinator.
 
   aq demo coordinator --listen 127.0.0.1:8787
   export AQ_FLEET=1 AQ_FLEET_API=http://127.0.0.1:8787/api AQ_FLEET_TOKEN=<token>
+  export AQ_ENGINES=all   # to run script jobs (a fleet factory does not by default)
   aq submit job.md && aq run --once
 
 Fault injection: --fail-rate 0.3 answers 30% of requests 503; --latency 200ms

@@ -16,7 +16,6 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
-	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -562,8 +561,8 @@ func ranHere(stateDir, id string) bool {
 // checkJobID refuses an id that cannot name a job (and would escape the
 // logs directory).
 func checkJobID(id string) error {
-	if !mdmeta.NamePattern.MatchString(id) || strings.Contains(id, "..") {
-		return aqerr.Usagef("a job id is letters, digits, '.', '_' and '-' (`aq status` lists the jobs)", "%q is not a job id", id)
+	if msg := job.CheckID(id); msg != "" {
+		return aqerr.Usagef("a job id is letters, digits, '.', '_' and '-' (`aq status` lists the jobs)", "%s is not a job id: it %s", job.Show(id), msg)
 	}
 	return nil
 }

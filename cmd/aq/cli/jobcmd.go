@@ -95,9 +95,11 @@ func newJobShowCmd(f *Factory) *cobra.Command {
 func printJob(w io.Writer, v JobView) error {
 	s := v.State
 	tw := table(w)
+	// Everything shown may have come from a job's author (a title, a
+	// detail quoting the engine): no escape sequence reaches the terminal.
 	row := func(k, val string) {
 		if val != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, val)
+			fmt.Fprintf(tw, "%s\t%s\n", k, job.Printable(val, false))
 		}
 	}
 	row("id", s.ID)
@@ -142,7 +144,7 @@ func printJob(w io.Writer, v JobView) error {
 			if h.Detail != "" {
 				line += ": " + h.Detail
 			}
-			fmt.Fprintln(w, line)
+			fmt.Fprintln(w, job.Printable(line, false))
 		}
 	}
 	return nil
