@@ -462,6 +462,10 @@ func (c *Config) LocksDir() string     { return filepath.Join(c.Home, "locks") }
 func (c *Config) LogsDir() string      { return filepath.Join(c.Home, "logs") }
 func (c *Config) SpoolDir() string     { return filepath.Join(c.Home, "spool") }
 func (c *Config) StateDir() string     { return filepath.Join(c.Home, "state") }
+
+// SandboxDir holds the jobs' sandbox directories, $AQ_HOME/sandbox/<id>
+// (docs/sandbox.md).
+func (c *Config) SandboxDir() string { return filepath.Join(c.Home, "sandbox") }
 func (c *Config) CredentialsFile() string {
 	return filepath.Join(c.Home, "credentials")
 }
