@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // CapabilityKinds of capability token.
@@ -37,7 +38,7 @@ type Requirement struct {
 // String renders r in canonical form (node:>=20, has:git).
 func (r Requirement) String() string { return r.Kind + ":" + r.Op + r.Value }
 
-var valuePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$`)
+var valuePattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$`) })
 
 // ParseRequirement parses a capability token as written in a manifest or
 // profile. Errors say what is wrong and what is allowed.
@@ -77,7 +78,7 @@ func ParseRequirement(s string) (Requirement, error) {
 	if kind == "sandbox" && val != SandboxLevels[0] && val != SandboxLevels[1] {
 		return Requirement{}, fmt.Errorf("capability %q: the sandbox levels are %s (or write sandbox: required)", s, strings.Join(SandboxLevels, " and "))
 	}
-	if !valuePattern.MatchString(val) {
+	if !valuePattern().MatchString(val) {
 		return Requirement{}, fmt.Errorf("capability %q has an invalid value (letters, digits, '.', '_', '+', '-')", s)
 	}
 	r.Value = val

@@ -48,10 +48,10 @@ func DefaultTools() []string { return append([]string(nil), defaultTools...) }
 
 // repoNamePattern is the id rule of docs/manifest.md ("Keys"): a repo: name is a manifest's
 // repo value, so a folder whose name could not be written there is no repo.
-var repoNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var repoNamePattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // ValidRepoName reports whether name satisfies the repo id rule.
-func ValidRepoName(name string) bool { return repoNamePattern.MatchString(name) }
+func ValidRepoName(name string) bool { return repoNamePattern().MatchString(name) }
 
 // DetectOptions says where and how Detect looks.
 type DetectOptions struct {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/sandbox"
@@ -395,7 +396,7 @@ func within(path, dir string) bool {
 
 // idPattern is the id rule of docs/manifest.md ("Keys": id); config ids (factory, product, topic) obey
 // it too, since they end up in paths, headers and broker filters.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 func setID(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, raw string) error {
@@ -413,7 +414,7 @@ const idRule = "is not a valid id (letters, digits, '.', '_' and '-', starting w
 // ValidID reports whether s is a valid id (a factory, pool, subscription):
 // letters, digits, '.', '_' and '-', starting with a letter or digit, at
 // most 128, no "..".
-func ValidID(s string) bool { return idPattern.MatchString(s) && !strings.Contains(s, "..") }
+func ValidID(s string) bool { return idPattern().MatchString(s) && !strings.Contains(s, "..") }
 
 func setURL(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, raw string) error {

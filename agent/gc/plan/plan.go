@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/brief"
@@ -322,7 +323,7 @@ func (x Decision) Label() string {
 
 // jobIDPattern is a job id (the manifest's rule): a ref whose last part is
 // not one is not a job's.
-var jobIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var jobIDPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // RefJob splits a ref under refs/heads/aq/ into its kind and job id.
 func RefJob(name string) (Kind, string) {
@@ -331,7 +332,7 @@ func RefJob(name string) (Kind, string) {
 		kind   Kind
 	}{{JobRefPrefix, KindJobBranch}, {WIPRefPrefix, KindWIPRef}} {
 		if id, ok := strings.CutPrefix(name, k.prefix); ok {
-			if jobIDPattern.MatchString(id) && !strings.Contains(id, "..") {
+			if jobIDPattern().MatchString(id) && !strings.Contains(id, "..") {
 				return k.kind, id
 			}
 			return KindOtherRef, ""
@@ -541,7 +542,7 @@ func (pl *planner) worktree(w WorktreeState) Decision {
 	}
 	j, known := pl.job(w.Job)
 	switch {
-	case !jobIDPattern.MatchString(w.Job) || strings.Contains(w.Job, ".."):
+	case !jobIDPattern().MatchString(w.Job) || strings.Contains(w.Job, ".."):
 		return keep(RuleNotJobRef, "its name is not a job id: aq did not make it")
 	case !w.Registered:
 		return keep(RuleUnregistered, "git does not know this directory as a worktree of %s; inspect it and delete it by hand", pl.repo.Name)

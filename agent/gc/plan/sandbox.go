@@ -29,7 +29,7 @@ func planSandboxes(st State) []Decision {
 		d := Decision{Kind: KindSandbox, Where: WhereLocal, Name: s.Path, Job: s.Job}
 		j, known := st.Jobs[s.Job]
 		switch {
-		case !jobIDPattern.MatchString(s.Job) || strings.Contains(s.Job, ".."):
+		case !jobIDPattern().MatchString(s.Job) || strings.Contains(s.Job, ".."):
 			d = d.keep(RuleNotJobRef, "its name is not a job id: aq did not make it")
 		case s.Held || known && j.InFlight:
 			d = d.keep(RuleInFlight, "job %s is running", s.Job)
