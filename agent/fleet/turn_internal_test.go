@@ -62,7 +62,9 @@ func TestWireTurn(t *testing.T) {
 func TestWireTurnTwoRenewals(t *testing.T) {
 	w := newWireTurn("j", 1, nil)
 	ctx := context.Background()
-	if !w.renewal(ctx) || !w.renewal(ctx) {
+	first := w.renewal(ctx)  // the renewer's
+	second := w.renewal(ctx) // a Confirm beside it
+	if !first || !second {
 		t.Fatal("two renewals were not let on the wire together")
 	}
 	w.renewed() // the Confirm's ends; the renewer's is still on the wire
