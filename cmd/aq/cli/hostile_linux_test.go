@@ -33,7 +33,9 @@ import (
 // leave a daemonised straggler — and still does the job. Sandboxed (the
 // default, auto: full on this host) every escape fails and the job ships;
 // the same job with AQ_SANDBOX=off shows each escape succeeding, so the
-// test can tell. aq selftest judges the same script the same way
+// test can tell. aq's settings and the factory's tokens ($AQ_HOME,
+// $GH_TOKEN) are not in the engine's environment in either mode
+// (hostile.Always). aq selftest judges the same script the same way
 // (hostile.Denied).
 func TestHostileEngine(t *testing.T) {
 	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
@@ -115,6 +117,11 @@ func hostileRun(t *testing.T, mode string) {
 		t.Fatalf("no probe ran: %s", testenv.ReadFile(t, filepath.Join(h.Dir, "logs", w.id, "stdout.log")))
 	}
 	t.Logf("AQ_SANDBOX=%s: %v", mode, probes)
+	for _, p := range hostile.Always {
+		if probes[p] != "denied" {
+			t.Errorf("escape %s: %q, want denied in every mode (the engine's environment is built: docs/engines.md)", p, probes[p])
+		}
+	}
 	if mode == "off" {
 		w.checkEscaped(t, probes)
 		return

@@ -40,7 +40,7 @@ type Probe struct {
 
 // Escapes are the script's escapes, by guarantee. (Its env_* probes —
 // aq's settings and the factory's tokens in the engine's environment —
-// are the wire's to judge, sandboxed or not: docs/engines.md.)
+// are denied in every mode: Always.)
 var Escapes = []Probe{
 	{Name: "read_aq_credentials", Guarantee: sandbox.GuaranteeFiles, Partial: true},
 	{Name: "read_other_job_manifest", Guarantee: sandbox.GuaranteeFiles, Partial: true},
@@ -62,6 +62,12 @@ var Escapes = []Probe{
 	{Name: "signal_aq", Guarantee: sandbox.GuaranteeProcesses, Partial: true},
 	{Name: "read_aq_environ", Guarantee: sandbox.GuaranteeProcesses, Partial: true},
 }
+
+// Always are the script's probes that fail with the sandbox and without
+// it: the engine's environment is built from a documented base
+// (docs/engines.md), which never holds aq's settings ($AQ_HOME) or the
+// tokens aq ships with ($GH_TOKEN, $GITHUB_TOKEN).
+var Always = []string{"env_aq_home", "env_gh_token"}
 
 // Denied are the escapes of guarantee g that level must deny (judged from
 // what the script printed unless OnHost).
