@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -83,7 +84,13 @@ type Config struct {
 	WorktreeDiskMax int64
 
 	ClaudePermissionMode string
-	PriceTable           string
+	// SandboxNet (AQ_SANDBOX_NET) is what a sandboxed engine may reach
+	// through its job's egress proxy besides its own API endpoints.
+	SandboxNet egress.Rules
+	// SandboxEngineHosts (AQ_SANDBOX_ENGINE_HOSTS) replaces engines'
+	// built-in endpoints.
+	SandboxEngineHosts egress.EngineHostSet
+	PriceTable         string
 	// ClaudeTelemetry (AQ_CLAUDE_TELEMETRY) switches Claude Code's own
 	// OpenTelemetry export on in its environment.
 	ClaudeTelemetry bool

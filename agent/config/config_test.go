@@ -49,6 +49,8 @@ var sample = map[string]string{
 	"kill_grace":             "500ms",
 	"checkpoint_interval":    "2m",
 	"claude_permission_mode": "bypassPermissions",
+	"sandbox_net":            "@registries,*.corp.example.com,10.20.0.0/16:443",
+	"sandbox_engine_hosts":   "claude=llm-gateway.example.com:443",
 	"price_table":            "/tmp/prices.json",
 	"claude_telemetry":       "1",
 	"notify_url":             "https://hooks.example.com/services/T0/B0/sample-token",
@@ -255,6 +257,10 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "notify url file", args: []string{"--notify-url-file=/nonexistent/url"}, want: []string{"--notify-url-file", "cannot read"}},
 		{name: "depth interval too short", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "1s"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "at least 10s"}},
 		{name: "depth interval not a duration", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "often"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "duration"}},
+		{name: "sandbox net bad host", env: map[string]string{"AQ_SANDBOX_NET": "github.com, exa mple.com"}, want: []string{`AQ_SANDBOX_NET="github.com, exa mple.com"`, `entry "exa mple.com" is not a host name`, "(use host, *.domain, host:port"}},
+		{name: "sandbox net bad port", args: []string{"--sandbox-net=github.com:https"}, want: []string{"--sandbox-net", `entry "github.com:https" has port "https"`, "1 to 65535"}},
+		{name: "sandbox net unknown set", file: "sandbox_net: \"@pip\"\n", want: []string{"sandbox_net in", `entry "@pip" is not a known set`, "@pypi"}},
+		{name: "sandbox engine hosts", env: map[string]string{"AQ_SANDBOX_ENGINE_HOSTS": "claude"}, want: []string{"AQ_SANDBOX_ENGINE_HOSTS", "is not engine=hosts"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

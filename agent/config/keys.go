@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aqfleet/aq/internal/egress"
 )
 
 // Key is one configuration setting: its file key, its environment names (the
@@ -117,6 +119,24 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "sandbox_net", Group: GroupEngine, Env: []string{"AQ_SANDBOX_NET"}, Flag: "sandbox-net", Usage: "what a sandboxed engine may reach besides its own API, through the job's egress proxy: comma list of host, *.domain, host:port, an address or range, * (any public host), or a set such as @registries (docs/sandbox.md)",
+		set: func(c *Config, raw string) error {
+			r, err := egress.ParseRules(raw)
+			if err != nil {
+				return err
+			}
+			c.SandboxNet = r
+			return nil
+		}},
+	{Name: "sandbox_engine_hosts", Group: GroupEngine, Env: []string{"AQ_SANDBOX_ENGINE_HOSTS"}, Flag: "sandbox-engine-hosts", Usage: "replace engines' built-in API endpoints in the egress proxy: engine=host host;engine=host, e.g. claude=llm-gateway.example.com:443 (docs/sandbox.md)",
+		set: func(c *Config, raw string) error {
+			h, err := egress.ParseEngineHosts(raw)
+			if err != nil {
+				return err
+			}
+			c.SandboxEngineHosts = h
+			return nil
+		}},
 	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",
 		set: setBool(func(c *Config) *bool { return &c.ClaudeTelemetry })},
 	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
