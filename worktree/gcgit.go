@@ -369,7 +369,10 @@ func baseWindow(ctx context.Context, g Git, dir string, tips []string, want map[
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	args := append([]string{"rev-list", "--max-count=" + strconv.Itoa(max), "--end-of-options"}, tips...)
-	cmd := g.at(dir).command(ctx, dir, args)
+	cmd, err := g.at(dir).command(ctx, dir, args, nil)
+	if err != nil {
+		return nil, nil, err
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -429,7 +432,10 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 	gd := g.at(dir)
 	logArgs := []string{"log", "--no-walk=unsorted", "--stdin", "-p", "--format=commit %H", "--no-color",
 		"--no-ext-diff", "--no-textconv", "--no-renames", "--diff-merges=off"}
-	logCmd := gd.command(ctx, dir, logArgs)
+	logCmd, err := gd.command(ctx, dir, logArgs, nil)
+	if err != nil {
+		return nil, err
+	}
 	logCmd.Stdin = strings.NewReader(strings.Join(shas, "\n") + "\n")
 	var logErr, pidErr bytes.Buffer
 	logCmd.Stderr = &logErr
@@ -438,7 +444,10 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 		return nil, err
 	}
 	pidArgs := []string{"patch-id", "--stable"}
-	pidCmd := gd.command(ctx, dir, pidArgs)
+	pidCmd, err := gd.command(ctx, dir, pidArgs, nil)
+	if err != nil {
+		return nil, err
+	}
 	pidCmd.Stdin = pipe
 	var out bytes.Buffer
 	pidCmd.Stdout, pidCmd.Stderr = &out, &pidErr
@@ -767,16 +776,27 @@ func parsePorcelain(out string) map[string]RefUpdate {
 	return lines
 }
 
-// command is an *exec.Cmd for git with g's environment, for callers that
-// stream its output.
-func (g Git) command(ctx context.Context, dir string, args []string) *exec.Cmd {
+// command is an *exec.Cmd for git in dir with g's environment, extra and
+// the hardening that keeps git from running what the repository planted
+// (harden.go), for callers that stream its output. An error means the
+// hardening could not be worked out: git is not run without it.
+func (g Git) command(ctx context.Context, dir string, args, extra []string) (*exec.Cmd, error) {
 	bin := g.Bin
 	if bin == "" {
 		bin = "git"
 	}
+	env := g.environ(extra)
+	if !g.unhardened {
+		more, err := g.hardenEnv(ctx, dir, env)
+		if err != nil {
+			return nil, &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: -1,
+				Err: fmt.Errorf("cannot read the repository's configuration to keep git from running what it names: %w", err)}
+		}
+		env = append(env, more...)
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
-	cmd.Env = g.environ(nil)
+	cmd.Env = env
 	// A cancelled git is asked to stop (SIGTERM), not killed: git then
 	// removes the lock files it holds (a ref's, the index's). Killed, it
 	// left them behind, and every later update of that ref failed — a
@@ -785,17 +805,20 @@ func (g Git) command(ctx context.Context, dir string, args []string) *exec.Cmd {
 	// run). SIGKILL follows after waitDelay.
 	cmd.Cancel = func() error { return process.Terminate(cmd.Process) }
 	cmd.WaitDelay = waitDelay
-	return cmd
+	return cmd, nil
 }
 
 // runStdin is run with stdin: git reads its input (`--stdin`) from in.
 func (g Git) runStdin(ctx context.Context, dir string, in io.Reader, args ...string) ([]byte, error) {
 	g = g.at(dir)
-	cmd := g.command(ctx, dir, args)
+	cmd, err := g.command(ctx, dir, args, nil)
+	if err != nil {
+		return nil, err
+	}
 	cmd.Stdin = in
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	if err == nil {
 		return stdout.Bytes(), nil
 	}

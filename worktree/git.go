@@ -25,6 +25,15 @@ type Git struct {
 	// Env is extra environment (KEY=value) for every run, e.g. an
 	// ssh command or a credential helper's settings.
 	Env []string
+	// ConfigDir is where aq writes the configuration files that keep a
+	// repository's own configuration from changing what git runs or
+	// where it pushes (harden.go); default: aq/git under the user's cache
+	// directory. Written only for a repository that needs one.
+	ConfigDir string
+
+	// unhardened runs git as the repository configures it: only the
+	// benchmark that measures the hardening's cost sets it.
+	unhardened bool
 }
 
 // waitDelay bounds how long a killed git's children (ssh, credential helpers,
@@ -77,12 +86,14 @@ func (g Git) run(ctx context.Context, dir string, env []string, args []string) (
 			return nil, gerr
 		}
 	}
-	cmd := g.command(ctx, dir, args)
-	cmd.Env = g.environ(env)
+	cmd, err := g.command(ctx, dir, args, env)
+	if err != nil {
+		return nil, err
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	if err == nil {
 		return stdout.Bytes(), nil
 	}

@@ -80,6 +80,9 @@ func Main(m *testing.M) int {
 	os.Setenv("GIT_CONFIG_GLOBAL", gitcfg)
 	os.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	os.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "xdg"))
+	// aq's git writes its configuration files under the cache directory
+	// (worktree.Git.ConfigDir): the scratch one, not the user's.
+	os.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
