@@ -58,6 +58,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -420,7 +421,11 @@ const maxHardenCache = 1024
 
 type hardenEntry struct {
 	stamps map[string]configStamp
-	env    []string
+	// racy holds the content of the files that changed too recently for
+	// their stamp to tell a later change apart: those are compared byte
+	// for byte (configuration files are small).
+	racy map[string][]byte
+	env  []string
 }
 
 // configStamp tells whether a file changed; zero: the file did not exist.
@@ -439,8 +444,8 @@ func stampConfig(p string) configStamp {
 	return configStamp{fileStamp: fs, ctime: ctimeOf(fi), exists: true}
 }
 
-// racyWindow: a file changed this recently may change again within the
-// same timestamp; the result read from it is not cached.
+// racyWindow: a file changed this recently before it was read may change
+// again within the same timestamp; its content is kept and compared.
 const racyWindow = time.Second
 
 // HardenedEnv is env (a program's environment) with what keeps the git
@@ -469,30 +474,60 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 	lookup := envLookup(env)
 	key := abs + "\x00" + relevantEnv(env)
 	hardenCache.Lock()
-	if e, ok := hardenCache.m[key]; ok && unchanged(e.stamps) {
-		hardenCache.Unlock()
-		return e.env, nil
-	}
+	old, ok := hardenCache.m[key]
 	hardenCache.Unlock()
+	if ok && old.unchanged() {
+		return old.env, nil
+	}
 
+	// The files the result depends on are looked at before git reads
+	// them (a change while git reads shows at the next command): the
+	// repository's config files, the global and system ones, and what the
+	// last reading found included.
 	start := time.Now()
+	entry := &hardenEntry{stamps: map[string]configStamp{}, racy: map[string][]byte{}}
+	cacheable := true
+	look := func(f string, before bool) {
+		if _, seen := entry.stamps[f]; seen {
+			return
+		}
+		st := stampConfig(f)
+		entry.stamps[f] = st
+		if st.exists && (start.Sub(time.Unix(0, st.mtime)) < racyWindow || start.Sub(time.Unix(0, st.ctime)) < racyWindow) {
+			b, err := os.ReadFile(f)
+			if err != nil || !before {
+				cacheable = false // changed lately, and seen only after git read it
+			}
+			entry.racy[f] = b
+		}
+	}
+	gitDir, commonDir, isWorktree := gitDirs(abs)
+	if commonDir != "" {
+		look(filepath.Join(commonDir, "config"), true)
+	}
+	if gitDir != "" {
+		look(filepath.Join(gitDir, "config.worktree"), true)
+	}
+	globals := globalConfigFiles(lookup)
+	for _, f := range globals {
+		look(f, true)
+	}
+	if v, ok := lookup("GIT_CONFIG_SYSTEM"); ok && v != "" {
+		look(v, true)
+	} else {
+		look("/etc/gitconfig", true)
+	}
+	if ok {
+		for f := range old.stamps {
+			look(f, true)
+		}
+	}
 	entries, files, err := g.readConfig(ctx, abs, env)
 	if err != nil {
 		return nil, err
 	}
-	gitDir, commonDir, isWorktree := gitDirs(abs)
-	if commonDir != "" {
-		files = append(files, filepath.Join(commonDir, "config"))
-	}
-	if gitDir != "" {
-		files = append(files, filepath.Join(gitDir, "config.worktree"))
-	}
-	globals := globalConfigFiles(lookup)
-	files = append(files, globals...)
-	if v, ok := lookup("GIT_CONFIG_SYSTEM"); ok && v != "" {
-		files = append(files, v)
-	} else {
-		files = append(files, "/etc/gitconfig")
+	for _, f := range files {
+		look(f, false)
 	}
 	bin, err := g.absBin(lookup)
 	if err != nil {
@@ -507,47 +542,53 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	stamps := map[string]configStamp{}
-	racy := false
-	for _, f := range files {
-		st := stampConfig(f)
-		stamps[f] = st
-		if st.exists && (start.Sub(time.Unix(0, st.mtime)) < racyWindow || start.Sub(time.Unix(0, st.ctime)) < racyWindow) {
-			racy = true
-		}
-	}
-	if !racy {
+	entry.env = out
+	if cacheable {
 		hardenCache.Lock()
 		if len(hardenCache.m) >= maxHardenCache {
 			hardenCache.m = map[string]*hardenEntry{}
 		}
-		hardenCache.m[key] = &hardenEntry{stamps: stamps, env: out}
+		hardenCache.m[key] = entry
 		hardenCache.Unlock()
 	}
 	return out, nil
 }
 
-func unchanged(stamps map[string]configStamp) bool {
-	for f, st := range stamps {
+// unchanged reports whether every file e was worked out from is as it was.
+func (e *hardenEntry) unchanged() bool {
+	for f, st := range e.stamps {
 		if stampConfig(f) != st {
+			return false
+		}
+	}
+	for f, b := range e.racy {
+		now, err := os.ReadFile(f)
+		if err != nil || !bytes.Equal(now, b) {
 			return false
 		}
 	}
 	return true
 }
 
-// relevantEnv is the part of env that hardening's result depends on.
+// relevantEnv is the part of env that hardening's result depends on: what
+// decides which configuration git reads and what it would run. (Not, say,
+// GIT_INDEX_FILE, which a checkpoint sets to a fresh file each time.)
 func relevantEnv(env []string) string {
 	var b strings.Builder
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "GIT_") || k == "HOME" || k == "XDG_CONFIG_HOME" || k == "SSH_ASKPASS" ||
-			strings.HasSuffix(strings.ToLower(k), "_proxy") {
+		if strings.HasPrefix(k, "GIT_CONFIG") || relevantVars[k] || strings.HasSuffix(strings.ToLower(k), "_proxy") {
 			b.WriteString(kv)
 			b.WriteByte(0)
 		}
 	}
 	return b.String()
+}
+
+var relevantVars = map[string]bool{
+	"HOME": true, "XDG_CONFIG_HOME": true, "SSH_ASKPASS": true, "GIT_ASKPASS": true, "GIT_SSH": true, "GIT_SSH_COMMAND": true,
+	"GIT_ALLOW_PROTOCOL": true, "GIT_PROXY_COMMAND": true, "GIT_CEILING_DIRECTORIES": true, "GIT_DISCOVERY_ACROSS_FILESYSTEM": true,
+	"GIT_DIR": true, "GIT_COMMON_DIR": true, "GIT_WORK_TREE": true, "PATH": true,
 }
 
 // envLookup looks a variable up in env (the last value wins, as exec's).
@@ -562,9 +603,14 @@ func envLookup(env []string) func(string) (string, bool) {
 	}
 }
 
+// configReads counts readConfig's runs (for tests and benchmarks: a cached
+// result reads nothing).
+var configReads atomic.Int64
+
 // readConfig lists dir's configuration and what its conditional includes
 // bring, and names every file read.
 func (g Git) readConfig(ctx context.Context, dir string, env []string) ([]configEntry, []string, error) {
+	configReads.Add(1)
 	out, err := g.rawConfig(ctx, dir, env, "config", "--list", "--show-scope", "--show-origin", "-z")
 	if err != nil {
 		return nil, nil, err

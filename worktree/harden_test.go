@@ -1,9 +1,13 @@
 package worktree
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func TestParseConfigList(t *testing.T) {
@@ -169,5 +173,63 @@ func TestPlanHarden(t *testing.T) {
 		if strings.HasPrefix(kv, "GIT_ALLOW_PROTOCOL=") || strings.HasPrefix(kv, "GIT_PROXY_COMMAND=") {
 			t.Errorf("env %q overrides the host's", kv)
 		}
+	}
+}
+
+// TestHardenCache: the repository's configuration is read once while its
+// files are unchanged — recently written ones compared byte for byte —
+// and again after any change, a same-size rewrite with its modification
+// time put back included.
+func TestHardenCache(t *testing.T) {
+	repo := newRepo(t)
+	g := Git{ConfigDir: t.TempDir()}
+	ctx := ctxT(t)
+	env := g.at(repo).environ(nil)
+	pins := func() string {
+		t.Helper()
+		out, err := g.at(repo).hardenEnv(ctx, repo, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(out, "\n")
+	}
+	reads := configReads.Load()
+	first := pins()
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("first run read the configuration %d times, want 1", n)
+	}
+	for range 3 {
+		if pins() != first {
+			t.Fatal("an unchanged configuration gave other pins")
+		}
+	}
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("three more runs on an unchanged configuration read it %d times in all, want 1 (the cache)", n)
+	}
+	cfg := filepath.Join(repo, ".git", "config")
+	testenv.Git(t, repo, "config", "filter.planted.clean", "/evil")
+	if got := pins(); !strings.Contains(got, "=filter.planted.clean") {
+		t.Fatalf("a planted driver is not pinned after the change:\n%s", got)
+	}
+	// The same size, the old modification time: the change time or the
+	// bytes tell.
+	b, _ := os.ReadFile(cfg)
+	fi, _ := os.Stat(cfg)
+	same := strings.Replace(string(b), "filter \"planted\"", "filter \"PLANTED\"", 1)
+	if len(same) != len(b) || same == string(b) {
+		t.Fatal("the rewrite is not a same-size change")
+	}
+	os.WriteFile(cfg, []byte(same), 0o644)
+	os.Chtimes(cfg, fi.ModTime(), fi.ModTime())
+	if got := pins(); !strings.Contains(got, "=filter.PLANTED.clean") {
+		t.Fatalf("a same-size rewrite was not seen:\n%s", got)
+	}
+	// A planted include target that does not exist yet: its appearance
+	// is a change.
+	testenv.Git(t, repo, "config", "includeIf.onbranch:nowhere.path", "later.cfg")
+	pins()
+	testenv.Git(t, "", "config", "-f", filepath.Join(repo, ".git", "later.cfg"), "merge.later.driver", "/evil")
+	if got := pins(); !strings.Contains(got, "=merge.later.driver") {
+		t.Fatalf("a file an include names, created later, was not read:\n%s", got)
 	}
 }

@@ -2,6 +2,8 @@ package egress
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -264,5 +266,56 @@ func TestEnv(t *testing.T) {
 	}
 	if v, n := get("JAVA_TOOL_OPTIONS"); n != 1 || !strings.HasPrefix(v, "-Xmx1g ") || !strings.Contains(v, "-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=3128") {
 		t.Errorf("JAVA_TOOL_OPTIONS = %q (%d times)", v, n)
+	}
+}
+
+// TestSetsDocumented: docs/sandbox.md's table of sets and of engine hosts
+// say what the code allows.
+func TestSetsDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "sandbox.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	row := func(first string) []string {
+		for _, line := range strings.Split(doc, "\n") {
+			if strings.HasPrefix(line, "| `"+first+"` |") {
+				cells := strings.Split(line, "|")
+				var names []string
+				for _, f := range strings.Split(cells[2], ",") {
+					f = strings.TrimSpace(f)
+					if n, ok := strings.CutPrefix(f, "`"); ok {
+						n, _, _ = strings.Cut(n, "`")
+						names = append(names, n)
+					}
+				}
+				if len(names) > 0 || first == "script" {
+					return names
+				}
+			}
+		}
+		t.Errorf("docs/sandbox.md has no row for %s", first)
+		return nil
+	}
+	for _, name := range SetNames() {
+		want := SetHosts(name)
+		if name == "@registries" {
+			want = nil
+			for _, s := range registrySets {
+				want = append(want, "@"+s)
+			}
+		}
+		if got := row(name); !slices.Equal(got, want) {
+			t.Errorf("docs/sandbox.md lists %s as %v, the code as %v", name, got, want)
+		}
+	}
+	for engine, hosts := range engineHosts {
+		got := row(engine)
+		if len(hosts) == 0 {
+			hosts = nil
+		}
+		if !slices.Equal(got, hosts) {
+			t.Errorf("docs/sandbox.md lists %s's hosts as %v, the code as %v", engine, got, hosts)
+		}
 	}
 }
