@@ -9,8 +9,11 @@ LDFLAGS  := -s -w -X $(PKG)/internal/version.Version=$(VERSION) \
             -X $(PKG)/internal/version.Commit=$(COMMIT) \
             -X $(PKG)/internal/version.Date=$(DATE)
 BENCHTIME ?= 1s
+# golangci-lint, pinned: `go run` builds it once into the Go build cache (no
+# tool dependencies in go.mod); later runs start at once.
+GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: all build install test fmtcheck vet tidycheck crossbuild unit race selftest bench demo chaos clean sbpeer
+.PHONY: all build install test unit lint fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer
 
 all: build
 
@@ -22,8 +25,19 @@ build:
 install:
 	CGO_ENABLED=0 $(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/aq
 
-## test: formatting, vet, module tidiness, the other platforms' builds, race-enabled tests, then aq selftest
-test: fmtcheck vet tidycheck crossbuild race selftest
+## test: formatting, vet, the linter, module tidiness, the other platforms'
+## builds, race-enabled tests, then aq selftest
+test: fmtcheck vet lint tidycheck crossbuild race selftest
+
+## unit: the fast loop — every package's tests with -short (the slow ones
+## skip and say why; `make test` runs them), no race detector
+unit:
+	$(GO) test -short ./...
+
+## lint: golangci-lint (.golangci.yml): vet, staticcheck, errcheck, revive,
+## misspell, and depguard's layering rule
+lint:
+	$(GOLANGCI_LINT) run ./...
 
 fmtcheck:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

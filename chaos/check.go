@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -47,10 +49,16 @@ type Report struct {
 	Redelivered []string `json:"redelivered,omitempty"`
 	// InFlight: WIP or job-branch pushes that landed just after the
 	// coordinator revoked the pusher's lease (a preemption).
-	InFlight   []string `json:"inFlight,omitempty"`
-	Orphans    int      `json:"orphans"`
-	FactoryErr int      `json:"factoryErrors"` // ERROR lines in the factories' logs
-	Pushes     int      `json:"pushes"`
+	InFlight []string `json:"inFlight,omitempty"`
+	Orphans  int      `json:"orphans"`
+	// Repaired counts the shipped jobs with verify: whose accepted run
+	// passed it only after repair rounds (the rounds in all of them:
+	// RepairRounds) — the scripted engine fixes what verify checks only
+	// once it is handed verify's failure.
+	Repaired     int `json:"repaired"`
+	RepairRounds int `json:"repairRounds"`
+	FactoryErr   int `json:"factoryErrors"` // ERROR lines in the factories' logs
+	Pushes       int `json:"pushes"`
 	// Requests and Refused503 count the request log: every request the
 	// factories made of the stub, over all its incarnations.
 	Requests   int `json:"requests"`
@@ -268,17 +276,58 @@ func trailers(msg string) map[string]string {
 	return out
 }
 
+// facts are what the invariants are checked against: the run's input, the
+// leases read from its logs (each job's in epoch order), and each job's
+// engine runs in order with the interruptions that hit them.
+type facts struct {
+	in            *Input
+	leases        map[leaseKey]*lease
+	byJob         map[string][]*lease
+	grantProblems []string
+	runs          map[string][]EngineRun
+	interrupts    []interruption
+}
+
+func newFacts(in *Input) *facts {
+	f := &facts{in: in, byJob: map[string][]*lease{}, runs: map[string][]EngineRun{}}
+	f.leases, f.grantProblems = buildLeases(in)
+	for _, l := range f.leases {
+		f.byJob[l.job] = append(f.byJob[l.job], l)
+	}
+	for _, ls := range f.byJob {
+		sort.Slice(ls, func(a, b int) bool { return ls[a].epoch < ls[b].epoch })
+	}
+	for _, r := range in.Runs {
+		f.runs[r.Job] = append(f.runs[r.Job], r)
+	}
+	for _, rs := range f.runs {
+		sort.Slice(rs, func(a, b int) bool { return rs[a].N < rs[b].N })
+	}
+	f.interrupts = interruptions(in)
+	return f
+}
+
+// invariants are the checks of a run, one method of facts each, in the
+// report's order. A check may add to the report's tallies.
+var invariants = []func(*facts, *Report) CheckResult{
+	(*facts).terminalOnce,
+	(*facts).shippedOnce,
+	(*facts).pushesUnderLease,
+	(*facts).noStaleWrite,
+	(*facts).noReportLost,
+	(*facts).leasesFreed,
+	(*facts).gcLeftNothing,
+	(*facts).noEngineAlive,
+	(*facts).noCrash,
+	(*facts).workLost,
+	(*facts).noEngineOutlives,
+	(*facts).noRerun,
+}
+
 // Check evaluates every invariant on in.
 func Check(in *Input) *Report {
 	rep := &Report{Outcomes: map[string]map[string]int{}, LeaseEnds: map[string]int{}, Calls: map[string]int{}}
-	leases, grantProblems := buildLeases(in)
-	byJob := map[string][]*lease{}
-	for _, l := range leases {
-		byJob[l.job] = append(byJob[l.job], l)
-	}
-	for _, ls := range byJob {
-		sort.Slice(ls, func(a, b int) bool { return ls[a].epoch < ls[b].epoch })
-	}
+	f := newFacts(in)
 	for _, c := range in.Calls {
 		rep.Calls[fmt.Sprintf("%s %d", c.Route, c.Status)]++
 	}
@@ -288,424 +337,51 @@ func Check(in *Input) *Report {
 			rep.Refused503++
 		}
 	}
-	plans := map[string]JobSpec{}
-	for _, j := range in.Jobs {
-		plans[j.ID] = j
+	for _, check := range invariants {
+		rep.Checks = append(rep.Checks, check(f, rep))
 	}
-
-	// 1. Every job reached a terminal stage exactly once.
-	{
-		c := CheckResult{Name: "terminal exactly once",
-			Definition: "every submitted job is, at the end, in a terminal stage of the stub's model (shipped, failed, dead_letter); its audit trail has exactly one event entering a terminal stage, it is the job's last state change (only refused calls may follow), and the trail is complete (shorter than the stub's cap)"}
-		counts := map[string]int{}
-		for _, j := range in.Jobs {
-			sj, ok := in.State.Jobs[j.ID]
-			if !ok {
-				c.Violations = append(c.Violations, j.ID+": not in the stub's state (lost)")
-				continue
-			}
-			counts[sj.Stage]++
-			if rep.Outcomes[j.Plan] == nil {
-				rep.Outcomes[j.Plan] = map[string]int{}
-			}
-			rep.Outcomes[j.Plan][sj.Stage]++
-			if !terminalStages[sj.Stage] {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: ended %s (epoch %d, holder %q)", j.ID, sj.Stage, sj.LeaseEpoch, sj.Holder))
-				continue
-			}
-			evs := in.State.Events[j.ID]
-			if len(evs) >= coord.MaxEvents {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: audit trail truncated at %d events", j.ID, len(evs)))
-				continue
-			}
-			entered, last := 0, -1
-			for i, ev := range evs {
-				if ev.Kind == "fenced" || ev.Kind == "due" {
-					continue
-				}
-				last = i
-				if terminalStages[ev.Stage] {
-					entered++
-				}
-			}
-			switch {
-			case entered != 1:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: entered a terminal stage %d times", j.ID, entered))
-			case last < 0 || !terminalStages[evs[last].Stage] || evs[last].Stage != sj.Stage:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: a state change follows its terminal stage", j.ID))
-			}
-		}
-		c.OK = len(c.Violations) == 0 && in.Converged
-		if !in.Converged {
-			c.Violations = append(c.Violations, "the run did not converge before the guard")
-		}
-		c.Summary = fmt.Sprintf("%d jobs: %d shipped, %d failed, %d dead_letter", len(in.Jobs), counts[coord.StageShipped], counts[coord.StageFailed], counts[coord.StageDeadLetter])
-		rep.Checks = append(rep.Checks, c)
+	rep.Repaired, rep.RepairRounds = f.repairs()
+	rep.Zombies = f.zombies()
+	for _, fd := range in.Factories {
+		rep.Orphans += fd.Orphans
+		rep.FactoryErr += fd.Errors
 	}
+	return rep
+}
 
-	// 2. No job shipped twice.
-	{
-		c := CheckResult{Name: "shipped at most once",
-			Definition: "per job, the stub accepted at most one success report (PATCH shipped, answered 2xx and not as a re-send), exactly one for a shipped job; and origin's aq/job/<id> of a shipped job holds the accepted run's result: its tip carries aq-job: <id> and aq-attempt: N where N is the attempt of the lease whose report was accepted (a zombie's push cannot have overwritten it)"}
-		shippedCalls := map[string][]coord.Call{}
-		for _, cl := range in.Calls {
-			if cl.Route == coord.RoutePatch && isOK(cl.Status) && !cl.Resend && cl.Stage == coord.StageShipped {
-				shippedCalls[cl.JobID] = append(shippedCalls[cl.JobID], cl)
-			}
-		}
-		shipped := 0
-		for _, j := range in.Jobs {
-			sj := in.State.Jobs[j.ID]
-			calls := shippedCalls[j.ID]
-			isShipped := sj != nil && sj.Stage == coord.StageShipped
-			switch {
-			case len(calls) > 1:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: %d success reports accepted", j.ID, len(calls)))
-				continue
-			case isShipped && len(calls) == 0:
-				c.Violations = append(c.Violations, j.ID+": shipped without an accepted success report")
-				continue
-			case !isShipped && len(calls) > 0:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: a success report was accepted but the job ended %s", j.ID, sj.Stage))
-				continue
-			case !isShipped:
-				if tip, ok := in.OriginJobTips[j.ID]; ok {
-					rep.Superseded = append(rep.Superseded, fmt.Sprintf("%s (ended %s): origin keeps aq/job/%s from attempt %s", j.ID, sj.Stage, j.ID, trailers(tip.Message)["attempt"]))
-				}
-				continue
-			}
-			shipped++
-			l := leases[leaseKey{j.ID, calls[0].Epoch}]
-			tip, ok := in.OriginJobTips[j.ID]
-			switch {
-			case l == nil:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: shipped at epoch %d, which was never granted", j.ID, calls[0].Epoch))
-			case !ok:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: shipped, but origin has no aq/job/%s", j.ID, j.ID))
-			default:
-				tr := trailers(tip.Message)
-				if tr["job"] == j.ID && tr["attempt"] != strconv.Itoa(l.attempts) && redelivered(in, l.factory, j.ID, tip.SHA) {
-					// An earlier attempt pushed this result and was lost before
-					// its report; the accepted run found it on origin and
-					// reported it without running the engine (exactly once).
-					rep.Redelivered = append(rep.Redelivered, fmt.Sprintf("%s: attempt %d of %s reported attempt %s's result, already on origin", j.ID, l.attempts, l.factory, tr["attempt"]))
-					break
-				}
-				if tr["job"] != j.ID || tr["attempt"] != strconv.Itoa(l.attempts) {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s: origin's aq/job/%s is %s (aq-job %q, attempt %q), but the accepted run was attempt %d of %s",
-						j.ID, j.ID, tip.SHA[:10], tr["job"], tr["attempt"], l.attempts, l.factory))
-				}
-			}
-		}
-		// Pushes of the job branch by runs other than the accepted one.
-		for _, p := range in.Pushes {
-			if p.Phase != "run" || p.Deletes() {
-				continue
-			}
-			id, ok := strings.CutPrefix(p.Ref, "refs/heads/aq/job/")
-			if !ok {
-				continue
-			}
-			rep.Pushes++
-			var acc *lease
-			if cs := shippedCalls[id]; len(cs) == 1 {
-				acc = leases[leaseKey{id, cs[0].Epoch}]
-			}
-			own := leaseAt(byJob[id], p.Factory, p.T)
-			if acc != nil && own == acc {
-				continue
-			}
-			why := "no lease"
-			if own != nil {
-				why = fmt.Sprintf("epoch %d, which ended by %s", own.epoch, own.endKind)
-			}
-			rep.Superseded = append(rep.Superseded, fmt.Sprintf("%s pushed by %s at %s (%s)", id, p.Factory, ts(p.T), why))
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d jobs shipped once each; %d job-branch pushes, %d of them by runs whose result was not the accepted one", shipped, rep.Pushes, len(rep.Superseded))
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 3. Every push under a lease.
-	{
-		c := CheckResult{Name: "pushes only under a lease",
-			Definition: fmt.Sprintf("every update of refs/heads/aq/job/<id> or refs/heads/aq/wip/<id> an origin took during the run (its post-receive hook logs the pushing factory and the time) was made by a factory that held the job's lease at that moment in the stub's log: granted (claim/accept 2xx) before it, and not yet ended by a report, a fail, a release or the reaper — or was in flight when the coordinator revoked the lease (a requeue, which the holder learns at its next renewal): landed within %s of the revocation and before anyone else held the job, so no later owner's work could be overwritten", inFlightWindow)}
-		n := 0
-		for _, p := range in.Pushes {
-			if p.Phase != "run" || p.Deletes() {
-				continue
-			}
-			id, ok := strings.CutPrefix(p.Ref, "refs/heads/aq/job/")
-			if !ok {
-				id, ok = strings.CutPrefix(p.Ref, "refs/heads/aq/wip/")
-			}
-			if !ok {
-				continue
-			}
-			n++
-			if inFlight(byJob[id], p.Factory, p.T) {
-				rep.InFlight = append(rep.InFlight, fmt.Sprintf("%s %s by %s at %s", p.Repo, p.Ref, p.Factory, ts(p.T)))
-				continue
-			}
-			if leaseAt(byJob[id], p.Factory, p.T) == nil {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %q at %s: %s held no lease of it then (%s)", p.Repo, p.Ref, p.Factory, ts(p.T), p.Factory, describeLeases(byJob[id])))
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d pushes of aq/job and aq/wip refs, all under the pusher's lease", n)
-		if !c.OK {
-			c.Summary = fmt.Sprintf("%d pushes of aq/job and aq/wip refs, %d without a lease", n, len(c.Violations))
-		}
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 4. No fenced write accepted.
-	{
-		c := CheckResult{Name: "no stale write accepted",
-			Definition: "in the stub's call log, every renew, release, PATCH and fail answered 2xx carried the job's lease epoch as the stub held it when it decided (a re-send included), and every one that changed the job came from the lease's holder; every epoch was granted once, and only while nobody held the job"}
-		checked := 0
-		for _, cl := range in.Calls {
-			switch cl.Route {
-			case coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail:
-			default:
-				continue
-			}
-			if !isOK(cl.Status) {
-				continue
-			}
-			checked++
-			if cl.Epoch != cl.JobEpoch {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %s at %s: epoch %d accepted while the job was at epoch %d (resend=%v)", cl.Route, cl.JobID, cl.Factory, ts(cl.At), cl.Epoch, cl.JobEpoch, cl.Resend))
-			} else if !cl.Resend && cl.Holder != cl.Factory {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %s at %s: accepted while %q held the lease", cl.Route, cl.JobID, cl.Factory, ts(cl.At), cl.Holder))
-			}
-		}
-		for _, cl := range in.Calls {
-			if cl.Route == coord.RouteAccept && isOK(cl.Status) && cl.Holder != "" {
-				c.Violations = append(c.Violations, fmt.Sprintf("accept %s by %s at %s: granted while %s held it", cl.JobID, cl.Factory, ts(cl.At), cl.Holder))
-			}
-		}
-		c.Violations = append(c.Violations, grantProblems...)
-		c.OK = len(c.Violations) == 0
-		refused := 0
-		for _, cl := range in.Calls {
-			if cl.Status == 409 {
-				refused++
-			}
-		}
-		c.Summary = fmt.Sprintf("%d accepted lease calls checked; %d calls refused 409 (fenced or owned elsewhere)", checked, refused)
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 5. No report lost.
-	{
-		c := CheckResult{Name: "no report lost",
-			Definition: "after the final drain every factory's spool is empty (spool/ and spool/dead/); every report a factory logged as delivered is in the stub's call log as a 2xx call of that factory at that epoch (PATCH of that stage, or fail of that reason); every job record a factory keeps is closed, and its last run's report is in the call log: an accepted PATCH of its success stage, or an accepted fail or release — unless the record says fenced"}
-		delivered := 0
-		okCall := map[string]bool{}
-		for _, cl := range in.Calls {
-			if !isOK(cl.Status) {
-				continue
-			}
-			switch cl.Route {
-			case coord.RoutePatch:
-				okCall[fmt.Sprintf("%s|%s|%d|%s", cl.JobID, cl.Factory, cl.Epoch, cl.Stage)] = true
-				if cl.Stage != coord.StageBuilding {
-					okCall[fmt.Sprintf("%s|%s|%d|end", cl.JobID, cl.Factory, cl.Epoch)] = true
-				}
-			case coord.RouteFail:
-				okCall[fmt.Sprintf("%s|%s|%d|fail:%s", cl.JobID, cl.Factory, cl.Epoch, cl.Reason)] = true
-				okCall[fmt.Sprintf("%s|%s|%d|end", cl.JobID, cl.Factory, cl.Epoch)] = true
-			case coord.RouteRelease:
-				okCall[fmt.Sprintf("%s|%s|%d|end", cl.JobID, cl.Factory, cl.Epoch)] = true
-			}
-		}
-		for _, f := range in.Factories {
-			for _, s := range f.Spool {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: spool still holds %s", f.ID, s))
-			}
-			for _, s := range f.SpoolDead {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: spool/dead holds %s (refused for good)", f.ID, s))
-			}
-			for _, d := range f.Delivered {
-				delivered++
-				if !okCall[fmt.Sprintf("%s|%s|%d|%s", d.Job, f.ID, d.Epoch, d.Report)] {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s logged %s of %s at epoch %d delivered; the stub has no such accepted call", f.ID, d.Report, d.Job, d.Epoch))
-				}
-			}
-			for _, rec := range f.Records {
-				if rec.Running() {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s: record of %s still says running (epoch %d)", f.ID, rec.ID, rec.LeaseEpoch))
-					continue
-				}
-				if rec.Fenced {
-					continue
-				}
-				key := fmt.Sprintf("%s|%s|%d|end", rec.ID, f.ID, rec.LeaseEpoch)
-				if !okCall[key] {
-					l := leases[leaseKey{rec.ID, rec.LeaseEpoch}]
-					if rec.Stage == job.Building && rec.Reason == job.ReasonInterrupted && l != nil && l.endKind == "reaped" {
-						c.Notes = append(c.Notes, fmt.Sprintf("%s: the lease of %s could not be given back at a stop; the reaper freed it", f.ID, rec.ID))
-						continue
-					}
-					c.Violations = append(c.Violations, fmt.Sprintf("%s: its record of %s (stage %s, reason %q, epoch %d) has no accepted report in the call log", f.ID, rec.ID, rec.Stage, rec.Reason, rec.LeaseEpoch))
-				}
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d delivered reports matched; spools empty: %v", delivered, c.OK)
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 6. Failed jobs free their lease at once; every reap is explained.
-	{
-		c := CheckResult{Name: "leases freed without the reaper",
-			Definition: "every lease ended, and every lease whose run failed ended by that run's /fleet/fail (or a release) at once, not by the reaper: the reaper reclaimed only leases of a holder hit by an injected fault while it still renewed — killed, drained or cut off, or the stub restarted, within 3 s (two missed renewals) of the lease's last accepted renewal or grant, or the stub refusing that lease's renewals with 503s before the reclaim; any other reclaim (a holder alive and connected that stopped renewing by itself) is a violation"}
-		for _, l := range leases {
-			kind := l.endKind
-			if kind == "" {
-				kind = "open"
-				c.Violations = append(c.Violations, fmt.Sprintf("%s epoch %d (%s): the lease never ended", l.job, l.epoch, l.factory))
-			}
-			rep.LeaseEnds[kind]++
-			if l.endKind != "reaped" {
-				continue
-			}
-			rp := Reap{Job: l.job, Epoch: l.epoch, Holder: l.factory, LastRenewal: l.lastRenew, At: l.end}
-			rp.Explained = explain(in, l.job, l.epoch, l.factory, l.lastRenew, l.end)
-			if rp.Explained == "" {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s epoch %d: reaped at %s from %s (last renewal %s) with no fault on %s or the stub in between",
-					l.job, l.epoch, ts(l.end), l.factory, ts(l.lastRenew), l.factory))
-			}
-			rep.Reaps = append(rep.Reaps, rp)
-		}
-		sort.Slice(rep.Reaps, func(a, b int) bool { return rep.Reaps[a].At.Before(rep.Reaps[b].At) })
-		fails := 0
-		for _, cl := range in.Calls {
-			if cl.Route == coord.RouteFail && isOK(cl.Status) && !cl.Resend {
-				fails++
-				if l := leases[leaseKey{cl.JobID, cl.Epoch}]; l == nil || l.endKind != "fail" {
-					c.Violations = append(c.Violations, fmt.Sprintf("fail of %s at epoch %d by %s was accepted but did not end the lease", cl.JobID, cl.Epoch, cl.Factory))
-				}
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d leases: %d ended by a success report, %d by /fleet/fail, %d released, %d reaped (each explained by a fault)",
-			len(leases), rep.LeaseEnds["report"], fails, rep.LeaseEnds["release"], rep.LeaseEnds["reaped"])
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 7. gc.
-	{
-		c := CheckResult{Name: "gc: nothing left, nothing unmerged lost",
-			Definition: "after aq gc on every factory (stopped, so with pooling off: AQ_WORKTREE_POOL=0): no worktree directory is left under $AQ_HOME/worktrees, pooled ones included, and git lists no linked worktree; gc reported no error; a dry run right after finds nothing more to delete (the policy wants nothing else gone); no factory keeps aq/wip/<id> of a job its record says it shipped; every ref gc deleted (in the clones and on the origins) is one the policy allows: aq/wip/<id> of a job the stub says shipped, or any aq/ ref whose tip is in origin's main; and every commit reachable before gc and not after was reachable only from such an allowed deletion"}
-		deleted, lost := 0, 0
-		for _, g := range in.GC {
-			for _, w := range g.WorktreeDirs {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: worktree left: %s", g.Factory, w))
-			}
-			for _, w := range g.Linked {
-				c.Violations = append(c.Violations, "git still lists a linked worktree: "+w)
-			}
-			if g.RunExit != 0 || len(g.Run.Errors) > 0 {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: aq gc exit %d, errors %v %s", g.Factory, g.RunExit, g.Run.Errors, g.RunErr))
-			}
-			a := g.After.Deleted
-			if a.JobBranches+a.WIPRefs+a.Worktrees+a.RemoteRefs+a.OtherRefs+a.Pooled > 0 {
-				c.Violations = append(c.Violations, fmt.Sprintf("%s: a dry run after gc would still delete %+v", g.Factory, a))
-			}
-			var fd *FactoryData
-			for i := range in.Factories {
-				if in.Factories[i].ID == g.Factory {
-					fd = &in.Factories[i]
-				}
-			}
-			for repo, wips := range g.LocalWIP {
-				for id := range wips {
-					if fd != nil {
-						if rec, ok := fd.Records[id]; ok && rec.Stage == job.Shipped && !rec.Fenced {
-							c.Violations = append(c.Violations, fmt.Sprintf("%s/%s: keeps aq/wip/%s of a job it shipped", g.Factory, repo, id))
-						}
-					}
-				}
-			}
-			allowed := map[string]bool{} // where/repo|sha reachable only from allowed deletions
-			for _, d := range g.Deleted {
-				deleted++
-				ok, why := allowedDeletion(in, d)
-				if !ok {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s %s %s (%s) deleted: %s", d.Where, d.Repo, d.Ref, short(d.SHA), why))
-					continue
-				}
-				for _, s := range d.OnlyFrom {
-					allowed[d.Where+"/"+d.Repo+"|"+s] = true
-				}
-			}
-			for where, shas := range g.Lost {
-				for _, s := range shas {
-					lost++
-					if !allowed[where+"|"+s] {
-						c.Violations = append(c.Violations, fmt.Sprintf("%s: commit %s became unreachable without an allowed deletion", where, short(s)))
-					}
-				}
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d refs deleted (all allowed), %d commits dropped with them, no worktree left, second run deletes nothing", deleted, lost)
-		if !c.OK {
-			c.Summary = fmt.Sprintf("%d refs deleted, %d commits dropped; %d violations", deleted, lost, len(c.Violations))
-		}
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 8. No engine alive.
-	{
-		c := CheckResult{Name: "no engine left alive",
-			Definition: "after every factory stopped, no live process carries a job's tag (process.FindScoped(<job id>, \"\") for every job) or a factory's scope (AQ_SCOPE of its home, scanned in /proc)"}
-		c.Violations = append(c.Violations, in.Alive...)
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d jobs and %d factory scopes scanned; %d processes alive", len(in.Jobs), len(in.Factories), len(in.Alive))
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 9. The harness saw no crash, and every job's outcome fits its plan.
-	{
-		c := CheckResult{Name: "no crash, outcomes fit the plans",
-			Definition: "no factory exited on its own, every SIGTERM ended its daemon with exit 0, and every job's end fits its engine plan: invalid manifests end failed (invalid_manifest, never retried), always-failing engines never ship"}
-		c.Violations = append(c.Violations, in.Problems...)
-		for _, j := range in.Jobs {
-			sj := in.State.Jobs[j.ID]
-			if sj == nil {
-				continue
-			}
-			switch {
-			case j.Plan == PlanInvalid && (sj.Stage != coord.StageFailed || sj.Reason != string(job.ReasonInvalidManifest)):
-				c.Violations = append(c.Violations, fmt.Sprintf("%s (invalid manifest) ended %s (%s)", j.ID, sj.Stage, sj.Reason))
-			case j.Plan == PlanAlways && sj.Stage == coord.StageShipped:
-				c.Violations = append(c.Violations, fmt.Sprintf("%s (always fails) shipped", j.ID))
-			case j.Plan != PlanInvalid && j.Plan != PlanAlways && sj.Stage != coord.StageShipped:
-				c.Notes = append(c.Notes, fmt.Sprintf("%s (plan %s) ended %s after %d attempts (last reason %s)", j.ID, j.Plan, sj.Stage, sj.Attempts, sj.Reason))
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d problems seen while running", len(in.Problems))
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	checkLoss(in, rep)
-
-	// Zombies: what each partition did.
-	for _, f := range in.Faults {
-		if f.Kind != KindPartition {
+// repairs counts the shipped jobs with verify: whose accepted run passed it
+// only after repair rounds, and the rounds in all of them.
+func (f *facts) repairs() (jobs, rounds int) {
+	for _, j := range f.in.Jobs {
+		sj := f.in.State.Jobs[j.ID]
+		if sj == nil || !j.Verify || sj.Stage != coord.StageShipped || len(sj.Insights) == 0 {
 			continue
 		}
-		id := fmt.Sprintf("f%d", f.Target+1)
-		z := Zombie{Factory: id, Running: f.Running, Duration: f.End.Sub(f.Start).Round(100 * time.Millisecond).String()}
-		for _, l := range leases {
-			if l.factory == id && !l.granted.After(f.Start) && (l.endKind == "" || l.end.After(f.Start)) {
+		var ins job.Insights
+		if json.Unmarshal(sj.Insights, &ins) == nil && ins.RepairRounds > 0 {
+			jobs++
+			rounds += ins.RepairRounds
+		}
+	}
+	return jobs, rounds
+}
+
+// zombies says what each partition did: the leases its factory held, those
+// the reaper took and the jobs that still ended, the writes refused after.
+func (f *facts) zombies() []Zombie {
+	in := f.in
+	var out []Zombie
+	for _, flt := range in.Faults {
+		if flt.Kind != KindPartition {
+			continue
+		}
+		id := fmt.Sprintf("f%d", flt.Target+1)
+		z := Zombie{Factory: id, Running: flt.Running, Duration: flt.End.Sub(flt.Start).Round(100 * time.Millisecond).String()}
+		for _, l := range f.leases {
+			if l.factory == id && !l.granted.After(flt.Start) && (l.endKind == "" || l.end.After(flt.Start)) {
 				z.Held++
 			}
-			if l.factory == id && l.endKind == "reaped" && !l.end.Before(f.Start) && !l.end.After(f.End) {
+			if l.factory == id && l.endKind == "reaped" && !l.end.Before(flt.Start) && !l.end.After(flt.End) {
 				z.Reaped++
 				if sj := in.State.Jobs[l.job]; sj != nil && terminalStages[sj.Stage] {
 					z.Recovered++
@@ -713,17 +389,421 @@ func Check(in *Input) *Report {
 			}
 		}
 		for _, cl := range in.Calls {
-			if cl.Factory == id && cl.Status == 409 && !cl.At.Before(f.End) && cl.At.Before(f.End.Add(in.LeaseTTL+30*time.Second)) {
+			if cl.Factory == id && cl.Status == 409 && !cl.At.Before(flt.End) && cl.At.Before(flt.End.Add(in.LeaseTTL+30*time.Second)) {
 				z.Refused++
 			}
 		}
-		rep.Zombies = append(rep.Zombies, z)
+		out = append(out, z)
+	}
+	return out
+}
+
+// terminalOnce: every job reached a terminal stage exactly once.
+func (f *facts) terminalOnce(rep *Report) CheckResult {
+	in := f.in
+	c := CheckResult{Name: "terminal exactly once",
+		Definition: "every submitted job is, at the end, in a terminal stage of the stub's model (shipped, failed, dead_letter); its audit trail has exactly one event entering a terminal stage, it is the job's last state change (only refused calls may follow), and the trail is complete (shorter than the stub's cap)"}
+	counts := map[string]int{}
+	for _, j := range in.Jobs {
+		sj, ok := in.State.Jobs[j.ID]
+		if !ok {
+			c.Violations = append(c.Violations, j.ID+": not in the stub's state (lost)")
+			continue
+		}
+		counts[sj.Stage]++
+		if rep.Outcomes[j.Plan] == nil {
+			rep.Outcomes[j.Plan] = map[string]int{}
+		}
+		rep.Outcomes[j.Plan][sj.Stage]++
+		if !terminalStages[sj.Stage] {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: ended %s (epoch %d, holder %q)", j.ID, sj.Stage, sj.LeaseEpoch, sj.Holder))
+			continue
+		}
+		evs := in.State.Events[j.ID]
+		if len(evs) >= coord.MaxEvents {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: audit trail truncated at %d events", j.ID, len(evs)))
+			continue
+		}
+		entered, last := 0, -1
+		for i, ev := range evs {
+			if ev.Kind == "fenced" || ev.Kind == "due" {
+				continue
+			}
+			last = i
+			if terminalStages[ev.Stage] {
+				entered++
+			}
+		}
+		switch {
+		case entered != 1:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: entered a terminal stage %d times", j.ID, entered))
+		case last < 0 || !terminalStages[evs[last].Stage] || evs[last].Stage != sj.Stage:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: a state change follows its terminal stage", j.ID))
+		}
+	}
+	c.OK = len(c.Violations) == 0 && in.Converged
+	if !in.Converged {
+		c.Violations = append(c.Violations, "the run did not converge before the guard")
+	}
+	c.Summary = fmt.Sprintf("%d jobs: %d shipped, %d failed, %d dead_letter", len(in.Jobs), counts[coord.StageShipped], counts[coord.StageFailed], counts[coord.StageDeadLetter])
+	return c
+}
+
+// shippedOnce: no job shipped twice, and origin holds the accepted run's result.
+func (f *facts) shippedOnce(rep *Report) CheckResult {
+	in, leases, byJob := f.in, f.leases, f.byJob
+	c := CheckResult{Name: "shipped at most once",
+		Definition: "per job, the stub accepted at most one success report (PATCH shipped, answered 2xx and not as a re-send), exactly one for a shipped job; and origin's aq/job/<id> of a shipped job holds the accepted run's result: its tip carries aq-job: <id> and aq-attempt: N where N is the attempt of the lease whose report was accepted (a zombie's push cannot have overwritten it)"}
+	shippedCalls := map[string][]coord.Call{}
+	for _, cl := range in.Calls {
+		if cl.Route == coord.RoutePatch && isOK(cl.Status) && !cl.Resend && cl.Stage == coord.StageShipped {
+			shippedCalls[cl.JobID] = append(shippedCalls[cl.JobID], cl)
+		}
+	}
+	shipped := 0
+	for _, j := range in.Jobs {
+		sj := in.State.Jobs[j.ID]
+		calls := shippedCalls[j.ID]
+		isShipped := sj != nil && sj.Stage == coord.StageShipped
+		switch {
+		case len(calls) > 1:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: %d success reports accepted", j.ID, len(calls)))
+			continue
+		case isShipped && len(calls) == 0:
+			c.Violations = append(c.Violations, j.ID+": shipped without an accepted success report")
+			continue
+		case !isShipped && len(calls) > 0:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: a success report was accepted but the job ended %s", j.ID, sj.Stage))
+			continue
+		case !isShipped:
+			if tip, ok := in.OriginJobTips[j.ID]; ok {
+				rep.Superseded = append(rep.Superseded, fmt.Sprintf("%s (ended %s): origin keeps aq/job/%s from attempt %s", j.ID, sj.Stage, j.ID, trailers(tip.Message)["attempt"]))
+			}
+			continue
+		}
+		shipped++
+		l := leases[leaseKey{j.ID, calls[0].Epoch}]
+		tip, ok := in.OriginJobTips[j.ID]
+		switch {
+		case l == nil:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: shipped at epoch %d, which was never granted", j.ID, calls[0].Epoch))
+		case !ok:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: shipped, but origin has no aq/job/%s", j.ID, j.ID))
+		default:
+			tr := trailers(tip.Message)
+			if tr["job"] == j.ID && tr["attempt"] != strconv.Itoa(l.attempts) && redelivered(in, l.factory, j.ID, tip.SHA) {
+				// An earlier attempt pushed this result and was lost before
+				// its report; the accepted run found it on origin and
+				// reported it without running the engine (exactly once).
+				rep.Redelivered = append(rep.Redelivered, fmt.Sprintf("%s: attempt %d of %s reported attempt %s's result, already on origin", j.ID, l.attempts, l.factory, tr["attempt"]))
+				break
+			}
+			if tr["job"] != j.ID || tr["attempt"] != strconv.Itoa(l.attempts) {
+				c.Violations = append(c.Violations, fmt.Sprintf("%s: origin's aq/job/%s is %s (aq-job %q, attempt %q), but the accepted run was attempt %d of %s",
+					j.ID, j.ID, tip.SHA[:10], tr["job"], tr["attempt"], l.attempts, l.factory))
+			}
+		}
+	}
+	// Pushes of the job branch by runs other than the accepted one.
+	for _, p := range in.Pushes {
+		if p.Phase != "run" || p.Deletes() {
+			continue
+		}
+		id, ok := strings.CutPrefix(p.Ref, "refs/heads/aq/job/")
+		if !ok {
+			continue
+		}
+		rep.Pushes++
+		var acc *lease
+		if cs := shippedCalls[id]; len(cs) == 1 {
+			acc = leases[leaseKey{id, cs[0].Epoch}]
+		}
+		own := leaseAt(byJob[id], p.Factory, p.T)
+		if acc != nil && own == acc {
+			continue
+		}
+		why := "no lease"
+		if own != nil {
+			why = fmt.Sprintf("epoch %d, which ended by %s", own.epoch, own.endKind)
+		}
+		rep.Superseded = append(rep.Superseded, fmt.Sprintf("%s pushed by %s at %s (%s)", id, p.Factory, ts(p.T), why))
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d jobs shipped once each; %d job-branch pushes, %d of them by runs whose result was not the accepted one", shipped, rep.Pushes, len(rep.Superseded))
+	return c
+}
+
+// pushesUnderLease: every push of a job or WIP ref was made under the pusher's lease.
+func (f *facts) pushesUnderLease(rep *Report) CheckResult {
+	in, byJob := f.in, f.byJob
+	c := CheckResult{Name: "pushes only under a lease",
+		Definition: fmt.Sprintf("every update of refs/heads/aq/job/<id> or refs/heads/aq/wip/<id> an origin took during the run (its post-receive hook logs the pushing factory and the time) was made by a factory that held the job's lease at that moment in the stub's log: granted (claim/accept 2xx) before it, and not yet ended by a report, a fail, a release or the reaper — or was in flight when the coordinator revoked the lease (a requeue, which the holder learns at its next renewal): landed within %s of the revocation and before anyone else held the job, so no later owner's work could be overwritten", inFlightWindow)}
+	n := 0
+	for _, p := range in.Pushes {
+		if p.Phase != "run" || p.Deletes() {
+			continue
+		}
+		id, ok := strings.CutPrefix(p.Ref, "refs/heads/aq/job/")
+		if !ok {
+			id, ok = strings.CutPrefix(p.Ref, "refs/heads/aq/wip/")
+		}
+		if !ok {
+			continue
+		}
+		n++
+		if inFlight(byJob[id], p.Factory, p.T) {
+			rep.InFlight = append(rep.InFlight, fmt.Sprintf("%s %s by %s at %s", p.Repo, p.Ref, p.Factory, ts(p.T)))
+			continue
+		}
+		if leaseAt(byJob[id], p.Factory, p.T) == nil {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %q at %s: %s held no lease of it then (%s)", p.Repo, p.Ref, p.Factory, ts(p.T), p.Factory, describeLeases(byJob[id])))
+		}
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d pushes of aq/job and aq/wip refs, all under the pusher's lease", n)
+	if !c.OK {
+		c.Summary = fmt.Sprintf("%d pushes of aq/job and aq/wip refs, %d without a lease", n, len(c.Violations))
+	}
+	return c
+}
+
+// noStaleWrite: the stub accepted no write with a stale epoch or from a non-holder.
+func (f *facts) noStaleWrite(*Report) CheckResult {
+	in, grantProblems := f.in, f.grantProblems
+	c := CheckResult{Name: "no stale write accepted",
+		Definition: "in the stub's call log, every renew, release, PATCH and fail answered 2xx carried the job's lease epoch as the stub held it when it decided (a re-send included), and every one that changed the job came from the lease's holder; every epoch was granted once, and only while nobody held the job"}
+	checked := 0
+	for _, cl := range in.Calls {
+		switch cl.Route {
+		case coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail:
+		default:
+			continue
+		}
+		if !isOK(cl.Status) {
+			continue
+		}
+		checked++
+		if cl.Epoch != cl.JobEpoch {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %s at %s: epoch %d accepted while the job was at epoch %d (resend=%v)", cl.Route, cl.JobID, cl.Factory, ts(cl.At), cl.Epoch, cl.JobEpoch, cl.Resend))
+		} else if !cl.Resend && cl.Holder != cl.Factory {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s %s by %s at %s: accepted while %q held the lease", cl.Route, cl.JobID, cl.Factory, ts(cl.At), cl.Holder))
+		}
+	}
+	for _, cl := range in.Calls {
+		if cl.Route == coord.RouteAccept && isOK(cl.Status) && cl.Holder != "" {
+			c.Violations = append(c.Violations, fmt.Sprintf("accept %s by %s at %s: granted while %s held it", cl.JobID, cl.Factory, ts(cl.At), cl.Holder))
+		}
+	}
+	c.Violations = append(c.Violations, grantProblems...)
+	c.OK = len(c.Violations) == 0
+	refused := 0
+	for _, cl := range in.Calls {
+		if cl.Status == 409 {
+			refused++
+		}
+	}
+	c.Summary = fmt.Sprintf("%d accepted lease calls checked; %d calls refused 409 (fenced or owned elsewhere)", checked, refused)
+	return c
+}
+
+// noReportLost: no report was lost: spools empty, every delivered report in the call log.
+func (f *facts) noReportLost(*Report) CheckResult {
+	in, leases := f.in, f.leases
+	c := CheckResult{Name: "no report lost",
+		Definition: "after the final drain every factory's spool is empty (spool/ and spool/dead/); every report a factory logged as delivered is in the stub's call log as a 2xx call of that factory at that epoch (PATCH of that stage, or fail of that reason); every job record a factory keeps is closed, and its last run's report is in the call log: an accepted PATCH of its success stage, or an accepted fail or release — unless the record says fenced"}
+	delivered := 0
+	okCall := map[string]bool{}
+	for _, cl := range in.Calls {
+		if !isOK(cl.Status) {
+			continue
+		}
+		switch cl.Route {
+		case coord.RoutePatch:
+			okCall[fmt.Sprintf("%s|%s|%d|%s", cl.JobID, cl.Factory, cl.Epoch, cl.Stage)] = true
+			if cl.Stage != coord.StageBuilding {
+				okCall[fmt.Sprintf("%s|%s|%d|end", cl.JobID, cl.Factory, cl.Epoch)] = true
+			}
+		case coord.RouteFail:
+			okCall[fmt.Sprintf("%s|%s|%d|fail:%s", cl.JobID, cl.Factory, cl.Epoch, cl.Reason)] = true
+			okCall[fmt.Sprintf("%s|%s|%d|end", cl.JobID, cl.Factory, cl.Epoch)] = true
+		case coord.RouteRelease:
+			okCall[fmt.Sprintf("%s|%s|%d|end", cl.JobID, cl.Factory, cl.Epoch)] = true
+		}
 	}
 	for _, f := range in.Factories {
-		rep.Orphans += f.Orphans
-		rep.FactoryErr += f.Errors
+		for _, s := range f.Spool {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: spool still holds %s", f.ID, s))
+		}
+		for _, s := range f.SpoolDead {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: spool/dead holds %s (refused for good)", f.ID, s))
+		}
+		for _, d := range f.Delivered {
+			delivered++
+			if !okCall[fmt.Sprintf("%s|%s|%d|%s", d.Job, f.ID, d.Epoch, d.Report)] {
+				c.Violations = append(c.Violations, fmt.Sprintf("%s logged %s of %s at epoch %d delivered; the stub has no such accepted call", f.ID, d.Report, d.Job, d.Epoch))
+			}
+		}
+		for _, rec := range f.Records {
+			if rec.Running() {
+				c.Violations = append(c.Violations, fmt.Sprintf("%s: record of %s still says running (epoch %d)", f.ID, rec.ID, rec.LeaseEpoch))
+				continue
+			}
+			if rec.Fenced {
+				continue
+			}
+			key := fmt.Sprintf("%s|%s|%d|end", rec.ID, f.ID, rec.LeaseEpoch)
+			if !okCall[key] {
+				l := leases[leaseKey{rec.ID, rec.LeaseEpoch}]
+				if rec.Stage == job.Building && rec.Reason == job.ReasonInterrupted && l != nil && l.endKind == "reaped" {
+					c.Notes = append(c.Notes, fmt.Sprintf("%s: the lease of %s could not be given back at a stop; the reaper freed it", f.ID, rec.ID))
+					continue
+				}
+				c.Violations = append(c.Violations, fmt.Sprintf("%s: its record of %s (stage %s, reason %q, epoch %d) has no accepted report in the call log", f.ID, rec.ID, rec.Stage, rec.Reason, rec.LeaseEpoch))
+			}
+		}
 	}
-	return rep
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d delivered reports matched; spools empty: %v", delivered, c.OK)
+	return c
+}
+
+// leasesFreed: failed jobs freed their lease at once; every reap is explained by a fault.
+func (f *facts) leasesFreed(rep *Report) CheckResult {
+	in, leases := f.in, f.leases
+	c := CheckResult{Name: "leases freed without the reaper",
+		Definition: "every lease ended, and every lease whose run failed ended by that run's /fleet/fail (or a release) at once, not by the reaper: the reaper reclaimed only leases of a holder hit by an injected fault while it still renewed — killed, drained or cut off, or the stub restarted, within 3 s (two missed renewals) of the lease's last accepted renewal or grant, or the stub refusing that lease's renewals with 503s before the reclaim; any other reclaim (a holder alive and connected that stopped renewing by itself) is a violation"}
+	for _, l := range leases {
+		kind := l.endKind
+		if kind == "" {
+			kind = "open"
+			c.Violations = append(c.Violations, fmt.Sprintf("%s epoch %d (%s): the lease never ended", l.job, l.epoch, l.factory))
+		}
+		rep.LeaseEnds[kind]++
+		if l.endKind != "reaped" {
+			continue
+		}
+		rp := Reap{Job: l.job, Epoch: l.epoch, Holder: l.factory, LastRenewal: l.lastRenew, At: l.end}
+		rp.Explained = explain(in, l.job, l.epoch, l.factory, l.lastRenew, l.end)
+		if rp.Explained == "" {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s epoch %d: reaped at %s from %s (last renewal %s) with no fault on %s or the stub in between",
+				l.job, l.epoch, ts(l.end), l.factory, ts(l.lastRenew), l.factory))
+		}
+		rep.Reaps = append(rep.Reaps, rp)
+	}
+	sort.Slice(rep.Reaps, func(a, b int) bool { return rep.Reaps[a].At.Before(rep.Reaps[b].At) })
+	fails := 0
+	for _, cl := range in.Calls {
+		if cl.Route == coord.RouteFail && isOK(cl.Status) && !cl.Resend {
+			fails++
+			if l := leases[leaseKey{cl.JobID, cl.Epoch}]; l == nil || l.endKind != "fail" {
+				c.Violations = append(c.Violations, fmt.Sprintf("fail of %s at epoch %d by %s was accepted but did not end the lease", cl.JobID, cl.Epoch, cl.Factory))
+			}
+		}
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d leases: %d ended by a success report, %d by /fleet/fail, %d released, %d reaped (each explained by a fault)",
+		len(leases), rep.LeaseEnds["report"], fails, rep.LeaseEnds["release"], rep.LeaseEnds["reaped"])
+	return c
+}
+
+// gcLeftNothing: aq gc left nothing behind and deleted no unmerged work.
+func (f *facts) gcLeftNothing(*Report) CheckResult {
+	in := f.in
+	c := CheckResult{Name: "gc: nothing left, nothing unmerged lost",
+		Definition: "after aq gc on every factory (stopped, so with pooling off: AQ_WORKTREE_POOL=0): no worktree directory is left under $AQ_HOME/worktrees, pooled ones included, and git lists no linked worktree; gc reported no error; a dry run right after finds nothing more to delete (the policy wants nothing else gone); no factory keeps aq/wip/<id> of a job its record says it shipped; every ref gc deleted (in the clones and on the origins) is one the policy allows: aq/wip/<id> of a job the stub says shipped, or any aq/ ref whose tip is in origin's main; and every commit reachable before gc and not after was reachable only from such an allowed deletion"}
+	deleted, lost := 0, 0
+	for _, g := range in.GC {
+		for _, w := range g.WorktreeDirs {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: worktree left: %s", g.Factory, w))
+		}
+		for _, w := range g.Linked {
+			c.Violations = append(c.Violations, "git still lists a linked worktree: "+w)
+		}
+		if g.RunExit != 0 || len(g.Run.Errors) > 0 {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: aq gc exit %d, errors %v %s", g.Factory, g.RunExit, g.Run.Errors, g.RunErr))
+		}
+		a := g.After.Deleted
+		if a.JobBranches+a.WIPRefs+a.Worktrees+a.RemoteRefs+a.OtherRefs+a.Pooled > 0 {
+			c.Violations = append(c.Violations, fmt.Sprintf("%s: a dry run after gc would still delete %+v", g.Factory, a))
+		}
+		var fd *FactoryData
+		for i := range in.Factories {
+			if in.Factories[i].ID == g.Factory {
+				fd = &in.Factories[i]
+			}
+		}
+		for repo, wips := range g.LocalWIP {
+			for id := range wips {
+				if fd != nil {
+					if rec, ok := fd.Records[id]; ok && rec.Stage == job.Shipped && !rec.Fenced {
+						c.Violations = append(c.Violations, fmt.Sprintf("%s/%s: keeps aq/wip/%s of a job it shipped", g.Factory, repo, id))
+					}
+				}
+			}
+		}
+		allowed := map[string]bool{} // where/repo|sha reachable only from allowed deletions
+		for _, d := range g.Deleted {
+			deleted++
+			ok, why := allowedDeletion(in, d)
+			if !ok {
+				c.Violations = append(c.Violations, fmt.Sprintf("%s %s %s (%s) deleted: %s", d.Where, d.Repo, d.Ref, brief.SHA(d.SHA), why))
+				continue
+			}
+			for _, s := range d.OnlyFrom {
+				allowed[d.Where+"/"+d.Repo+"|"+s] = true
+			}
+		}
+		for where, shas := range g.Lost {
+			for _, s := range shas {
+				lost++
+				if !allowed[where+"|"+s] {
+					c.Violations = append(c.Violations, fmt.Sprintf("%s: commit %s became unreachable without an allowed deletion", where, brief.SHA(s)))
+				}
+			}
+		}
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d refs deleted (all allowed), %d commits dropped with them, no worktree left, second run deletes nothing", deleted, lost)
+	if !c.OK {
+		c.Summary = fmt.Sprintf("%d refs deleted, %d commits dropped; %d violations", deleted, lost, len(c.Violations))
+	}
+	return c
+}
+
+// noEngineAlive: no engine is alive after the factories stopped.
+func (f *facts) noEngineAlive(*Report) CheckResult {
+	in := f.in
+	c := CheckResult{Name: "no engine left alive",
+		Definition: "after every factory stopped, no live process carries a job's tag (process.FindScoped(<job id>, \"\") for every job) or a factory's scope (AQ_SCOPE of its home, scanned in /proc)"}
+	c.Violations = append(c.Violations, in.Alive...)
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d jobs and %d factory scopes scanned; %d processes alive", len(in.Jobs), len(in.Factories), len(in.Alive))
+	return c
+}
+
+// noCrash: the harness saw no crash, and every job's outcome fits its plan.
+func (f *facts) noCrash(*Report) CheckResult {
+	in := f.in
+	c := CheckResult{Name: "no crash, outcomes fit the plans",
+		Definition: "no factory exited on its own, every SIGTERM ended its daemon with exit 0, and every job's end fits its engine plan: invalid manifests end failed (invalid_manifest, never retried), always-failing engines never ship"}
+	c.Violations = append(c.Violations, in.Problems...)
+	for _, j := range in.Jobs {
+		sj := in.State.Jobs[j.ID]
+		if sj == nil {
+			continue
+		}
+		switch {
+		case j.Plan == PlanInvalid && (sj.Stage != coord.StageFailed || sj.Reason != string(job.ReasonInvalidManifest)):
+			c.Violations = append(c.Violations, fmt.Sprintf("%s (invalid manifest) ended %s (%s)", j.ID, sj.Stage, sj.Reason))
+		case j.Plan == PlanAlways && sj.Stage == coord.StageShipped:
+			c.Violations = append(c.Violations, fmt.Sprintf("%s (always fails) shipped", j.ID))
+		case j.Plan != PlanInvalid && j.Plan != PlanAlways && sj.Stage != coord.StageShipped:
+			c.Notes = append(c.Notes, fmt.Sprintf("%s (plan %s) ended %s after %d attempts (last reason %s)", j.ID, j.Plan, sj.Stage, sj.Attempts, sj.Reason))
+		}
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d problems seen while running", len(in.Problems))
+	return c
 }
 
 // allowedDeletion applies the policy's rules, independently of gc's code.
@@ -743,13 +823,6 @@ func allowedDeletion(in *Input, d DeletedRef) (bool, string) {
 		return false, "a WIP ref of a job that is " + stage + ", not shipped, and its work is not in main"
 	}
 	return false, "not merged into main"
-}
-
-func short(s string) string {
-	if len(s) > 10 {
-		return s[:10]
-	}
-	return s
 }
 
 // leaseAt is the lease of factory on the job (ls) that was held at t.

@@ -4,7 +4,6 @@ package chaos
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 )
@@ -36,100 +35,89 @@ func (r EngineRun) runningAt(t time.Time) bool {
 	return r.Start.Before(t) && !r.lastSign().Before(t.Add(-heartbeatSlack))
 }
 
-// checkLoss adds the host-loss invariants: work lost per lost host or
-// preemption, engines outliving their aq, engines run again for a result
-// already on origin.
-func checkLoss(in *Input, rep *Report) {
-	byJob := map[string][]EngineRun{}
-	for _, r := range in.Runs {
-		byJob[r.Job] = append(byJob[r.Job], r)
-	}
-	for _, rs := range byJob {
-		sort.Slice(rs, func(a, b int) bool { return rs[a].N < rs[b].N })
-	}
-	interrupts := interruptions(in)
-
-	// 10. Work lost per host loss or preemption.
-	{
-		c := CheckResult{Name: "work lost ≤ one checkpoint interval",
-			Definition: fmt.Sprintf("for every run interrupted by a kill -9, a lost host or a preemption, that had written part one more than one checkpoint interval (%s, + %s for the checkpoint and its push) before the interruption, the job's next run started from that part (its worktree held it): the engine's own step log (runs/<job>/<n>) against what the resumed run found", in.CheckpointInterval, lossSlack)}
-		checked := 0
-		for _, it := range interrupts {
-			for i, r := range byJob[it.job] {
-				if r.Factory != it.factory || !r.runningAt(it.at) || (!r.Done.IsZero() && r.Done.Before(it.at)) {
-					continue
-				}
-				if r.Part1.IsZero() || it.at.Sub(r.Part1) <= in.CheckpointInterval+lossSlack || i+1 >= len(byJob[it.job]) {
-					continue
-				}
-				checked++
-				next := byJob[it.job][i+1]
-				if next.Found1 < r.N {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s: run %d on %s wrote part one %s before the %s; run %d resumed without it (found run %d's)",
-						it.job, r.N, r.Factory, it.at.Sub(r.Part1).Round(10*time.Millisecond), it.kind, next.N, next.Found1))
-				}
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d faults interrupted running engines (kill -9, host lost, preempted); %d interrupted runs had work older than one interval, and resumed from it", countFaults(in, KindKill9, KindHostLost, KindPreempt), checked-len(c.Violations))
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 11. No engine outlives its aq.
-	{
-		c := CheckResult{Name: "no engine outlives its aq",
-			Definition: fmt.Sprintf("after every kill -9 of a factory's daemon, each engine it was running showed its last sign of life (a heartbeat file the engine refreshes every 200 ms) at most %s later: its supervisor stopped it, no later aq was needed", engineOutlivesLimit)}
-		var worst time.Duration
-		n := 0
-		for _, f := range in.Faults {
-			if f.Kind != KindKill9 {
+// workLost: an interruption lost at most one checkpoint interval of work.
+func (f *facts) workLost(*Report) CheckResult {
+	in, byJob, interrupts := f.in, f.runs, f.interrupts
+	c := CheckResult{Name: "work lost ≤ one checkpoint interval",
+		Definition: fmt.Sprintf("for every run interrupted by a kill -9, a lost host or a preemption, that had written part one more than one checkpoint interval (%s, + %s for the checkpoint and its push) before the interruption, the job's next run started from that part (its worktree held it): the engine's own step log (runs/<job>/<n>) against what the resumed run found", in.CheckpointInterval, lossSlack)}
+	checked := 0
+	for _, it := range interrupts {
+		for i, r := range byJob[it.job] {
+			if r.Factory != it.factory || !r.runningAt(it.at) || (!r.Done.IsZero() && r.Done.Before(it.at)) {
 				continue
 			}
-			it := interruption{kind: f.Kind, factory: fmt.Sprintf("f%d", f.Target+1), at: f.Start}
-			for _, rs := range byJob {
-				for _, r := range rs {
-					if r.Factory != it.factory || !r.runningAt(it.at) {
-						continue // not running at the kill
-					}
-					last := r.lastSign()
-					n++
-					worst = max(worst, last.Sub(it.at))
-					if last.Sub(it.at) > engineOutlivesLimit {
-						c.Violations = append(c.Violations, fmt.Sprintf("%s run %d on %s lived %s after its aq was killed", r.Job, r.N, r.Factory, last.Sub(it.at).Round(10*time.Millisecond)))
-					}
-				}
-			}
-		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d engines running at a kill -9; the longest lived %s after its aq", n, worst.Round(10*time.Millisecond))
-		rep.Checks = append(rep.Checks, c)
-	}
-
-	// 12. No engine ran again for a result on origin.
-	{
-		c := CheckResult{Name: "no engine re-run for a delivered result",
-			Definition: "no run of a job's engine started after the job's result branch (aq/job/<id>) was first pushed to origin (the origins' push log against the engine's step log): a delivered result is reported, never made again"}
-		delivered := map[string]time.Time{}
-		for _, p := range in.Pushes {
-			id, ok := strings.CutPrefix(p.Ref, "refs/heads/aq/job/")
-			if !ok || p.Deletes() || p.Phase == "gc" {
+			if r.Part1.IsZero() || it.at.Sub(r.Part1) <= in.CheckpointInterval+lossSlack || i+1 >= len(byJob[it.job]) {
 				continue
 			}
-			if t, seen := delivered[id]; !seen || p.T.Before(t) {
-				delivered[id] = p.T
+			checked++
+			next := byJob[it.job][i+1]
+			if next.Found1 < r.N {
+				c.Violations = append(c.Violations, fmt.Sprintf("%s: run %d on %s wrote part one %s before the %s; run %d resumed without it (found run %d's)",
+					it.job, r.N, r.Factory, it.at.Sub(r.Part1).Round(10*time.Millisecond), it.kind, next.N, next.Found1))
 			}
 		}
-		for id, t := range delivered {
-			for _, r := range byJob[id] {
-				if r.Start.After(t) {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s: run %d started on %s %s after the result was on origin", id, r.N, r.Factory, r.Start.Sub(t).Round(10*time.Millisecond)))
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d faults interrupted running engines (kill -9, host lost, preempted); %d interrupted runs had work older than one interval, and resumed from it", countFaults(in, KindKill9, KindHostLost, KindPreempt), checked-len(c.Violations))
+	return c
+}
+
+// noEngineOutlives: no engine outlived its aq by more than the kill ladder.
+func (f *facts) noEngineOutlives(*Report) CheckResult {
+	in, byJob := f.in, f.runs
+	c := CheckResult{Name: "no engine outlives its aq",
+		Definition: fmt.Sprintf("after every kill -9 of a factory's daemon, each engine it was running showed its last sign of life (a heartbeat file the engine refreshes every 200 ms) at most %s later: its supervisor stopped it, no later aq was needed", engineOutlivesLimit)}
+	var worst time.Duration
+	n := 0
+	for _, f := range in.Faults {
+		if f.Kind != KindKill9 {
+			continue
+		}
+		it := interruption{kind: f.Kind, factory: fmt.Sprintf("f%d", f.Target+1), at: f.Start}
+		for _, rs := range byJob {
+			for _, r := range rs {
+				if r.Factory != it.factory || !r.runningAt(it.at) {
+					continue // not running at the kill
+				}
+				last := r.lastSign()
+				n++
+				worst = max(worst, last.Sub(it.at))
+				if last.Sub(it.at) > engineOutlivesLimit {
+					c.Violations = append(c.Violations, fmt.Sprintf("%s run %d on %s lived %s after its aq was killed", r.Job, r.N, r.Factory, last.Sub(it.at).Round(10*time.Millisecond)))
 				}
 			}
 		}
-		c.OK = len(c.Violations) == 0
-		c.Summary = fmt.Sprintf("%d results delivered; %d engine runs in all", len(delivered), len(in.Runs))
-		rep.Checks = append(rep.Checks, c)
 	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d engines running at a kill -9; the longest lived %s after its aq", n, worst.Round(10*time.Millisecond))
+	return c
+}
+
+// noRerun: no engine ran again for a result already on origin.
+func (f *facts) noRerun(*Report) CheckResult {
+	in, byJob := f.in, f.runs
+	c := CheckResult{Name: "no engine re-run for a delivered result",
+		Definition: "no run of a job's engine started after the job's result branch (aq/job/<id>) was first pushed to origin (the origins' push log against the engine's step log): a delivered result is reported, never made again"}
+	delivered := map[string]time.Time{}
+	for _, p := range in.Pushes {
+		id, ok := strings.CutPrefix(p.Ref, "refs/heads/aq/job/")
+		if !ok || p.Deletes() || p.Phase == "gc" {
+			continue
+		}
+		if t, seen := delivered[id]; !seen || p.T.Before(t) {
+			delivered[id] = p.T
+		}
+	}
+	for id, t := range delivered {
+		for _, r := range byJob[id] {
+			if r.Start.After(t) {
+				c.Violations = append(c.Violations, fmt.Sprintf("%s: run %d started on %s %s after the result was on origin", id, r.N, r.Factory, r.Start.Sub(t).Round(10*time.Millisecond)))
+			}
+		}
+	}
+	c.OK = len(c.Violations) == 0
+	c.Summary = fmt.Sprintf("%d results delivered; %d engine runs in all", len(delivered), len(in.Runs))
+	return c
 }
 
 // interruption is a moment a factory stopped running a job without its aq

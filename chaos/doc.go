@@ -1,5 +1,6 @@
 // Package chaos is the fleet's chaos harness: it proves, on a real
-// multi-host run, what FLEET_DISPATCH_REDESIGN §12 (M2) asks to verify —
+// multi-host run, what the second milestone (M2) of the coordinator team's "Fleet dispatch redesign"
+// asks to verify —
 // exactly-once shipping and crash recovery — and that nothing is lost on the
 // way.
 //

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -124,36 +123,33 @@ func runCoordHelper(cfgPath string) error {
 		}
 		o.Publisher = pub
 	}
-	s, err := coord.New(o)
-	if err != nil {
-		return err
-	}
-	ln, err := listenRetry(c.Listen)
-	if err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	s.Start(ctx)
-	defer s.Close()
 	reqs, err := os.OpenFile(c.RequestLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer reqs.Close()
-	srv := &http.Server{Handler: requestLog(s, reqs), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	ready(ln.Addr().String())
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ln, err := coord.ListenAgain(lctx, c.Listen) // the port its killed predecessor held may take a moment to free
+	if err != nil {
+		return err
+	}
+	s, err := coord.ServeOn(ctx, ln, o, func(h http.Handler) http.Handler { return requestLog(h, reqs) })
+	if err != nil {
+		return err
+	}
+	ready(s.Addr)
 	select {
 	case <-ctx.Done():
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-errc
+		_ = s.Shutdown(sctx)
 		return nil
-	case err := <-errc:
-		return err
+	case <-s.Done():
+		s.Server.Close()
+		return s.Err()
 	}
 }
 
@@ -203,20 +199,6 @@ func requestLog(h http.Handler, out *os.File) http.Handler {
 		_, _ = out.Write(append(b, '\n'))
 		mu.Unlock()
 	})
-}
-
-// listenRetry listens on addr; a port its predecessor (just killed) held may
-// take a moment to be free.
-func listenRetry(addr string) (net.Listener, error) {
-	var err error
-	for range 50 {
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			return ln, nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil, err
 }
 
 // ready tells the harness where the helper listens: its first stdout line.

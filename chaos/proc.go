@@ -98,8 +98,6 @@ func startChildReady(name string, cmd *exec.Cmd, logPath string, wantReady bool)
 	return c, nil
 }
 
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
 // alive reports whether the process has not exited yet.
 func (c *child) alive() bool {
 	select {

@@ -43,7 +43,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 
 	p("# Reliability: the chaos run\n\n")
 	p("This page is written by `make chaos` (`go run ./chaos/cmd/chaos --out docs/RELIABILITY.md`): a %s run of the\n", cfg.Name)
-	p("chaos harness (`chaos/`), which proves on a real multi-host fleet what FLEET_DISPATCH_REDESIGN §12 (M2) asks to\n")
+	p("chaos harness (`chaos/`), which proves on a real multi-host fleet what the second milestone (M2) of the coordinator team's \"Fleet dispatch redesign\" asks to\n")
 	p("verify — exactly-once shipping and crash recovery — and that nothing is lost on the way. `make test` runs a\n")
 	p("reduced run (`TestChaos`) that fails on any broken invariant. Result of this run: %s.\n\n", verdict)
 
@@ -180,6 +180,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 		p("\n## What the faults did\n\n")
 		p("- Leases: %s.\n", leaseLine(rep.LeaseEnds))
 		p("- Orphans recovered at start-up after a kill -9 (checkpoint, WIP push under a confirmed lease, `/fleet/fail crash`): %d.\n", rep.Orphans)
+		p("- Shipped jobs whose verify passed only after repair rounds (the engine handed verify's failure): %d, in %d rounds.\n", rep.Repaired, rep.RepairRounds)
 		p("- Zombies (partitions):\n")
 		for _, z := range rep.Zombies {
 			p("  - %s cut off for %s holding %d jobs: the reaper took %d of its leases (%d of those jobs ended terminal later); after it came back the stub refused %d of its calls with 409.\n",

@@ -132,7 +132,11 @@ done
 // (runs/<job>/<n>, made atomically with mkdir), writes chaos/<job>.log (one
 // line per run: resumed work accumulates), sleeps T1, writes part 1, then
 // per plan fails (exit 1), hangs past any budget, or goes on; sleeps T2,
-// writes part 2 and exits 0.
+// writes part 2 and exits 0. A job with verify: needs chaos/<job>.fixed,
+// which the engine writes only when its prompt carries verify's failure
+// ("FAIL: chaos/<job>.fixed is missing"): from a repair round (or a retry
+// told the previous attempt's verify output) — so those jobs run repair
+// rounds under the faults.
 const engineScript = `#!/bin/sh
 plan=$1 k=$2 t1=$3 t2=$4
 id=$AQ_JOB_ID
@@ -144,8 +148,9 @@ echo "${CHAOS_FACTORY:-?} $$" > "$d/$n/who"
 date +%s.%N > "$d/$n/start"
 # alive: refreshed while this engine lives (the loop ends with it).
 ( while kill -0 $$ 2>/dev/null; do date +%s.%N > "$d/$n/alive.t" && mv "$d/$n/alive.t" "$d/$n/alive"; sleep 0.2; done ) &
-cat > /dev/null
+prompt=$(cat)
 mkdir -p chaos
+if printf '%s\n' "$prompt" | grep -q "FAIL: chaos/$id.fixed is missing"; then echo "fixed in run $n" > "chaos/$id.fixed"; fi
 [ -f "chaos/$id.part1" ] && cp "chaos/$id.part1" "$d/$n/found1"
 echo "$id run $n on ${CHAOS_FACTORY:-?}" >> "chaos/$id.log"
 echo "::aq-usage tokens_in=$((n*1000)) tokens_out=$((n*100)) cost_usd=0.01 turns=$n"
@@ -171,7 +176,7 @@ func (s *sandbox) manifest(j JobSpec, wall string) (body, valid string) {
 	fmt.Fprintf(&b, "script: /bin/sh %s %s %d %.2f %.2f\n", s.engine(), j.Plan, j.K, j.T1, j.T2)
 	fmt.Fprintf(&b, "ship: branch\npriority: %s\nbudget: { wall: %s }\nretry: { max: 2, backoff: 1s }\n", j.Priority, wall)
 	if j.Verify {
-		fmt.Fprintf(&b, "verify: test -s chaos/%s.log\n", j.ID)
+		fmt.Fprintf(&b, "verify: |\n  test -s chaos/%[1]s.log && { test -f chaos/%[1]s.fixed || { echo \"FAIL: chaos/%[1]s.fixed is missing\"; exit 1; }; }\n", j.ID)
 	}
 	head := b.String()
 	tailMd := fmt.Sprintf("---\n# Chaos job %s\n\nWrite chaos/%s.log and its two parts.\n\n## Acceptance\n- chaos/%s.log names this run\n", j.ID, j.ID, j.ID)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -128,7 +129,7 @@ func (s *streamLog) onStderr(line []byte) {
 func (s *streamLog) skip(line []byte) {
 	s.mu.Lock()
 	s.skipped++
-	s.lastSkip = oneLine(string(line), 120)
+	s.lastSkip = brief.OneLine(string(line), 120)
 	s.mu.Unlock()
 }
 
@@ -175,7 +176,7 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 		}
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version could not run: %v", path, err)}
 	}
-	first := firstLine(out.String())
+	first := brief.FirstLine(out.String(), 200)
 	switch {
 	case res.Stopped:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version did not answer within %s", path, timeout)}
@@ -185,15 +186,6 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 		return "", &UnavailableError{Engine: name, Why: path + " --version printed nothing"}
 	}
 	return first, nil
-}
-
-func firstLine(s string) string {
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			return truncate(l, 200)
-		}
-	}
-	return ""
 }
 
 func orNone(s string) string {
@@ -237,7 +229,7 @@ func (t *tail) add(line string) {
 	if t.n <= 0 {
 		return
 	}
-	t.lines = append(t.lines, truncate(line, 2000))
+	t.lines = append(t.lines, brief.Clip(line, 2000))
 	if len(t.lines) > t.n {
 		t.lines = append(t.lines[:0:0], t.lines[len(t.lines)-t.n:]...)
 	}
@@ -342,22 +334,6 @@ func excerptAround(s string, i int) string {
 	}
 	return ex
 }
-
-// oneLine squeezes s onto one line of at most n bytes.
-func oneLine(s string, n int) string { return truncate(strings.Join(strings.Fields(s), " "), n) }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && cut > n-4 && !utf8Start(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
 // newUUID returns a random (version 4) UUID.
 func newUUID() string {

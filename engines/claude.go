@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -19,6 +20,9 @@ import (
 //	claude -p --output-format stream-json --verbose [--max-turns N]
 //	  [--max-budget-usd X] [--model M] --permission-mode P
 //	  --session-id <uuid> [--append-system-prompt <persona>]
+//
+// (a repair round continuing the session before it: --resume <uuid>
+// instead of --session-id; see Run)
 //
 // with the prompt on stdin (closed once written). stream-json prints one
 // JSON event a line: system (init), assistant, user, result, and others
@@ -71,6 +75,7 @@ var claudeNeeds = []FlagNeed{
 	{Flag: "--permission-mode", Required: true, Use: "editing the worktree without prompts (AQ_CLAUDE_PERMISSION_MODE)"},
 	{Flag: "--model", Required: true, Use: "the job's model"},
 	{Flag: "--session-id", Use: "the session id aq chooses and records; without it aq records the one claude reports"},
+	{Flag: "--resume", Aliases: []string{"-r"}, Use: "a repair round continuing the session of the run before it; without it the round starts a fresh session with the task and the failure in its prompt"},
 	{Flag: "--max-turns", Hidden: true, Value: "1", Use: "the job's budget.turns; without it only aq's wall, USD and token budgets stop claude"},
 	{Flag: "--max-budget-usd", Use: "claude stopping itself at budget.usd; without it aq's meter stops it"},
 	{Flag: "--append-system-prompt", Use: "the profile's persona; without it the persona goes before the task in the prompt"},
@@ -135,12 +140,19 @@ func claudeAuthMissing(env []string) string {
 
 // Args is claude's command line for spec (without the program), and the
 // session id it carries ("" when the CLI has no --session-id). Optional
-// flags spec.Flags lacks are left out.
+// flags spec.Flags lacks are left out. A spec whose Resume the CLI can
+// take (canResume) continues that session: --resume <id>, and no
+// --session-id, which claude refuses for a session it has (unless
+// --fork-session).
 func (c *Claude) Args(spec Spec) ([]string, string, error) {
+	resume := c.canResume(spec) == ""
 	sid := spec.SessionID
-	if sid == "" {
+	switch {
+	case resume:
+		sid = spec.Resume.SessionID
+	case sid == "":
 		sid = newUUID()
-	} else if !uuidPattern.MatchString(sid) {
+	case !uuidPattern.MatchString(sid):
 		return nil, "", fmt.Errorf("claude: session id %q is not a UUID", sid)
 	}
 	has := spec.Flags.Has
@@ -155,9 +167,12 @@ func (c *Claude) Args(spec Spec) ([]string, string, error) {
 		args = append(args, "--model", spec.Model)
 	}
 	args = append(args, "--permission-mode", permissionMode(spec))
-	if has("--session-id") {
+	switch {
+	case resume:
+		args = append(args, "--resume", sid)
+	case has("--session-id"):
 		args = append(args, "--session-id", sid)
-	} else {
+	default:
 		sid = ""
 	}
 	if p := strings.TrimSpace(spec.Persona); p != "" && has("--append-system-prompt") {
@@ -166,9 +181,29 @@ func (c *Claude) Args(spec Spec) ([]string, string, error) {
 	return args, sid, nil
 }
 
+// canResume says why spec's Resume cannot be taken ("" when it can, or no
+// resume is asked): the CLI has no --resume, or the session id is not one
+// claude makes (a UUID).
+func (c *Claude) canResume(spec Spec) string {
+	r := spec.Resume
+	switch {
+	case r == nil:
+		return "no resume asked"
+	case !spec.Flags.Has("--resume"):
+		return "this claude has no --resume"
+	case !uuidPattern.MatchString(r.SessionID):
+		return fmt.Sprintf("the session id %q is not a UUID", brief.OneLine(r.SessionID, 60))
+	}
+	return ""
+}
+
 // prompt is what claude reads on stdin: the task, with the persona before
-// it when the CLI cannot take it through --append-system-prompt.
+// it when the CLI cannot take it through --append-system-prompt; a resumed
+// session only the resume prompt (it has the task and the persona).
 func (c *Claude) prompt(spec Spec) string {
+	if c.canResume(spec) == "" {
+		return spec.Resume.Prompt
+	}
 	if p := strings.TrimSpace(spec.Persona); p != "" && !spec.Flags.Has("--append-system-prompt") {
 		return p + "\n\n" + spec.Prompt
 	}
@@ -195,7 +230,11 @@ func (c *Claude) env(spec Spec) []string {
 	return spec.Env
 }
 
-// Run implements Engine.
+// Run implements Engine. A repair round asked to resume a session
+// (Spec.Resume) continues it with --resume when the CLI can; when claude
+// says the session is gone ("No conversation found with session ID", in
+// the result's errors[] and on stderr, exit 1), the round runs again fresh,
+// once, with Spec.Prompt.
 func (c *Claude) Run(ctx context.Context, spec Spec) (Result, error) {
 	spec = engineSpec(spec)
 	path, err := findEngine(c.Name(), c.bin(), spec.Env)
@@ -205,6 +244,25 @@ func (c *Claude) Run(ctx context.Context, spec Spec) (Result, error) {
 	if spec.Flags, err = usableFlags(ctx, c.Name(), path, spec, c.HelpTimeout, c.Probes); err != nil {
 		return Result{}, err
 	}
+	note := ""
+	if spec.Resume != nil {
+		if note = c.canResume(spec); note == "" {
+			res, err := c.run(ctx, spec, path)
+			if err != nil || !res.resumeMissing || ctx.Err() != nil {
+				res.Resumed = err == nil && !res.resumeMissing
+				return res, err
+			}
+			note = "claude has no session " + spec.Resume.SessionID + " to resume (" + orNone(brief.OneLine(res.Detail, 200)) + ")"
+		}
+		spec.Resume = nil
+	}
+	res, err := c.run(ctx, spec, path)
+	res.ResumeNote = note
+	return res, err
+}
+
+// run is one claude process for spec.
+func (c *Claude) run(ctx context.Context, spec Spec, path string) (Result, error) {
 	args, sid, err := c.Args(spec)
 	if err != nil {
 		return Result{}, err
@@ -377,7 +435,7 @@ func (p *claudeParser) onStdout(line []byte) {
 		var info claudeRateLimit
 		switch err := json.Unmarshal(ev.RateLimitInfo, &info); {
 		case err != nil:
-			p.limitNote = "a rate_limit_event's rate_limit_info is unreadable: " + oneLine(err.Error(), 120)
+			p.limitNote = "a rate_limit_event's rate_limit_info is unreadable: " + brief.OneLine(err.Error(), 120)
 		case info.Status == "rejected":
 			p.rejected = &info
 		case info.Status == "allowed" || info.Status == "allowed_warning":
@@ -495,6 +553,21 @@ func assistantText(ev claudeEvent) string {
 	return b.String()
 }
 
+// claudeNoSession is what claude says when --resume names a session it
+// does not have (claude 2.1.258: a result with subtype
+// error_during_execution, is_error, this in errors[] and on stderr, exit 1).
+const claudeNoSession = "no conversation found"
+
+// containsFold reports whether any of texts contains sub, ignoring case.
+func containsFold(texts []string, sub string) bool {
+	for _, t := range texts {
+		if strings.Contains(strings.ToLower(t), sub) {
+			return true
+		}
+	}
+	return false
+}
+
 // claudeUnavailableErrors are the assistant event error values that are not
 // the task's fault (Agent SDK SDKAssistantMessageError).
 var claudeUnavailableErrors = map[string]string{
@@ -521,6 +594,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 
 	r := p.result
 	if r == nil {
+		res.resumeMissing = containsFold([]string{p.errLines.String()}, claudeNoSession)
 		if pres.Stopped && !graceStop {
 			res.Outcome, res.Detail = Stopped, stopDetail("claude", pres)
 			return res
@@ -536,6 +610,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 	}
 
 	res.Subtype, res.FinalText = r.Subtype, r.Result
+	res.resumeMissing = r.IsError && containsFold(append(rawTexts(r.Errors), p.errLines.String()), claudeNoSession)
 	if r.Usage != nil || r.TotalCostUSD != nil || r.NumTurns > 0 {
 		res.Usage = p.finalUsage()
 	}
@@ -558,7 +633,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 		if errs := rawTexts(r.Errors); len(errs) > 0 {
 			why = strings.Join(errs, "; ")
 		}
-		res.Detail = fmt.Sprintf("claude result %s (is_error %t): %s", r.Subtype, r.IsError, orNone(oneLine(why, 300)))
+		res.Detail = fmt.Sprintf("claude result %s (is_error %t): %s", r.Subtype, r.IsError, orNone(brief.OneLine(why, 300)))
 	}
 	return res
 }
@@ -620,7 +695,7 @@ func (p *claudeParser) unavailable(r *claudeEvent) (kind, excerpt string, ok boo
 		if why == "" {
 			why = errs
 		}
-		status := fmt.Sprintf("API error status %d: %s", r.APIErrorStatus, orNone(oneLine(why, 200)))
+		status := fmt.Sprintf("API error status %d: %s", r.APIErrorStatus, orNone(brief.OneLine(why, 200)))
 		switch s := r.APIErrorStatus; {
 		case s == 401 || s == 403:
 			return "auth failed", status, true
@@ -635,13 +710,13 @@ func (p *claudeParser) unavailable(r *claudeEvent) (kind, excerpt string, ok boo
 		return kind, ex, true
 	}
 	if k, found := claudeUnavailableErrors[p.apiError]; found {
-		return k, orNone(oneLine(p.errText.last(), 240)), true
+		return k, orNone(brief.OneLine(p.errText.last(), 240)), true
 	}
 	if rj := p.rejected; rj != nil && (r == nil || r.IsError) {
 		// The run failed after claude said the account's limit rejected it.
 		why := "rate_limit_event rejected (" + orNone(rj.RateLimitType) + ")"
 		if r != nil && r.Result != "" {
-			why += ": " + oneLine(r.Result, 200)
+			why += ": " + brief.OneLine(r.Result, 200)
 		}
 		return LimitUsage, why, true
 	}

@@ -108,6 +108,9 @@ var claudeCases = []struct {
 	{name: "no_result", want: TaskFailed},                 // exit 0, no output at all
 	{name: "no_result_auth", exit: 1, stderr: true, want: Unavailable},
 	{name: "malformed", want: Succeeded}, // bad lines mid-stream are skipped
+	// --resume of a session claude does not have (claude 2.1.258, as
+	// recorded by others: see testdata/README.md).
+	{name: "resume_not_found", exit: 1, stderr: true, want: TaskFailed},
 }
 
 // goldenNow is "now" for the recorded outputs whose reset time is a wall

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -45,7 +47,9 @@ import (
 // total there (the exec event processor's usage_from_last_total), so the
 // last one wins. Codex reports no cost: it is metered from spec.Prices for
 // the model (the price table's default when -m is not set, as codex then
-// uses its own configured model), with Usage.Estimated set. Codex reports
+// uses its own configured model), with Usage.Estimated set. A repair round
+// that continues the thread (`codex exec resume`, see Run) reports the
+// thread's total too: its own usage is what it adds. Codex reports
 // no usage during a turn, so aq's token and USD budgets can only stop it
 // between turns; the wall budget still applies throughout.
 type Codex struct {
@@ -72,6 +76,15 @@ var codexNeeds = []FlagNeed{
 	{Flag: "--sandbox", Aliases: []string{"-s"}, Instead: "-c", Use: "workspace-write; without it aq passes -c sandbox_mode=\"workspace-write\""},
 	{Flag: "-c", Aliases: []string{"--config"}, Use: "the stand-in for a missing --sandbox"},
 }
+
+// codexResumeHelp is how `codex exec resume` is probed: it has no
+// --sandbox (the sandbox policy goes in as -c sandbox_mode=…), so a repair
+// round that continues a codex session needs --json, -m and -c there.
+var codexResumeHelp = HelpSpec{Sub: []string{"exec", "resume"}, Needs: []FlagNeed{
+	{Flag: "--json", Required: true, Use: "JSONL events of the resumed session"},
+	{Flag: "-m", Aliases: []string{"--model"}, Required: true, Use: "the job's model"},
+	{Flag: "-c", Aliases: []string{"--config"}, Required: true, Use: "the sandbox policy (exec resume has no --sandbox)"},
+}}
 
 var _ Engine = (*Codex)(nil)
 
@@ -134,7 +147,28 @@ func (c *Codex) Args(spec Spec) []string {
 	return append(args, "-")
 }
 
-// Run implements Engine.
+// ResumeArgs is `codex exec resume`'s command line continuing thread id,
+// without the program: the prompt on stdin ("-"), the sandbox policy as a
+// config override (exec resume has no --sandbox), run from the worktree
+// (it has no -C either).
+func (c *Codex) ResumeArgs(spec Spec, id string) []string {
+	args := []string{"exec", "resume", "--json", "-c", `sandbox_mode="workspace-write"`}
+	if spec.Model != "" {
+		args = append(args, "-m", spec.Model)
+	}
+	return append(args, id, "-")
+}
+
+// codexThreadID is what aq accepts as a thread to resume: what codex
+// prints in thread.started (a UUID), never something that reads as an
+// option.
+var codexThreadID = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$`)
+
+// Run implements Engine. A repair round asked to resume a session
+// (Spec.Resume) continues the thread with `codex exec resume` when this
+// codex has it (its own --help probe: --json, -m, -c); when codex says the
+// thread is gone ("no rollout found for thread id …" on stderr, exit 1),
+// the round runs again fresh, once, with Spec.Prompt.
 func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 	spec = engineSpec(spec)
 	path, err := findEngine(c.Name(), c.bin(), spec.Env)
@@ -144,11 +178,50 @@ func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 	if spec.Flags, err = usableFlags(ctx, c.Name(), path, spec, c.HelpTimeout, c.Probes); err != nil {
 		return Result{}, err
 	}
+	note := ""
+	if r := spec.Resume; r != nil {
+		if note = c.canResume(ctx, path, spec); note == "" {
+			rs := spec
+			rs.Prompt = r.Prompt
+			res, err := c.run(ctx, rs, path, c.ResumeArgs(rs, r.SessionID), r.Usage)
+			if err != nil || !res.resumeMissing || ctx.Err() != nil {
+				res.Resumed = err == nil && !res.resumeMissing
+				return res, err
+			}
+			note = "codex has no thread " + r.SessionID + " to resume (" + orNone(brief.OneLine(res.Detail, 200)) + ")"
+		}
+		spec.Resume = nil
+	}
+	res, err := c.run(ctx, spec, path, c.Args(spec), Usage{})
+	res.ResumeNote = note
+	return res, err
+}
+
+// canResume says why spec's Resume cannot be taken by the codex at path
+// ("" when it can): a thread id codex does not make, or an `exec resume`
+// that lacks what aq passes it.
+func (c *Codex) canResume(ctx context.Context, path string, spec Spec) string {
+	if !codexThreadID.MatchString(spec.Resume.SessionID) {
+		return fmt.Sprintf("the thread id %q is not one codex makes", brief.OneLine(spec.Resume.SessionID, 60))
+	}
+	fs, err := probeHelp(ctx, c.Name(), path, codexResumeHelp, spec.Env, c.HelpTimeout, c.Probes)
+	if err != nil {
+		return err.Error()
+	}
+	if why := fs.Refusal(codexResumeHelp.Needs); why != "" {
+		return "codex exec resume: " + why
+	}
+	return ""
+}
+
+// run is one codex process; base is the thread's usage before it (a
+// resumed thread reports its running total).
+func (c *Codex) run(ctx context.Context, spec Spec, path string, args []string, base Usage) (Result, error) {
 	loc := locationOf(spec.Env)
-	return runStreaming(ctx, spec, c.Name(), c.bin(), Invocation{Path: path, Args: c.Args(spec)}, c.ResultGrace,
+	return runStreaming(ctx, spec, c.Name(), c.bin(), Invocation{Path: path, Args: args}, c.ResultGrace,
 		func(final func()) streamParser {
 			p := newCodexParser(spec.Model, spec.Prices, spec.Meter, final)
-			p.loc = loc
+			p.loc, p.base = loc, base
 			if c.now != nil {
 				p.now = c.now
 			}
@@ -190,6 +263,9 @@ type codexParser struct {
 
 	now func() time.Time // when "try again at 3:04 PM" is read; time.Now
 	loc *time.Location   // the zone codex prints local times in
+	// base is the thread's usage before this run (a resumed thread): codex
+	// reports the thread's running total, this run spent what it adds.
+	base Usage
 }
 
 func newCodexParser(model string, prices *PriceTable, meter Meter, final func()) *codexParser {
@@ -221,9 +297,9 @@ func (p *codexParser) onStdout(line []byte) {
 		p.last, p.completed, final = ev.Type, true, true
 		if ev.Usage != nil {
 			p.usage = Usage{
-				TokensIn:     ev.Usage.InputTokens,
-				TokensCached: ev.Usage.CachedInputTokens,
-				TokensOut:    ev.Usage.OutputTokens,
+				TokensIn:     since(ev.Usage.InputTokens, p.base.TokensIn),
+				TokensCached: since(ev.Usage.CachedInputTokens, p.base.TokensCached),
+				TokensOut:    since(ev.Usage.OutputTokens, p.base.TokensOut),
 			}
 		}
 		u, observe = p.current(), true
@@ -245,6 +321,16 @@ func (p *codexParser) onStdout(line []byte) {
 	if observe && p.meter != nil {
 		p.meter.Observe(u)
 	}
+}
+
+// since is what a running total added since base (the total itself when
+// it did not grow past base: a codex that counts a resumed thread from
+// zero).
+func since(total, base int64) int64 {
+	if total < base {
+		return total
+	}
+	return total - base
 }
 
 // current is the usage so far, priced from the table.
@@ -276,7 +362,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 			p.classify(&res, kind, ex, p.failure)
 		} else {
 			res.Outcome = TaskFailed
-			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(oneLine(p.failure, 300)))
+			res.Detail = fmt.Sprintf("codex %s: %s", p.last, orNone(brief.OneLine(p.failure, 300)))
 		}
 		if pres.Stopped && !graceStop && p.last == "error" {
 			// An error event codex may still have retried from: aq's stop,
@@ -287,6 +373,9 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 		res.Outcome, res.Detail = Stopped, stopDetail("codex", pres)
 	default:
 		res.Subtype = "no_turn_completed"
+		if p.turns == 0 && codexNoThread.MatchString(p.errLines.String()) {
+			res.resumeMissing = true
+		}
 		if kind, ex, ok := unavailableReason(p.errLines.String()); ok {
 			p.classify(&res, kind, ex, p.errLines.String())
 			break
@@ -321,9 +410,15 @@ func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
 	res.Detail = "codex " + lk + ": " + excerpt
 }
 
+// codexNoThread is what `codex exec resume` prints when the thread is not
+// there: "Error: thread/resume: thread/resume failed: no rollout found for
+// thread id <id> (code -32600)" (codex 0.132; codex-rs/thread-store's
+// read_thread.rs).
+var codexNoThread = regexp.MustCompile(`(?i)no rollout found for (thread|conversation) id|thread not found`)
+
 func stderrSuffix(t tail) string {
 	if l := t.last(); l != "" {
-		return "; stderr: " + oneLine(l, 200)
+		return "; stderr: " + brief.OneLine(l, 200)
 	}
 	return ""
 }

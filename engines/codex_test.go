@@ -44,6 +44,8 @@ var codexCases = []struct {
 	{name: "stream_error", exit: 1, want: TaskFailed},
 	{name: "no_events", exit: 1, stderr: true, want: TaskFailed},
 	{name: "malformed", want: Succeeded},
+	// exec resume of a thread codex does not have: stderr only, exit 1.
+	{name: "resume_not_found", exit: 1, stderr: true, want: TaskFailed},
 }
 
 func TestCodexGolden(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Devin runs the Devin local CLI ("Devin for Terminal") headless, one turn:
@@ -90,10 +92,16 @@ func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
 	return preflight(ctx, d.Name(), d.bin(), spec, d.VersionTimeout, d.HelpTimeout, d.Probes, nil)
 }
 
-// devinFiles are the prompt and trajectory files of one attempt.
+// devinFiles are the prompt and trajectory files of one run: an attempt's
+// first, or one of its repair rounds (-repair<k>), each kept in the job's
+// logs. Devin's CLI documents no way to continue a session: a repair round
+// is a fresh run with the task and the failure in its prompt.
 func devinFiles(spec Spec) (prompt, export string) {
-	return filepath.Join(spec.LogDir, fmt.Sprintf("devin-prompt-%d.md", spec.Attempt)),
-		filepath.Join(spec.LogDir, fmt.Sprintf("devin-trajectory-%d.json", spec.Attempt))
+	n := fmt.Sprint(spec.Attempt)
+	if spec.Round > 0 {
+		n += fmt.Sprintf("-repair%d", spec.Round)
+	}
+	return filepath.Join(spec.LogDir, "devin-prompt-"+n+".md"), filepath.Join(spec.LogDir, "devin-trajectory-"+n+".json")
 }
 
 // Args is devin's command line for spec, without the program.
@@ -191,7 +199,7 @@ func devinResult(out *devinOutput, traj *atifTrajectory, trajErr error, exit int
 	}
 	note := ""
 	if trajErr != nil && !errors.Is(trajErr, fs.ErrNotExist) {
-		note = " (trajectory unreadable: " + oneLine(trajErr.Error(), 160) + ")"
+		note = " (trajectory unreadable: " + brief.OneLine(trajErr.Error(), 160) + ")"
 	}
 	switch {
 	case stopped:

@@ -48,7 +48,7 @@ func TestDevinGolden(t *testing.T) {
 				feed(t, "devin/"+tc.name+".stderr", out.onStderr)
 			}
 			var traj *atifTrajectory
-			var trajErr error = fs.ErrNotExist
+			var trajErr = fs.ErrNotExist
 			if tc.export {
 				traj, trajErr = readATIF(filepath.Join("testdata", "devin", tc.name+".atif.json"))
 				if trajErr != nil {

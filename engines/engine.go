@@ -5,7 +5,7 @@
 //
 // Each adapter turns its engine's machine-readable output into one normalised
 // Result, deciding the outcome from what the engine printed, not from its exit
-// code alone (DESIGN §7, ENGINES.md). The package is a leaf: it never imports
+// code alone (docs/engines.md). The package is a leaf: it never imports
 // agent/ or cmd/.
 package engines
 
@@ -63,6 +63,16 @@ type Spec struct {
 	LogDir string
 	// Attempt numbers the run in the log headers.
 	Attempt int
+	// Round numbers a repair round of the attempt (0: its first run) and
+	// Rounds the repair rounds the job allows; a round's log header says
+	// "repair Round/Rounds".
+	Round, Rounds int
+	// Resume asks a repair round to continue the engine's own session of
+	// the run before it (docs/engines.md, "Repair rounds"): an engine that
+	// can (claude --resume, codex exec resume) runs Resume.Prompt in that
+	// session and sets Result.Resumed; one that cannot, or whose session is
+	// gone, runs Prompt from the start and says why in Result.ResumeNote.
+	Resume *Resume
 	// Env is the engine's environment: the host's minus aq's secrets.
 	Env []string
 	// Grace is the wait between steps of the kill ladder.
@@ -79,6 +89,19 @@ type Spec struct {
 	// invocation leaves out optional flags the CLI lacks. nil: Run probes
 	// (through the engine's cache) itself.
 	Flags *FlagSet
+}
+
+// Resume is the session a repair round continues.
+type Resume struct {
+	// SessionID is the session the run before reported (Result.SessionID).
+	SessionID string
+	// Prompt is what the continued session is told: only the failure, as
+	// the session has the task already.
+	Prompt string
+	// Usage is what the session had reported when the run before ended.
+	// codex reports its thread's running total, so a resumed run's own
+	// usage is what it adds to this.
+	Usage Usage
 }
 
 // Budget is what one run may spend. Zero means unlimited. Engines that take
@@ -110,6 +133,15 @@ type Usage struct {
 // Tokens is the total the token budget is measured against: input + output
 // (cached input is part of input as the engines report it).
 func (u Usage) Tokens() int64 { return u.TokensIn + u.TokensOut }
+
+// Plus is u and v summed: two runs' spending (Estimated when either was).
+func (u Usage) Plus(v Usage) Usage {
+	return Usage{
+		TokensIn: u.TokensIn + v.TokensIn, TokensOut: u.TokensOut + v.TokensOut, TokensCached: u.TokensCached + v.TokensCached,
+		CostUSD: u.CostUSD + v.CostUSD, Turns: u.Turns + v.Turns, Estimated: u.Estimated || v.Estimated,
+		TokensCacheWrite: u.TokensCacheWrite + v.TokensCacheWrite,
+	}
+}
 
 // Meter is fed cumulative usage by an engine while it runs; the runner uses
 // it to enforce budgets and show progress.
@@ -171,6 +203,13 @@ type Result struct {
 	SkippedLines int `json:"skippedLines,omitempty"`
 	// Limit is set with Outcome Limited.
 	Limit *Limit `json:"limit,omitempty"`
+	// Resumed says the run continued the session Spec.Resume named.
+	Resumed bool `json:"resumed,omitempty"`
+	// ResumeNote says why a run asked to resume a session started fresh
+	// instead (the CLI cannot resume, or the session is gone).
+	ResumeNote string `json:"resumeNote,omitempty"`
+	// resumeMissing: the engine said the session to resume does not exist.
+	resumeMissing bool
 	// Process is what the process layer saw (exit, signals, the ladder).
 	Process process.Result `json:"-"`
 }

@@ -48,9 +48,9 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 		return process.Result{}, err
 	}
 	defer errF.Close()
-	header := fmt.Sprintf("=== aq job %s attempt %d: %s at %s ===\n", spec.JobID, spec.Attempt, filepath.Base(inv.Path), time.Now().UTC().Format(time.RFC3339))
-	outF.WriteString(header)
-	errF.WriteString(header)
+	header := Header(spec, filepath.Base(inv.Path), time.Now())
+	_, _ = outF.WriteString(header) // a log header: the engine runs whether or not it is written
+	_, _ = errF.WriteString(header)
 
 	outLog := secrets.NewWriter(outF, spec.Redactor)
 	errLog := secrets.NewWriter(errF, spec.Redactor)
@@ -75,6 +75,17 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 	outLog.Flush()
 	errLog.Flush()
 	return res, runErr
+}
+
+// Header is the line Exec writes before each run in stdout.log and
+// stderr.log: the job, the attempt (and the repair round), what ran and
+// when. Transcript and IsHeader read it back.
+func Header(spec Spec, what string, at time.Time) string {
+	round := ""
+	if spec.Round > 0 {
+		round = fmt.Sprintf(" repair %d/%d", spec.Round, max(spec.Rounds, spec.Round))
+	}
+	return fmt.Sprintf("=== aq job %s attempt %d%s: %s at %s ===\n", spec.JobID, spec.Attempt, round, what, at.UTC().Format(time.RFC3339))
 }
 
 func openLog(path string) (*os.File, error) {

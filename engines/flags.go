@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -131,6 +132,12 @@ func ProbeFlags(ctx context.Context, name, path string, env []string, timeout ti
 	if !ok {
 		return nil, nil
 	}
+	return probeHelp(ctx, name, path, spec, env, timeout, cache)
+}
+
+// probeHelp is ProbeFlags for one HelpSpec of engine name (codex's
+// `exec resume` has one of its own: codexResumeHelp).
+func probeHelp(ctx context.Context, name, path string, spec HelpSpec, env []string, timeout time.Duration, cache *ProbeCache) (*FlagSet, error) {
 	if timeout <= 0 {
 		timeout = DefaultHelpTimeout
 	}
@@ -146,7 +153,7 @@ func ProbeFlags(ctx context.Context, name, path string, env []string, timeout ti
 	}
 	found := HelpFlags(out)
 	if len(found) == 0 {
-		return nil, &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` lists no flags (first line: %s); is %s really %s?", cmd, orNone(firstLine(out)), path, name)}
+		return nil, &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` lists no flags (first line: %s); is %s really %s?", cmd, orNone(brief.FirstLine(out, 200)), path, name)}
 	}
 	fs := &FlagSet{Engine: name, Path: path, Probed: []string{cmd}, Found: []string{}, Dropped: []string{}}
 	has := map[string]bool{}
@@ -189,7 +196,7 @@ func runProbe(ctx context.Context, name, path string, args, env []string, timeou
 	case res.Stopped:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` did not answer within %s", cmd, timeout)}
 	case res.ExitCode != 0:
-		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` exited %d: %s", cmd, res.ExitCode, orNone(firstLine(out)))}
+		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` exited %d: %s", cmd, res.ExitCode, orNone(brief.FirstLine(out, 200)))}
 	case strings.TrimSpace(out) == "":
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` printed nothing", cmd)}
 	}

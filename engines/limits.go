@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Rate limits, usage limits and exhausted credit: the engine's account, not
@@ -61,14 +63,14 @@ func epochReset(raw json.RawMessage) (t time.Time, note string, ok bool) {
 	if err := json.Unmarshal(raw, &f); err != nil {
 		var str string
 		if json.Unmarshal(raw, &str) != nil {
-			return time.Time{}, fmt.Sprintf("reset time %s is not a number", oneLine(s, 60)), false
+			return time.Time{}, fmt.Sprintf("reset time %s is not a number", brief.OneLine(s, 60)), false
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(str), 64)
 		if err != nil {
 			if ts, err := time.Parse(time.RFC3339, strings.TrimSpace(str)); err == nil {
 				return ts.UTC(), "", true
 			}
-			return time.Time{}, fmt.Sprintf("reset time %q is not a number", oneLine(str, 60)), false
+			return time.Time{}, fmt.Sprintf("reset time %q is not a number", brief.OneLine(str, 60)), false
 		}
 		f = v
 	}
@@ -80,7 +82,7 @@ func epochReset(raw json.RawMessage) (t time.Time, note string, ok bool) {
 	}
 	t = time.Unix(int64(f), int64((f-math.Floor(f))*1e9)).UTC()
 	if t.Year() < 2001 || t.Year() > 2100 {
-		return time.Time{}, fmt.Sprintf("reset time %s is out of range (%s)", oneLine(s, 40), t.Format(time.RFC3339)), false
+		return time.Time{}, fmt.Sprintf("reset time %s is out of range (%s)", brief.OneLine(s, 40), t.Format(time.RFC3339)), false
 	}
 	return t, "", true
 }
@@ -130,7 +132,7 @@ func textReset(text string, now time.Time, loc *time.Location) (t time.Time, not
 func clockReset(spec string, now time.Time, loc *time.Location) (time.Time, string, bool) {
 	m := clockSpec.FindStringSubmatch(spec)
 	if m == nil || (m[1] == "" && m[4] == "") {
-		return time.Time{}, fmt.Sprintf("reset time %q is not in a form aq reads", oneLine(spec, 60)), false
+		return time.Time{}, fmt.Sprintf("reset time %q is not in a form aq reads", brief.OneLine(spec, 60)), false
 	}
 	local := now.In(loc)
 	hour, minute := 0, 0
@@ -140,7 +142,7 @@ func clockReset(spec string, now time.Time, loc *time.Location) (time.Time, stri
 			minute, _ = strconv.Atoi(m[5])
 		}
 		if hour < 1 || hour > 12 || minute > 59 {
-			return time.Time{}, fmt.Sprintf("reset time %q has no valid clock time", oneLine(spec, 60)), false
+			return time.Time{}, fmt.Sprintf("reset time %q has no valid clock time", brief.OneLine(spec, 60)), false
 		}
 		if hour == 12 {
 			hour = 0
@@ -164,11 +166,11 @@ func clockReset(spec string, now time.Time, loc *time.Location) (time.Time, stri
 	}
 	mon := months[strings.ToLower(m[1][:3])]
 	if day < 1 || day > 31 {
-		return time.Time{}, fmt.Sprintf("reset time %q has no valid day", oneLine(spec, 60)), false
+		return time.Time{}, fmt.Sprintf("reset time %q has no valid day", brief.OneLine(spec, 60)), false
 	}
 	t := time.Date(year, mon, day, hour, minute, 0, 0, loc)
 	if t.Day() != day {
-		return time.Time{}, fmt.Sprintf("reset time %q has no valid day", oneLine(spec, 60)), false
+		return time.Time{}, fmt.Sprintf("reset time %q has no valid day", brief.OneLine(spec, 60)), false
 	}
 	if !explicitYear && t.Before(local.AddDate(0, 0, -1)) { // "Jan 2" said on Dec 30
 		t = t.AddDate(1, 0, 0)

@@ -3,6 +3,7 @@ package engines
 // Registry holds the engines aq knows, by name.
 type Registry struct {
 	byName map[string]Engine
+	all    []string
 	anyOf  []string
 }
 
@@ -18,6 +19,7 @@ func NewRegistry(es ...Engine) *Registry {
 	r := &Registry{byName: map[string]Engine{}}
 	for _, e := range es {
 		r.byName[e.Name()] = e
+		r.all = append(r.all, e.Name())
 		if e.Name() != "script" {
 			r.anyOf = append(r.anyOf, e.Name())
 		}
@@ -44,3 +46,18 @@ func (r *Registry) Get(name string) (Engine, bool) {
 
 // Names lists the engines `engine: any` may use, in order of preference.
 func (r *Registry) Names() []string { return append([]string(nil), r.anyOf...) }
+
+// All lists every engine of the registry by name, in the order given.
+func (r *Registry) All() []string { return append([]string(nil), r.all...) }
+
+// Any is the engine a job names to let aq choose among the coding engines.
+const Any = "any"
+
+// Known lists the engine names a manifest or a profile may give: every
+// engine aq ships (Default), then Any. It is the one list of engine names:
+// validation, capability detection and the stub's scheduler read it.
+func Known() []string { return append(Default().All(), Any) }
+
+// Coding lists the coding engines aq ships, found by their binary on PATH,
+// in the order `engine: any` tries them.
+func Coding() []string { return Default().Names() }

@@ -241,7 +241,12 @@ func TestScriptStopped(t *testing.T) {
 		grace              time.Duration
 	}{
 		// A long grace: SIGINT ends it at once, however busy the machine.
-		{"polite", "touch started; sleep 60", "SIGINT", 5 * time.Second},
+		// The shell makes the signal file itself (a redirect, no child):
+		// with `touch started`, SIGINT could reach the shell while it still
+		// waited for touch, which then exited 0 — and a shell whose child
+		// did not die of SIGINT carries on (wait-and-cooperative-exit), so
+		// `sleep` ran until SIGTERM.
+		{"polite", ": > started; exec sleep 60", "SIGINT", 5 * time.Second},
 		{"stubborn", "trap '' INT TERM; touch started; while :; do sleep 0.05; done", "SIGKILL", 100 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {

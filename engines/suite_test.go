@@ -50,6 +50,7 @@ const (
 	fakeHelpHang    = "FAKE_ENGINE_HELP_HANG"    // --help never answers
 	fakeHelpCount   = "FAKE_ENGINE_HELP_COUNT"   // each --help appends a line here
 	fakeUnknownOpt  = "FAKE_ENGINE_UNKNOWN_OPT"  // the hidden-flag probe: "1" rejects the probed flag itself
+	fakeSessions    = "FAKE_ENGINE_SESSIONS"     // a directory: keep sessions there and honour --resume / exec resume (fakeSession)
 )
 
 var fakeVersions = map[string]string{
@@ -129,6 +130,13 @@ func fakeEngine(name string, args []string) int {
 			return 91
 		}
 	}
+	var sess *fakeSession
+	if dir := os.Getenv(fakeSessions); dir != "" {
+		var code int
+		if sess, code = openFakeSession(name, dir, args, rec.Dir); sess == nil {
+			return code
+		}
+	}
 	if p := os.Getenv(fakeStderr); p != "" {
 		b, _ := os.ReadFile(p)
 		os.Stderr.Write(b)
@@ -171,8 +179,17 @@ func fakeEngine(name string, args []string) int {
 					return 94
 				}
 			default:
+				if sess != nil {
+					line = sess.rewrite(line)
+				}
 				fmt.Fprintln(out, line)
 			}
+		}
+	}
+	if sess != nil {
+		if err := sess.save(); err != nil {
+			fmt.Fprintln(os.Stderr, "fake:", err)
+			return 96
 		}
 	}
 	code, _ := strconv.Atoi(os.Getenv(fakeExit))
@@ -195,7 +212,10 @@ func fakeHelpText(name string, args []string) int {
 	file := os.Getenv(fakeHelp)
 	if file == "" {
 		base := "help.txt"
-		if len(args) > 1 && args[0] == "exec" {
+		switch {
+		case len(args) > 2 && args[0] == "exec" && args[1] == "resume":
+			base = "exec-resume-help.txt"
+		case len(args) > 1 && args[0] == "exec":
 			base = "exec-help.txt"
 		}
 		file = filepath.Join(os.Getenv(fakeHelpDir), name, base)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // A Transcript renders an engine's output log (stdout.log, as Exec writes
@@ -36,6 +38,11 @@ type Transcript struct {
 	last    string
 	ended   bool // the current attempt printed its final event
 	attempt int  // the current attempt's number, from its header (0: none seen)
+	// round and rounds are the current run's repair round (0: the
+	// attempt's first run) and the rounds its job allows, from its header;
+	// prior is what the attempt's earlier runs spent.
+	round, rounds int
+	prior         Usage
 	// mU is what the parser last fed its meter; mSeen says it did during
 	// the current line (the parsers meter synchronously, under t.mu).
 	mU    Usage
@@ -87,8 +94,10 @@ func NewTranscript(engine, model string, prices *PriceTable) *Transcript {
 	return &Transcript{hint: engine, model: model, prices: prices}
 }
 
-// headerLine matches the line Exec writes before each attempt.
-var headerLine = regexp.MustCompile(`^=== aq job (\S+) attempt (\d+): (\S+) at (\S+) ===$`)
+// headerLine matches the line Exec writes before each run (Header): job,
+// attempt, the repair round and the rounds allowed when it is one, what
+// ran, when.
+var headerLine = regexp.MustCompile(`^=== aq job (\S+) attempt (\d+)(?: repair (\d+)/(\d+))?: (\S+) at (\S+) ===$`)
 
 // IsHeader reports whether line is aq's own attempt header in a job log (not
 // the engine's output).
@@ -104,10 +113,20 @@ func (t *Transcript) Line(line []byte) []Note {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m := headerLine.FindSubmatch(bytes.TrimSpace(line)); m != nil {
-		t.attempt, _ = strconv.Atoi(string(m[2]))
+		attempt, _ := strconv.Atoi(string(m[2]))
+		round, _ := strconv.Atoi(string(m[3]))
+		rounds, _ := strconv.Atoi(string(m[4]))
+		if attempt == t.attempt && round > 0 {
+			// A repair round of the same attempt: it spends the attempt's
+			// budget, so its usage adds to the runs before it.
+			t.prior = t.prior.Plus(t.usage)
+		} else {
+			t.prior = Usage{}
+		}
+		t.attempt, t.round, t.rounds = attempt, round, rounds
 		t.kind, t.parser, t.ended = "", nil, false
-		t.usage, t.hasUse = Usage{}, false
-		bin := filepath.Base(string(m[3]))
+		t.usage, t.hasUse = Usage{}, t.hasUse && round > 0
+		bin := filepath.Base(string(m[5]))
 		if t.hint == "" {
 			switch {
 			case strings.Contains(bin, "claude"):
@@ -116,7 +135,11 @@ func (t *Transcript) Line(line []byte) []Note {
 				t.kind = "codex"
 			}
 		}
-		return t.note(Note{Kind: "attempt", Text: fmt.Sprintf("attempt %s: %s at %s", m[2], bin, m[4])})
+		what := "attempt " + string(m[2])
+		if round > 0 {
+			what += fmt.Sprintf(" repair %d/%d", round, rounds)
+		}
+		return t.note(Note{Kind: "attempt", Text: fmt.Sprintf("%s: %s at %s", what, bin, m[6])})
 	}
 	if t.kind == "" {
 		t.kind = t.detect(line)
@@ -129,7 +152,7 @@ func (t *Transcript) Line(line []byte) []Note {
 	case "script":
 		return t.script(line)
 	}
-	return t.note(Note{Kind: "text", Text: oneLine(string(line), 2000)})
+	return t.note(Note{Kind: "text", Text: brief.OneLine(string(line), 2000)})
 }
 
 // detect names the engine from its first line (or the hint).
@@ -155,12 +178,20 @@ func (t *Transcript) detect(line []byte) string {
 	return "" // undecided: plain text for now
 }
 
-// Usage is the current attempt's cumulative usage, and whether the engine
-// reported any.
+// Usage is the current attempt's cumulative usage (its repair rounds'
+// included), and whether the engine reported any.
 func (t *Transcript) Usage() (Usage, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.usage, t.hasUse
+	return t.prior.Plus(t.usage), t.hasUse
+}
+
+// Round is the repair round the log is at (0: the attempt's first run) and
+// the rounds its job allows, from the last header.
+func (t *Transcript) Round() (round, rounds int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.round, t.rounds
 }
 
 // Last is the last thing the engine did, on one line ("" before anything).
@@ -190,7 +221,7 @@ func (t *Transcript) Ended() bool {
 func (t *Transcript) note(ns ...Note) []Note {
 	for _, n := range ns {
 		if n.Kind != "usage" {
-			t.last = oneLine(n.String(), 200)
+			t.last = brief.OneLine(n.String(), 200)
 		}
 	}
 	return ns
@@ -233,7 +264,7 @@ type claudeBlock struct {
 func (t *Transcript) claude(line []byte) []Note {
 	var ev claudeEvent
 	if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
-		return t.note(Note{Kind: "text", Text: oneLine(string(line), 2000)})
+		return t.note(Note{Kind: "text", Text: brief.OneLine(string(line), 2000)})
 	}
 	var out []Note
 	switch ev.Type {
@@ -253,21 +284,21 @@ func (t *Transcript) claude(line []byte) []Note {
 		}
 	case "assistant", "user":
 		if e := rawText(ev.Error); e != "" && ev.Type == "assistant" {
-			out = append(out, Note{Kind: "error", Text: "API error: " + oneLine(e, 300)})
+			out = append(out, Note{Kind: "error", Text: "API error: " + brief.OneLine(e, 300)})
 		}
 		if ev.Message != nil {
 			var blocks []claudeBlock
 			if json.Unmarshal(ev.Message.Content, &blocks) != nil {
 				// user messages may carry a plain string
 				if s := rawText(ev.Message.Content); s != "" && ev.Type == "assistant" {
-					out = append(out, Note{Kind: "text", Text: oneLine(s, 2000)})
+					out = append(out, Note{Kind: "text", Text: brief.OneLine(s, 2000)})
 				}
 			}
 			sub := ev.ParentToolUseID != nil && *ev.ParentToolUseID != ""
 			for _, b := range blocks {
 				switch {
 				case b.Type == "text" && ev.Type == "assistant" && strings.TrimSpace(b.Text) != "":
-					txt := oneLine(b.Text, 2000)
+					txt := brief.OneLine(b.Text, 2000)
 					if sub {
 						txt = "(subagent) " + txt
 					}
@@ -275,7 +306,7 @@ func (t *Transcript) claude(line []byte) []Note {
 				case b.Type == "tool_use":
 					out = append(out, Note{Kind: "tool", Text: toolText(b.Name, b.Input)})
 				case b.Type == "tool_result" && b.IsError:
-					out = append(out, Note{Kind: "tool-error", Text: "tool failed: " + oneLine(rawTextOrBlocks(b.Content), 240)})
+					out = append(out, Note{Kind: "tool-error", Text: "tool failed: " + brief.OneLine(rawTextOrBlocks(b.Content), 240)})
 				}
 			}
 		}
@@ -298,7 +329,7 @@ func (t *Transcript) claude(line []byte) []Note {
 			}
 			out[i].Text = "result: " + r + ", " + usageText(u)
 			if ev.Result != "" {
-				out[i].Text += " — " + oneLine(ev.Result, 300)
+				out[i].Text += " — " + brief.OneLine(ev.Result, 300)
 			}
 			out[i].Usage = &u
 		}
@@ -329,7 +360,7 @@ func toolText(name string, input json.RawMessage) string {
 	_ = json.Unmarshal(input, &in)
 	for _, k := range []string{"file_path", "notebook_path", "path", "command", "pattern", "url", "query", "description", "prompt"} {
 		if v, ok := in[k].(string); ok && strings.TrimSpace(v) != "" {
-			return name + " " + oneLine(v, 200)
+			return name + " " + brief.OneLine(v, 200)
 		}
 	}
 	return name
@@ -362,16 +393,16 @@ func (t *Transcript) codex(line []byte) []Note {
 	}
 	if err := json.Unmarshal(line, &ev); err != nil || ev.Type == "" {
 		t.observeCodex(line)
-		return t.note(Note{Kind: "text", Text: oneLine(string(line), 2000)})
+		return t.note(Note{Kind: "text", Text: brief.OneLine(string(line), 2000)})
 	}
 	var out []Note
 	switch ev.Type {
 	case "thread.started":
 		out = append(out, Note{Kind: "system", Text: "codex thread " + ev.ThreadID})
 	case "turn.failed":
-		out = append(out, Note{Kind: "result", Text: "turn failed: " + oneLine(codexErrorText(ev.Error), 300)})
+		out = append(out, Note{Kind: "result", Text: "turn failed: " + brief.OneLine(codexErrorText(ev.Error), 300)})
 	case "error":
-		out = append(out, Note{Kind: "error", Text: oneLine(ev.Message, 300)})
+		out = append(out, Note{Kind: "error", Text: brief.OneLine(ev.Message, 300)})
 	case "item.started", "item.completed":
 		if it := ev.Item; it != nil {
 			if n, ok := codexItemNote(ev.Type, it); ok {
@@ -409,18 +440,18 @@ func codexItemNote(evType string, it *codexItem) (Note, bool) {
 	switch it.Type {
 	case "agent_message":
 		if done && strings.TrimSpace(it.Text) != "" {
-			return Note{Kind: "text", Text: oneLine(it.Text, 2000)}, true
+			return Note{Kind: "text", Text: brief.OneLine(it.Text, 2000)}, true
 		}
 	case "reasoning":
 		if done && strings.TrimSpace(it.Text) != "" {
-			return Note{Kind: "system", Text: "thinking: " + oneLine(it.Text, 300)}, true
+			return Note{Kind: "system", Text: "thinking: " + brief.OneLine(it.Text, 300)}, true
 		}
 	case "command_execution":
 		if !done {
-			return Note{Kind: "tool", Text: "command " + oneLine(it.Command, 200)}, true
+			return Note{Kind: "tool", Text: "command " + brief.OneLine(it.Command, 200)}, true
 		}
 		if it.ExitCode != nil && *it.ExitCode != 0 {
-			return Note{Kind: "tool-error", Text: fmt.Sprintf("command exited %d: %s", *it.ExitCode, oneLine(it.Command, 200))}, true
+			return Note{Kind: "tool-error", Text: fmt.Sprintf("command exited %d: %s", *it.ExitCode, brief.OneLine(it.Command, 200))}, true
 		}
 	case "file_change":
 		if done {
@@ -436,10 +467,10 @@ func codexItemNote(evType string, it *codexItem) (Note, bool) {
 		}
 	case "web_search":
 		if !done {
-			return Note{Kind: "tool", Text: "web search " + oneLine(it.Query, 200)}, true
+			return Note{Kind: "tool", Text: "web search " + brief.OneLine(it.Query, 200)}, true
 		}
 	case "error":
-		return Note{Kind: "error", Text: oneLine(it.Message, 300)}, true
+		return Note{Kind: "error", Text: brief.OneLine(it.Message, 300)}, true
 	}
 	return Note{}, false
 }
@@ -457,5 +488,5 @@ func (t *Transcript) script(line []byte) []Note {
 	case strings.HasPrefix(l, "::aq-unavailable"):
 		return t.note(Note{Kind: "error", Text: "unavailable: " + strings.TrimSpace(strings.TrimPrefix(l, "::aq-unavailable"))})
 	}
-	return t.note(Note{Kind: "text", Text: oneLine(l, 2000)})
+	return t.note(Note{Kind: "text", Text: brief.OneLine(l, 2000)})
 }

@@ -1,4 +1,4 @@
-// Capability tokens (DESIGN §4): the grammar of what a job requires of a
+// Capability tokens (docs/manifest.md, "Capability tokens"): the grammar of what a job requires of a
 // host (os:linux, has:git, node:>=20). Detection and matching live in
 // agent/caps; the grammar is job vocabulary, shared with profiles and
 // manifests.

@@ -23,7 +23,7 @@ type Job struct {
 	Base           string   `json:"base"`
 	Product        string   `json:"product,omitempty"`
 	Profile        string   `json:"profile,omitempty"`
-	Engine         string   `json:"engine"` // claude|codex|devin|script|any
+	Engine         string   `json:"engine"` // an engine of engines.Known()
 	Model          string   `json:"model,omitempty"`
 	Capabilities   []string `json:"capabilities"`
 	Priority       int      `json:"priority"`
@@ -36,6 +36,11 @@ type Job struct {
 	Verify         string   `json:"verify,omitempty"`
 	Script         string   `json:"script,omitempty"`
 	Ship           string   `json:"ship"` // none|branch|pr|merge
+
+	// VerifyRounds is how many repair rounds the job gets after a failed
+	// verify (the manifest's verify_rounds:, else its profile's); nil: the
+	// factory's AQ_VERIFY_ROUNDS decides.
+	VerifyRounds *int `json:"verifyRounds,omitempty"`
 
 	// Persona is the profile's body: the engine's standing instructions.
 	Persona string `json:"persona,omitempty"`
@@ -74,8 +79,9 @@ const (
 // engine can never hold a slot forever.
 const DefaultWall = 2 * time.Hour
 
-// Engines are the engine names a manifest may ask for.
-var Engines = []string{"claude", "codex", "devin", "script", "any"}
+// DefaultBackoff is the first retry's wait when neither manifest nor profile
+// sets retry.backoff (doubled per attempt: Backoff).
+const DefaultBackoff = 30 * time.Second
 
 // ShipModes are the ship: values.
 var ShipModes = []string{"none", "branch", "pr", "merge"}

@@ -2,7 +2,7 @@ package job
 
 import "time"
 
-// Stage is where a job is in its life (DESIGN §5). Local stage folders use
+// Stage is where a job is in its life (docs/local.md, "The queue on disk"). Local stage folders use
 // these names; the coordinator calls Inbox "queued".
 type Stage string
 
@@ -44,7 +44,7 @@ func StageFromFleet(s string) Stage {
 	return Stage(s)
 }
 
-// Reason says why a job failed (DESIGN §5).
+// Reason says why a job failed (docs/troubleshooting.md, "Failure reasons").
 type Reason string
 
 const (
@@ -61,8 +61,8 @@ const (
 	ReasonLeaseLost          Reason = "lease_lost"
 	ReasonInvalidManifest    Reason = "invalid_manifest"
 	// ReasonInterrupted: aq itself was asked to stop (SIGINT/SIGTERM) while the
-	// job ran. Not in DESIGN §5's list; added because it is neither the task's
-	// fault nor a crash.
+	// job ran: neither the task's fault nor a crash, so a reason of its own
+	// rather than one of those.
 	ReasonInterrupted Reason = "interrupted"
 	// ReasonShipFailed: the work is committed and checkpointed but could not
 	// be pushed or its PR opened (network, auth, branch protection).
@@ -169,7 +169,7 @@ func Backoff(r Reason, attempts int, policy Retry) time.Duration {
 	}
 	base := policy.Backoff.D()
 	if base <= 0 {
-		base = 30 * time.Second
+		base = DefaultBackoff
 	}
 	d := base
 	for i := 1; i < attempts && d < time.Hour; i++ {
@@ -185,7 +185,7 @@ func Backoff(r Reason, attempts int, policy Retry) time.Duration {
 }
 
 // Insights are what a run reports: engine usage, cost and the size of the
-// change (DESIGN §6 step 6).
+// change (docs/architecture.md, "Running a job": the report).
 type Insights struct {
 	Engine        string  `json:"engine,omitempty"`
 	EngineVersion string  `json:"engineVersion,omitempty"`
@@ -203,6 +203,19 @@ type Insights struct {
 	LinesAdded    int     `json:"linesAdded"`
 	LinesDeleted  int     `json:"linesDeleted"`
 	ExitCode      int     `json:"exitCode"`
+
+	// Repair rounds (docs/engines.md, "Repair rounds"). The usage above is
+	// the attempt's: every run of the engine summed.
+	//
+	// Runs are the engine's runs of a job with a verify: command, the
+	// first and each repair round, with what each spent and what verify
+	// said after it.
+	Runs []Run `json:"runs,omitempty"`
+	// RepairRounds is how many repair rounds ran after a failed verify.
+	RepairRounds int `json:"repairRounds,omitempty"`
+	// Verify is the attempt's last verify (with the tail of its output when
+	// it failed): what the next attempt is told.
+	Verify *VerifyResult `json:"verify,omitempty"`
 	// EgressRefused are the destinations the job's egress proxy refused
 	// to its sandboxed engine, most refused first (docs/sandbox.md,
 	// "Network"): what an operator may want to allow in AQ_SANDBOX_NET.

@@ -1,4 +1,4 @@
-// Package profiles owns the persona catalog (DESIGN §4): markdown files whose
+// Package profiles owns the persona catalog (docs/manifest.md, "Profiles"): markdown files whose
 // front matter gives a job's defaults — engine, model, capabilities, budget —
 // and whose body is the persona prompt, the engine's standing instructions.
 // Every *.md file in this directory is a profile, embedded in the binary;
@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
@@ -33,6 +34,9 @@ type Profile struct {
 	Model        string     `json:"model,omitempty"`
 	Capabilities []string   `json:"capabilities"` // canonical tokens
 	Budget       job.Budget `json:"budget"`
+	// VerifyRounds is the repair rounds the profile's jobs get after a
+	// failed verify (verify_rounds:); nil: not set.
+	VerifyRounds *int `json:"verifyRounds,omitempty"`
 	// Persona is the body: the prompt prepended to every job's task.
 	Persona string `json:"persona,omitempty"`
 	// Source is "embedded" or the override file the profile was read from.
@@ -43,7 +47,7 @@ type Profile struct {
 const SourceEmbedded = "embedded"
 
 // Keys are the front matter keys of a profile; any other key is an error.
-var Keys = []string{"name", "engine", "model", "capabilities", "budget"}
+var Keys = []string{"name", "engine", "model", "capabilities", "budget", "verify_rounds"}
 
 // BudgetKeys are the keys of budget:.
 var BudgetKeys = []string{"wall", "usd", "tokens", "turns"}
@@ -69,6 +73,10 @@ func (c *Catalog) Get(name string) (Profile, bool) {
 // capabilities slice.
 func (p Profile) clone() Profile {
 	p.Capabilities = append([]string{}, p.Capabilities...)
+	if p.VerifyRounds != nil {
+		v := *p.VerifyRounds
+		p.VerifyRounds = &v
+	}
 	return p
 }
 
@@ -232,8 +240,8 @@ func Parse(file string, data []byte) (Profile, error) {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !slices.Contains(job.Engines, v) {
-					d.Addf(f.Line, "use one of: "+strings.Join(job.Engines, ", "), "engine %q is not known", v)
+				if !slices.Contains(engines.Known(), v) {
+					d.Addf(f.Line, "use one of: "+strings.Join(engines.Known(), ", "), "engine %q is not known", v)
 				}
 				p.Engine = v
 			}
@@ -261,6 +269,10 @@ func Parse(file string, data []byte) (Profile, error) {
 			}
 		case "budget":
 			p.Budget, _ = DecodeBudget(d, f)
+		case "verify_rounds":
+			if v, ok := DecodeVerifyRounds(d, f); ok {
+				p.VerifyRounds = &v
+			}
 		}
 	}
 	if msg := mdmeta.CheckName(p.Name); msg != "" {
@@ -306,6 +318,14 @@ func DecodeBudget(d *mdmeta.Decoder, f mdmeta.Field) (job.Budget, BudgetSet) {
 		}
 	}
 	return b, set
+}
+
+// DecodeVerifyRounds reads verify_rounds: the repair rounds a job gets
+// after a failed verify (docs/manifest.md), a whole number from 0 (off)
+// to job.MaxVerifyRounds.
+func DecodeVerifyRounds(d *mdmeta.Decoder, f mdmeta.Field) (int, bool) {
+	v, ok := d.Int(f, 0, job.MaxVerifyRounds, "2")
+	return int(v), ok
 }
 
 // CheckModel returns what is wrong with an engine model name, or "". Model

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
@@ -43,7 +44,7 @@ func TestEmbedded(t *testing.T) {
 			if p.Source != SourceEmbedded {
 				t.Errorf("source %q", p.Source)
 			}
-			if !slices.Contains(job.Engines, p.Engine) {
+			if !slices.Contains(engines.Known(), p.Engine) {
 				t.Errorf("engine %q", p.Engine)
 			}
 			if !slices.Contains(p.Capabilities, "has:git") {
@@ -56,7 +57,7 @@ func TestEmbedded(t *testing.T) {
 			if len(p.Persona) < 1500 {
 				t.Errorf("persona is only %d bytes: write a real prompt", len(p.Persona))
 			}
-			for _, must := range []string{".aq_pr.md", "aq/job/", "never push", "Stop", "acceptance criteria", "worktree"} {
+			for _, must := range []string{".aq_pr.md", "aq/job/", "never push", "Stop", "acceptance criteria", "worktree", "repair round", "verify"} {
 				if !strings.Contains(strings.ToLower(p.Persona), strings.ToLower(must)) {
 					t.Errorf("persona does not mention %q", must)
 				}
@@ -71,7 +72,7 @@ func TestEmbedded(t *testing.T) {
 
 func TestLoadOverrides(t *testing.T) {
 	dir := t.TempDir()
-	write(t, filepath.Join(dir, "reviewer.md"), "---\nengine: claude\nmodel: claude-opus-4-1\ncapabilities: [has:git, has:gh]\nbudget: { wall: 20m, usd: 1.5 }\n---\nReview strictly.\n")
+	write(t, filepath.Join(dir, "reviewer.md"), "---\nengine: claude\nmodel: claude-opus-4-1\ncapabilities: [has:git, has:gh]\nbudget: { wall: 20m, usd: 1.5 }\nverify_rounds: 1\n---\nReview strictly.\n")
 	write(t, filepath.Join(dir, "data-eng.md"), "---\nname: data-eng\n---\nYou build pipelines.\n")
 	write(t, filepath.Join(dir, "notes.txt"), "not a profile")
 	write(t, filepath.Join(dir, ".hidden.md"), "garbage")
@@ -85,7 +86,7 @@ func TestLoadOverrides(t *testing.T) {
 	}
 	r, _ := c.Get("reviewer")
 	want := Profile{Name: "reviewer", Engine: "claude", Model: "claude-opus-4-1", Capabilities: []string{"has:git", "has:gh"},
-		Budget: job.Budget{Wall: job.Duration(20 * time.Minute), USD: 1.5}, Persona: "Review strictly.", Source: filepath.Join(dir, "reviewer.md")}
+		Budget: job.Budget{Wall: job.Duration(20 * time.Minute), USD: 1.5}, VerifyRounds: ptr(1), Persona: "Review strictly.", Source: filepath.Join(dir, "reviewer.md")}
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("override:\n got %+v\nwant %+v", r, want)
 	}
@@ -135,7 +136,7 @@ func TestBadProfiles(t *testing.T) {
 		line                int
 		want                string
 	}{
-		{"unknown key", "a.md", "---\nengine: claude\nmodle: x\n---\nP.\n", 3, `unknown key "modle" (did you mean "model"?)`},
+		{"unknown key", "a.md", "---\nengine: claude\nmodle: x\n---\nP.\n", 3, `unknown key "modle" (did you mean "model"?)`}, //nolint:misspell // the typo is the test
 		{"unknown budget key", "a.md", "---\nbudget:\n  walltime: 1h\n---\nP.\n", 3, `unknown key "budget.walltime"`},
 		{"name mismatch", "a.md", "---\nname: b\n---\nP.\n", 2, `name "b" does not match the file name "a.md"`},
 		{"bad name", "a b.md", "---\n---\nP.\n", 1, `profile name "a b"`},
@@ -144,6 +145,8 @@ func TestBadProfiles(t *testing.T) {
 		{"engine capability", "a.md", "---\ncapabilities:\n  - has:git\n  - engine:claude\n---\nP.\n", 4, `cannot require engine:claude`},
 		{"zero wall", "a.md", "---\nbudget: { wall: 0s }\n---\nP.\n", 2, `budget.wall "0s" is out of range`},
 		{"negative usd", "a.md", "---\nbudget: { usd: -2 }\n---\nP.\n", 2, `budget.usd -2 is out of range`},
+		{"negative verify_rounds", "a.md", "---\nverify_rounds: -1\n---\nP.\n", 2, `verify_rounds -1 is out of range (use a whole number from 0 to 10)`},
+		{"verify_rounds not a number", "a.md", "---\nengine: any\nverify_rounds: many\n---\nP.\n", 3, `verify_rounds must be a whole number, not "many"`},
 		{"bad model", "a.md", "---\nmodel: \"-x\"\n---\nP.\n", 2, `model "-x" must not start with "-"`},
 		{"empty persona", "a.md", "---\nengine: any\n---\n\n\n", 3, `the persona (the markdown body) is empty`},
 		{"no front matter", "a.md", "Just a persona.\n", 1, `no YAML front matter`},
@@ -202,3 +205,5 @@ func TestGetReturnsACopy(t *testing.T) {
 		t.Errorf("catalog changed through List: %v", first.Capabilities)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -68,7 +69,7 @@ func takeSnapshot(h *hostEnv) snapshot {
 	for _, f := range gitConfigFiles(h.env) {
 		s.gitFiles[f] = hashFile(f)
 	}
-	s.homeExists = s.home != "" && fileExists(s.home)
+	s.homeExists = s.home != "" && fixture.Exists(s.home)
 	return s
 }
 
@@ -143,7 +144,7 @@ func cleanupScenario() *scenario {
 				return "", skipf("no AQ_HOME")
 			}
 			if !w.before.homeExists {
-				if fileExists(home) {
+				if fixture.Exists(home) {
 					return "", failf("AQ_HOME %s did not exist before the selftest and does now", home)
 				}
 				return "AQ_HOME " + home + " did not exist before and does not now", nil

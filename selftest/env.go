@@ -2,8 +2,6 @@ package selftest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/profiles"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -32,7 +31,7 @@ type hostEnv struct {
 }
 
 func newHostEnv(o *Options) *hostEnv {
-	h := &hostEnv{o: o, env: o.Env, cfg: o.Config, cfgErr: o.ConfigErr, exe: o.Exe, token: randomHex(4)}
+	h := &hostEnv{o: o, env: o.Env, cfg: o.Config, cfgErr: o.ConfigErr, exe: o.Exe, token: fixture.RandomHex(4)}
 	h.path = envValue(o.Env, "PATH")
 	if h.exe == "" {
 		h.exe = defaultExe()
@@ -80,14 +79,6 @@ func envValue(env []string, key string) string {
 	return v
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		return fmt.Sprintf("%x", time.Now().UnixNano())
-	}
-	return hex.EncodeToString(b)
-}
-
 // workspace is the pipeline's temp dir and what every pipeline scenario
 // shares: the isolated git configuration, the engines' environment, the
 // profile catalog and the job ids used (for the clean-up checks).
@@ -130,26 +121,15 @@ func newWorkspace(ctx context.Context, o *Options, h *hostEnv) (*workspace, erro
 		root = abs
 	}
 	w := &workspace{o: o, h: h, root: root, token: h.token, before: snap}
-	gitcfg := filepath.Join(root, "gitconfig")
-	if err := os.WriteFile(gitcfg, nil, 0o600); err != nil {
+	if w.gitEnv, err = fixture.IsolatedGit(root); err != nil {
 		os.RemoveAll(root)
 		return nil, err
 	}
-	// Configuration from the environment (git -c passed down, GIT_CONFIG_COUNT)
-	// is cleared too.
-	w.gitEnv = []string{"GIT_CONFIG_GLOBAL=" + gitcfg, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_COUNT=0", "GIT_CONFIG_PARAMETERS=", "GIT_ADVICE=0"}
 	w.git = worktree.Git{Env: w.gitEnv}
 	w.setupGit = worktree.Git{Env: append(append([]string(nil), w.gitEnv...),
 		"GIT_AUTHOR_NAME=aq selftest", "GIT_AUTHOR_EMAIL=selftest@aq.invalid",
 		"GIT_COMMITTER_NAME=aq selftest", "GIT_COMMITTER_EMAIL=selftest@aq.invalid")}
-	for _, kv := range o.Env {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "AQ_") || k == "POLL_SECONDS" || strings.HasPrefix(k, "GIT_") {
-			continue
-		}
-		w.engineEnv = append(w.engineEnv, kv)
-	}
-	w.engineEnv = append(w.engineEnv, w.gitEnv...)
+	w.engineEnv = append(fixture.WithoutHost(o.Env), w.gitEnv...)
 	if w.cat, err = profiles.Embedded(); err != nil {
 		os.RemoveAll(root)
 		return nil, fmt.Errorf("the embedded profiles do not load: %w", err)
@@ -198,43 +178,17 @@ func (w *workspace) gitRun(ctx context.Context, dir string, args ...string) (str
 // origin and main is pushed there. It returns the repository and the bare
 // origin ("" without).
 func (w *workspace) newRepo(ctx context.Context, base, name string, files map[string]string, origin bool) (string, string, error) {
-	dir := filepath.Join(base, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", err
+	dir, err := fixture.NewRepo(ctx, w.gitRun, base, name, files)
+	if err != nil || !origin {
+		return dir, "", err
 	}
-	if len(files) == 0 {
-		files = map[string]string{"README.md": "# " + name + "\n"}
-	}
-	for p, c := range files {
-		if err := writeFile(filepath.Join(dir, p), c); err != nil {
-			return "", "", err
-		}
-	}
-	steps := [][]string{{"init", "-q", "-b", "main"}, {"add", "-A"}, {"commit", "-q", "-m", "initial commit"}}
-	for _, a := range steps {
-		if _, err := w.gitRun(ctx, dir, a...); err != nil {
-			return "", "", err
-		}
-	}
-	if !origin {
-		return dir, "", nil
-	}
-	odir, err := w.dir("origins", filepath.Base(base)+"-"+randomHex(3))
+	odir, err := w.dir("origins", filepath.Base(base)+"-"+fixture.RandomHex(3))
 	if err != nil {
 		return "", "", err
 	}
 	bare := filepath.Join(odir, name+".git")
-	for _, st := range []struct {
-		dir  string
-		args []string
-	}{
-		{odir, []string{"init", "-q", "--bare", "-b", "main", bare}},
-		{dir, []string{"remote", "add", "origin", bare}},
-		{dir, []string{"push", "-q", "origin", "main"}},
-	} {
-		if _, err := w.gitRun(ctx, st.dir, st.args...); err != nil {
-			return "", "", err
-		}
+	if err := fixture.AddOrigin(ctx, w.gitRun, dir, bare); err != nil {
+		return "", "", err
 	}
 	return dir, bare, nil
 }
@@ -250,18 +204,7 @@ func (w *workspace) clone(ctx context.Context, bare, dir string) error {
 
 // remoteRefs lists the refs of repository dir (or a bare one) under prefix.
 func (w *workspace) remoteRefs(ctx context.Context, dir, prefix string) (map[string]string, error) {
-	out, err := w.gitRun(ctx, filepath.Dir(dir), "ls-remote", "--", dir)
-	if err != nil {
-		return nil, err
-	}
-	refs := map[string]string{}
-	for _, line := range strings.Split(out, "\n") {
-		sha, ref, ok := strings.Cut(line, "\t")
-		if ok && strings.HasPrefix(ref, prefix) {
-			refs[ref] = sha
-		}
-	}
-	return refs, nil
+	return fixture.RemoteRefs(ctx, w.gitRun, dir, prefix)
 }
 
 // treeHas reports whether commit-ish rev of repository dir holds path.
@@ -279,35 +222,9 @@ func (w *workspace) revParse(ctx context.Context, dir, ref string) string {
 	return sha
 }
 
-func writeFile(path, content string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, []byte(content), 0o644)
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
 func readFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
-}
-
-// waitFor polls cond every 10ms until it holds or ctx is done.
-func waitFor(ctx context.Context, what string, cond func() bool) error {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("gave up waiting for %s: %v", what, context.Cause(ctx))
-		case <-t.C:
-		}
-	}
-	return nil
 }
 
 // shq quotes s for /bin/sh.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,56 +16,19 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
-// stub is the coordinator stub (demo/coord) served on a 127.0.0.1 listener
-// that can be killed and brought back on the same address.
-type stub struct {
-	*coord.Server
-	addr   string
-	API    string
-	srv    *http.Server
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-// startStub serves a stub on addr ("127.0.0.1:0" for a free port).
-func startStub(ctx context.Context, o coord.Options, addr string) (*stub, error) {
-	s, err := coord.New(o)
+// startStub serves a stub on addr ("127.0.0.1:0" for a free port; the
+// address of a killed one brings it back there).
+func startStub(ctx context.Context, o coord.Options, addr string) (*coord.Served, error) {
+	ln, err := coord.ListenAgain(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	var ln net.Listener
-	for {
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
-		}
-		// The port of a killed stub may take a moment to free.
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("listen on %s: %w", addr, err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.Start(sctx)
-	st := &stub{Server: s, addr: ln.Addr().String(), srv: &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}, cancel: cancel, done: make(chan struct{})}
-	st.API = "http://" + st.addr + "/api"
-	go func() {
-		defer close(st.done)
-		_ = st.srv.Serve(ln)
-	}()
-	return st, nil
-}
-
-// kill stops the stub at once: listener and every connection closed.
-func (s *stub) kill() {
-	_ = s.srv.Close()
-	<-s.done
-	s.cancel()
-	s.Server.Close()
+	return coord.ServeOn(ctx, ln, o, nil)
 }
 
 // fastBudgets are retry budgets for the selftest: long enough to ride out a
@@ -88,7 +49,7 @@ type world struct {
 	w       *workspace
 	name    string
 	dir     string
-	st      *stub
+	st      *coord.Served
 	origins map[string]string // repo → bare origin
 	scope   string            // AQ_SCOPE of job ids that no factory home owns
 }
@@ -237,7 +198,7 @@ func (wd *world) runWaiting(ctx context.Context, f *factory, id, ship string) (d
 		return nil, "", err
 	}
 	done = f.runOnceBackground(ctx)
-	if err := waitFor(ctx, "the engine to start", func() bool { return fileExists(started) }); err != nil {
+	if err := fixture.WaitFor(ctx, "the engine to start", func() bool { return fixture.Exists(started) }); err != nil {
 		return nil, "", err
 	}
 	return done, goFile, nil

@@ -20,6 +20,8 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -133,21 +135,12 @@ func (h *hostEnv) output(ctx context.Context, bin string, args ...string) (strin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		if line := firstLine(errb.String()); line != "" {
+		if line := brief.FirstLine(errb.String(), 0); line != "" {
 			return out.String(), fmt.Errorf("%v: %s", err, line)
 		}
 		return out.String(), err
 	}
 	return out.String(), nil
-}
-
-func firstLine(s string) string {
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			return l
-		}
-	}
-	return ""
 }
 
 // --- gh --------------------------------------------------------------------
@@ -216,7 +209,7 @@ func checkGHPresent(ctx context.Context, s *session) (string, error) {
 	if err != nil {
 		return "", failf("%s --version failed: %v", p, err)
 	}
-	return fmt.Sprintf("%s at %s", firstLine(out), p), nil
+	return fmt.Sprintf("%s at %s", brief.FirstLine(out, 0), p), nil
 }
 
 func checkGHAuth(ctx context.Context, s *session) (string, error) {
@@ -285,13 +278,13 @@ func checkScriptEngine(ctx context.Context, s *session) (string, error) {
 
 func checkAnyEngine(ctx context.Context, s *session) (string, error) {
 	var have []string
-	for _, n := range caps.EngineBinaries {
+	for _, n := range engines.Coding() {
 		if s.h.lookPath(n) != "" {
 			have = append(have, n)
 		}
 	}
 	if len(have) == 0 {
-		return "", skipf("no coding engine (claude, codex, devin) is installed: only engine: script jobs can run here")
+		return "", skipf("no coding engine (%s) is installed: only engine: script jobs can run here", strings.Join(engines.Coding(), ", "))
 	}
 	return "coding engines: " + strings.Join(have, ", "), nil
 }
@@ -337,7 +330,7 @@ func homeScenario() *scenario {
 			if home == "" {
 				return "", failf("AQ_HOME is not set and there is no home directory: set AQ_HOME")
 			}
-			existed := fileExists(home)
+			existed := fixture.Exists(home)
 			if err := mkdir(home); err != nil {
 				return "", failf("cannot create AQ_HOME %s: %v (set AQ_HOME to a writable directory)", home, unwrapPath(err))
 			}
@@ -393,7 +386,7 @@ func homeScenario() *scenario {
 		})
 		s.step(ctx, "host.home.space", 5*time.Second, func(ctx context.Context) (string, error) {
 			dir := home
-			for dir != "" && !fileExists(dir) && filepath.Dir(dir) != dir {
+			for dir != "" && !fixture.Exists(dir) && filepath.Dir(dir) != dir {
 				dir = filepath.Dir(dir)
 			}
 			free, err := freeBytes(dir)
@@ -655,7 +648,7 @@ func checkProfiles(ctx context.Context, s *session) (string, error) {
 	}
 	names := cat.Names()
 	r := fmt.Sprintf("%d profiles: %s", len(names), strings.Join(names, ", "))
-	if dir != "" && fileExists(dir) {
+	if dir != "" && fixture.Exists(dir) {
 		r += " (with the overrides in " + dir + ")"
 	}
 	return r, nil
@@ -663,7 +656,7 @@ func checkProfiles(ctx context.Context, s *session) (string, error) {
 
 func checkQueuedManifests(ctx context.Context, s *session) (string, error) {
 	home := s.h.home()
-	if home == "" || !fileExists(filepath.Join(home, "queue")) {
+	if home == "" || !fixture.Exists(filepath.Join(home, "queue")) {
 		return "", skipf("no local queue yet ($AQ_HOME/queue does not exist)")
 	}
 	qs := s.h.queuedManifests()
@@ -673,7 +666,7 @@ func checkQueuedManifests(ctx context.Context, s *session) (string, error) {
 	var bad []string
 	for _, q := range qs {
 		if q.err != nil {
-			bad = append(bad, oneLine(q.err.Error()))
+			bad = append(bad, brief.OneLine(q.err.Error(), maxReason))
 		}
 	}
 	if len(bad) > 0 {

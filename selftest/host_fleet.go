@@ -15,6 +15,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/version"
 )
 
@@ -227,7 +228,7 @@ func checkCredentialsMode(ctx context.Context, s *session) (string, error) {
 
 func checkCredentialsValid(ctx context.Context, s *session) (string, error) {
 	path := s.h.credentialsFile()
-	if path == "" || !fileExists(path) {
+	if path == "" || !fixture.Exists(path) {
 		return "", skipf("no credentials file (this factory has not enrolled)")
 	}
 	c, err := fleet.LoadCredentials(path)

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/worktree"
@@ -74,7 +75,7 @@ func checkLocksChild(ctx context.Context, s *session) (string, error) {
 	// Another process this one forks at the same moment holds a copy of
 	// the lock's file until its exec closes it: allow for that.
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	werr := waitFor(wctx, "the lock to be free", func() bool {
+	werr := fixture.WaitFor(wctx, "the lock to be free", func() bool {
 		held, err = worktree.Held(dir, "child")
 		return err != nil || !held
 	})
@@ -112,7 +113,7 @@ func checkProcTagged(ctx context.Context, s *session) (string, error) {
 	var pids []int
 	var err error
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	_ = waitFor(wctx, "the tagged process", func() bool {
+	_ = fixture.WaitFor(wctx, "the tagged process", func() bool {
 		pids, err = process.FindScoped(tag, scope)
 		return err != nil || len(pids) > 0
 	})

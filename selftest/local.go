@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
@@ -113,6 +114,7 @@ func localConfig(home, base string) *config.Config {
 		Home: home, RepoBase: base, KillGrace: killGrace, Poll: time.Second, ClaudePermissionMode: "acceptEdits",
 		FleetRoute: true, LogFormat: "text", LogLevel: "info", GCWIPRetention: 336 * time.Hour, Slots: 1, WorktreePool: 1,
 		Heartbeat: 30 * time.Second, LeaseRenew: 30 * time.Second, SBTopic: "fleet-dispatch", FactoryID: "selftest",
+		VerifyRounds: job.DefaultVerifyRounds, // AQ_VERIFY_ROUNDS's default, as an installation has it
 	}
 }
 
@@ -139,7 +141,7 @@ func manifestText(id, front, body string) string {
 func (l *localSetup) submit(id, front, body string) (*job.Job, error) {
 	text := manifestText(id, front, body)
 	path := filepath.Join(l.dir, "manifests", id+".md")
-	if err := writeFile(path, text); err != nil {
+	if err := fixture.WriteFile(path, text); err != nil {
 		return nil, err
 	}
 	j, err := l.a.Parse(path)

@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeerproc"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
 )
@@ -56,7 +57,7 @@ func runBroker(ctx context.Context, s *session) {
 		if dir == "" {
 			return "", skipf("%s", why)
 		}
-		if !fileExists(filepath.Join(dir, "node_modules", "rhea", "package.json")) {
+		if !fixture.Exists(filepath.Join(dir, "node_modules", "rhea", "package.json")) {
 			return "", skipf("the local AMQP peer's packages are not installed: run make sbpeer (npm ci --prefix demo/sbpeer)")
 		}
 		pdir, err := w.dir("sbpeer")
@@ -73,7 +74,7 @@ func runBroker(ctx context.Context, s *session) {
 	}
 
 	wd, err := w.newWorld(ctx, "broker")
-	var st *stub
+	var st *coord.Served
 	if err == nil {
 		st, err = startStub(ctx, coord.Options{}, "127.0.0.1:0")
 	}
@@ -82,7 +83,7 @@ func runBroker(ctx context.Context, s *session) {
 		return
 	}
 	wd.st = st
-	defer st.kill()
+	defer st.Kill()
 	f, err := wd.newFactory(ctx, fid, nil)
 	if err == nil {
 		_, err = f.enroll(ctx)
@@ -94,7 +95,7 @@ func runBroker(ctx context.Context, s *session) {
 			RetryOptions: azservicebus.RetryOptions{MaxRetries: 3, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 100 * time.Millisecond}})
 	}
 	if err == nil {
-		defer client.Close(context.WithoutCancel(ctx))
+		defer func() { _ = client.Close(context.WithoutCancel(ctx)) }()
 		sender, err = client.NewSender(brokerTopic, nil)
 	}
 	if err == nil {
@@ -131,8 +132,8 @@ func runBroker(ctx context.Context, s *session) {
 		case <-ctx.Done():
 			return "", failf("the job was not handed over: %v", context.Cause(ctx))
 		}
-		if acc.Message.JobID != j1 || acc.LeaseEpoch != 1 {
-			return "", failf("handed over %s at epoch %d, want %s at 1", acc.Message.JobID, acc.LeaseEpoch, j1)
+		if acc.Claim == nil || acc.Message.JobID != j1 || acc.Claim.Job.ID != j1 || acc.Claim.LeaseEpoch != 1 {
+			return "", failf("handed over %s (claim %+v), want %s at epoch 1", acc.Message.JobID, acc.Claim, j1)
 		}
 		if j, _ := st.Job(j1); j.Stage != coord.StageAssigned || j.Holder != fid {
 			return "", failf("the coordinator has the job %s held by %q", j.Stage, j.Holder)
@@ -246,7 +247,7 @@ func (r *brokerRig) start(ctx context.Context, s *session, topic, sub string) bo
 			if err != nil {
 				return dispatch.Accepted{}, err
 			}
-			return dispatch.Accepted{Job: cl, LeaseEpoch: cl.LeaseEpoch, LeaseExpiresAt: cl.LeaseExpiresAt}, nil
+			return dispatch.Accepted{Claim: cl}, nil
 		}),
 		Handler:       func(ctx context.Context, a dispatch.Accepted) { r.handled <- a },
 		Slots:         dispatch.NewSemaphore(1),
@@ -311,7 +312,7 @@ func (r *brokerRig) stop() {
 // or the executable, in a checkout of aq.
 func findPeerDir(explicit string) (string, string) {
 	if explicit != "" {
-		if fileExists(filepath.Join(explicit, "sbpeer.js")) {
+		if fixture.Exists(filepath.Join(explicit, "sbpeer.js")) {
 			return explicit, ""
 		}
 		return "", "no sbpeer.js in " + explicit
@@ -363,5 +364,5 @@ func (p *peer) lastEvent(match func(peerEvent) bool) peerEvent {
 }
 
 func (p *peer) waitEvent(ctx context.Context, what string, match func(peerEvent) bool) error {
-	return waitFor(ctx, what, func() bool { return p.lastEvent(match).Event != "" })
+	return fixture.WaitFor(ctx, what, func() bool { return p.lastEvent(match).Event != "" })
 }

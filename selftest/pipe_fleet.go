@@ -11,6 +11,8 @@ import (
 
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -28,7 +30,7 @@ func fleetSetup(ctx context.Context, s *session, name string, o coord.Options) (
 		return nil, nil
 	}
 	wd.st = st
-	return wd, func() { wd.st.kill() }
+	return wd, func() { wd.st.Kill() }
 }
 
 // await waits for a run started in the background.
@@ -156,7 +158,7 @@ func fleetBasicScenario() *scenario {
 			return "", failf("the coordinator does not know %s", f.id)
 		})
 		s.step(ctx, "pipeline.fleet.auth-refused", 10*time.Second, func(ctx context.Context) (string, error) {
-			c, err := fleet.NewClient(fleet.ClientOptions{API: wd.st.API, Token: "aqf_not_a_token_" + randomHex(6), FactoryID: "selftest-intruder", Budgets: fastBudgets()})
+			c, err := fleet.NewClient(fleet.ClientOptions{API: wd.st.API, Token: "aqf_not_a_token_" + fixture.RandomHex(6), FactoryID: "selftest-intruder", Budgets: fastBudgets()})
 			if err != nil {
 				return "", err
 			}
@@ -179,7 +181,7 @@ func fleetBasicScenario() *scenario {
 				got <- err
 			}()
 			n503 := func() int64 { return wd.st.Stats().Routes[coord.RouteQueueState].Status["503"] }
-			werr := waitFor(ctx, "a 503", func() bool { return n503() >= 2 })
+			werr := fixture.WaitFor(ctx, "a 503", func() bool { return n503() >= 2 })
 			wd.st.SetFaults(0, 0)
 			if err := <-got; err != nil {
 				return "", failf("the call failed instead of being retried: %v", err)
@@ -346,7 +348,7 @@ func fleetFailScenario() *scenario {
 			if j, _ := wd.st.Job(bad); j.Stage != coord.StageFailed {
 				return "", failf("the coordinator has it %s, want failed (not retried)", j.Stage)
 			}
-			return "invalid_manifest (" + firstLine(res.Outcome.Detail) + "): failed, not retried", nil
+			return "invalid_manifest (" + brief.FirstLine(res.Outcome.Detail, 0) + "): failed, not retried", nil
 		})
 	}}
 }
@@ -371,7 +373,7 @@ func fleetSpoolScenario() *scenario {
 			return
 		}
 		wd.st = st1
-		defer func() { wd.st.kill() }()
+		defer func() { wd.st.Kill() }()
 		var f *factory
 		var id string
 		if !s.step(ctx, "pipeline.fleet.spool", 45*time.Second, func(ctx context.Context) (string, error) {
@@ -383,8 +385,8 @@ func fleetSpoolScenario() *scenario {
 			if err != nil {
 				return "", err
 			}
-			st1.kill() // the coordinator dies mid-job
-			if err := writeFile(goFile, "go"); err != nil {
+			st1.Kill() // the coordinator dies mid-job
+			if err := fixture.WriteFile(goFile, "go"); err != nil {
 				return "", err
 			}
 			res, err := await(ctx, done)
@@ -404,7 +406,7 @@ func fleetSpoolScenario() *scenario {
 		}
 		s.step(ctx, "pipeline.fleet.spool-order", 45*time.Second, func(ctx context.Context) (string, error) {
 			opts.FailRate = 0
-			st2, err := startStub(ctx, opts, st1.addr)
+			st2, err := startStub(ctx, opts, st1.Addr)
 			if err != nil {
 				return "", err
 			}

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/gc"
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -32,7 +34,8 @@ func localRunScenario() *scenario {
 		check(g, "pipeline.run.pr-body", ".aq_pr.md never reaches the commit; its text is kept as the PR body"),
 		check(g, "pipeline.run.no-changes", "an engine that changes nothing ships nothing (no branch)"),
 		check(g, "pipeline.run.warm", "the next job on the repository starts in the first job's worktree, reset to its base (the pool), not a new checkout"),
-		check(g, "pipeline.verify.failed", "a failing verify: command fails the job verify_failed, its work checkpointed"),
+		check(g, "pipeline.verify.repair", "a failed verify goes back to the engine: a repair round with verify's output in its prompt, and the job ships in the same attempt"),
+		check(g, "pipeline.verify.failed", "a verify that still fails after the job's repair rounds fails the job verify_failed, its work checkpointed"),
 		check(g, "pipeline.gc.merged", "gc deletes a merged job branch (locally and on origin) and its worktree"),
 		check(g, "pipeline.gc.unmerged", "gc keeps a job branch whose work is not merged"),
 		check(g, "pipeline.gc.idempotent", "a second gc right after the first deletes nothing"),
@@ -208,6 +211,25 @@ func runLocalRun(ctx context.Context, s *session) {
 		}
 		return "the second job on app reset the first job's worktree from the pool; it is back there: " + pooled[0].Path, nil
 	})
+	repairID := l.id("repair")
+	s.step(ctx, "pipeline.verify.repair", 20*time.Second, func(ctx context.Context) (string, error) {
+		// The engine writes the right answer only when its prompt names
+		// verify's failure.
+		script := "if grep -q 'want 42'; then echo 42 > answer.txt; else echo 41 > answer.txt; fi"
+		verify := `a=$(cat answer.txt); [ "$a" = 42 ] || { echo "FAIL: answer.txt says $a, want 42"; exit 1; }`
+		if _, err := l.submit(repairID, "repo: app\nengine: script\n"+yamlBlock("script", script)+"\n"+yamlBlock("verify", verify)+"\nship: none", ""); err != nil {
+			return "", err
+		}
+		r, err := l.runOne(ctx, repairID)
+		if err != nil {
+			return "", err
+		}
+		in := r.Outcome.Insights
+		if r.Outcome.Failed() || r.Attempt != 1 || in.RepairRounds != 1 || len(in.Runs) != 2 || in.Runs[0].VerifyExit != 1 || !in.Runs[1].VerifyPassed {
+			return "", failf("ended %s after %d repair round(s), attempt %d; want it shipped in attempt 1 after one round", outcomeText(r), in.RepairRounds, r.Attempt)
+		}
+		return "verify failed after the first run, the engine got its output in repair round 1 of 2, fixed it, verify passed: one attempt", nil
+	})
 	failedID := l.id("verify")
 	s.step(ctx, "pipeline.verify.failed", 20*time.Second, func(ctx context.Context) (string, error) {
 		if _, err := l.submit(failedID, "repo: app\nengine: script\nscript: \"echo half-done > broken.txt\"\nverify: test -f never-there.txt", ""); err != nil {
@@ -217,8 +239,8 @@ func runLocalRun(ctx context.Context, s *session) {
 		if err != nil {
 			return "", err
 		}
-		if r.Outcome.Reason != job.ReasonVerifyFailed {
-			return "", failf("ended %s, want verify_failed", outcomeText(r))
+		if r.Outcome.Reason != job.ReasonVerifyFailed || r.Outcome.Insights.RepairRounds != job.DefaultVerifyRounds {
+			return "", failf("ended %s after %d repair round(s), want verify_failed after %d", outcomeText(r), r.Outcome.Insights.RepairRounds, job.DefaultVerifyRounds)
 		}
 		if r.Stage != job.DeadLetter {
 			return "", failf("went to %s, want dead_letter (no retries left)", r.Stage)
@@ -226,13 +248,13 @@ func runLocalRun(ctx context.Context, s *session) {
 		if r.Outcome.Checkpoint == "" || !s.ws.treeHas(ctx, repo, r.Outcome.Checkpoint, "broken.txt") {
 			return "", failf("the work was not checkpointed")
 		}
-		if !fileExists(filepath.Join(l.cfg.LogsDir(), failedID, "verify.log")) {
+		if !fixture.Exists(filepath.Join(l.cfg.LogsDir(), failedID, "verify.log")) {
 			return "", failf("no verify.log")
 		}
-		return "verify exited 1: verify_failed, dead_letter (no retries), broken.txt checkpointed, verify.log written", nil
+		return "verify exited 1 after the first run and both repair rounds: verify_failed, dead_letter (no retries), broken.txt checkpointed, verify.log written", nil
 	})
 	g := &gc.GC{
-		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: worktree.Policy{WIPRetention: 336 * time.Hour}},
+		Cfg: gc.Config{RepoBase: l.base, WorktreesDir: l.cfg.WorktreesDir(), LocksDir: l.cfg.LocksDir(), Policy: plan.Policy{WIPRetention: 336 * time.Hour}},
 		Git: s.ws.git, Queue: l.a.Queue, Now: time.Now,
 		Base: func(path string) (string, error) {
 			j, err := manifest.ParseFile(path, s.ws.cat)
@@ -264,7 +286,7 @@ func runLocalRun(ctx context.Context, s *session) {
 		if refs, _ := s.ws.remoteRefs(ctx, origin, jobRef); len(refs) > 0 {
 			return "", failf("the merged branch is still on origin")
 		}
-		if fileExists(l.worktreePath("app", id)) {
+		if fixture.Exists(l.worktreePath("app", id)) {
 			return "", failf("the shipped job's worktree is still there")
 		}
 		d := rep.Deleted
@@ -330,17 +352,17 @@ func locksScenario() *scenario {
 				return "", err
 			}
 			ch := run(ctx, l.a)
-			if err := waitFor(ctx, "the job to be taken", func() bool { st, _ := l.state(id); return st.Stage == job.Building }); err != nil {
+			if err := fixture.WaitFor(ctx, "the job to be taken", func() bool { st, _ := l.state(id); return st.Stage == job.Building }); err != nil {
 				return "", err
 			}
 			time.Sleep(300 * time.Millisecond)
-			if fileExists(l.markFile(id + ".ran")) {
+			if fixture.Exists(l.markFile(id + ".ran")) {
 				return "", failf("the engine ran while another held the repository's lock")
 			}
 			released := time.Now()
 			lock.Unlock()
 			r := <-ch
-			if r.Outcome.Failed() || r.Stage != job.Shipped || !fileExists(l.markFile(id+".ran")) {
+			if r.Outcome.Failed() || r.Stage != job.Shipped || !fixture.Exists(l.markFile(id+".ran")) {
 				return "", failf("after the lock was released the job ended %s", outcomeText(r))
 			}
 			return fmt.Sprintf("waited for the repository lock (held 300ms+), then ran and shipped %s after the release", ms(time.Since(released))), nil
@@ -359,7 +381,7 @@ func locksScenario() *scenario {
 				return "", err
 			}
 			first := run(ctx, l.a) // takes the high-priority job on the locked repo, and waits
-			if err := waitFor(ctx, "the first job to be taken", func() bool { st, _ := l.state(waiting); return st.Stage == job.Building }); err != nil {
+			if err := fixture.WaitFor(ctx, "the first job to be taken", func() bool { st, _ := l.state(waiting); return st.Stage == job.Building }); err != nil {
 				return "", err
 			}
 			second, err := s.ws.newLocalOn(l) // another runner on the same AQ_HOME
@@ -370,7 +392,7 @@ func locksScenario() *scenario {
 			if r2.JobID != other || r2.Stage != job.Shipped {
 				return "", failf("the job on repository two ended %s (%s) while one was locked", outcomeText(r2), r2.JobID)
 			}
-			if fileExists(l.markFile(waiting + ".ran")) {
+			if fixture.Exists(l.markFile(waiting + ".ran")) {
 				return "", failf("the job on the locked repository ran")
 			}
 			lock.Unlock()
@@ -420,7 +442,7 @@ func failuresScenario() *scenario {
 			if r.Outcome.Reason != job.ReasonNoEngine {
 				return "", failf("ended %s, want no_engine", outcomeText(r))
 			}
-			if fileExists(l.worktreePath("app", id)) {
+			if fixture.Exists(l.worktreePath("app", id)) {
 				return "", failf("a worktree was made for a job whose engine is missing")
 			}
 			return "no_engine: " + r.Outcome.Detail, nil
@@ -456,7 +478,7 @@ func failuresScenario() *scenario {
 			if r.JobID != id || r.Outcome.Reason != job.ReasonCapabilityMismatch || !strings.Contains(r.Outcome.Detail, "has:gh") {
 				return "", failf("ended %s, want capability_mismatch naming has:gh", outcomeText(r))
 			}
-			if fileExists(l.worktreePath("app", id)) {
+			if fixture.Exists(l.worktreePath("app", id)) {
 				return "", failf("a worktree was made although the job could not ship")
 			}
 			return "capability_mismatch before any work: " + r.Outcome.Detail, nil

@@ -13,6 +13,8 @@ import (
 
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
 )
@@ -93,7 +95,7 @@ func manifestScenario() *scenario {
 			if !strings.Contains(msg, "st-typo.md:4:") || !strings.Contains(msg, `"titel"`) || !strings.Contains(msg, `"title"`) {
 				return "", failf("refused, but the error does not name FILE:LINE and the fix: %s", msg)
 			}
-			return "refused: " + firstLine(msg), nil
+			return "refused: " + brief.FirstLine(msg, 0), nil
 		})
 		s.step(ctx, "pipeline.manifest.bad-id", 5*time.Second, func(ctx context.Context) (string, error) {
 			for _, id := range []string{"../escape", "a/../b", ".hidden"} {
@@ -182,8 +184,8 @@ func queueScenario() *scenario {
 				return "", err
 			}
 			md, side := filepath.Join(q.Dir(), "inbox", "st-sub.md"), filepath.Join(q.Dir(), "inbox", "st-sub.json")
-			if st.Stage != job.Inbox || !fileExists(md) || !fileExists(side) {
-				return "", failf("after submit: stage %s, manifest there %v, sidecar there %v", st.Stage, fileExists(md), fileExists(side))
+			if st.Stage != job.Inbox || !fixture.Exists(md) || !fixture.Exists(side) {
+				return "", failf("after submit: stage %s, manifest there %v, sidecar there %v", st.Stage, fixture.Exists(md), fixture.Exists(side))
 			}
 			_, err = submit(q, dir, "st-sub", "")
 			var ee *queue.ExistsError
@@ -358,7 +360,7 @@ func ladderScenario() *scenario {
 			rctx, cancel := context.WithCancelCause(ctx)
 			defer cancel(nil)
 			go func() {
-				if waitFor(rctx, "the start mark", func() bool { return fileExists(mark) }) == nil {
+				if fixture.WaitFor(rctx, "the start mark", func() bool { return fixture.Exists(mark) }) == nil {
 					cancel(errors.New("selftest: stop"))
 				}
 			}()
@@ -370,7 +372,7 @@ func ladderScenario() *scenario {
 			if left, _ := process.FindScoped(tag, scope); len(left) > 0 {
 				return res, tag, failf("processes %v of the stopped engine are still alive", left)
 			}
-			if !fileExists(mark) {
+			if !fixture.Exists(mark) {
 				return res, tag, failf("the engine never started (exit %d)", res.ExitCode)
 			}
 			return res, tag, nil
@@ -453,7 +455,7 @@ done`, shq(setsid), shq(esc), shq(esc), shq(process.TagEnv+"="+tag))
 			if err != nil {
 				return "", err
 			}
-			if !fileExists(esc) {
+			if !fixture.Exists(esc) {
 				return "", failf("the escaping process never started")
 			}
 			if left, _ := process.FindScoped(tag, scope); len(left) > 0 {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
 )
@@ -194,7 +195,7 @@ func secretsScenario() *scenario {
 		check(g, "pipeline.secrets.masked", "a secret-named variable's value the engine prints is masked (***) in the job logs"),
 		check(g, "pipeline.secrets.verify-env", "the verify: command does not get aq's secrets either"),
 	}, run: func(ctx context.Context, s *session) {
-		fleetTok, sbKey, apiTok := "aqf_"+randomHex(12), randomHex(16), "sk-selftest-"+randomHex(12)
+		fleetTok, sbKey, apiTok := "aqf_"+fixture.RandomHex(12), fixture.RandomHex(16), "sk-selftest-"+fixture.RandomHex(12)
 		extra := []string{
 			"AQ_FLEET_TOKEN=" + fleetTok,
 			"AQ_SB_CONNECTION_STRING=Endpoint=sb://127.0.0.1;SharedAccessKeyName=selftest;SharedAccessKey=" + sbKey,
@@ -329,22 +330,23 @@ func recoverScenario() *scenario {
 			pid := cmd.Process.Pid
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			err = waitFor(ctx, "the child aq's engine to start", func() bool {
+			err = fixture.WaitFor(ctx, "the child aq's engine to start", func() bool {
 				select {
 				case e := <-exited:
 					exited <- e
 					return true
 				default:
 				}
-				return fileExists(started)
+				return fixture.Exists(started)
 			})
-			if err != nil || !fileExists(started) {
+			if err != nil || !fixture.Exists(started) {
 				_ = process.KillGroup(pid)
-				<-exited
-				return "", failf("the child aq's engine did not start (%v): %s", err, lastLines(readFile(filepath.Join(l.dir, "aq-child.log")), 2))
+				return "", failf("the child aq's engine did not start (%v; the child aq then %v): %s", err, <-exited, lastLines(readFile(filepath.Join(l.dir, "aq-child.log")), 2))
 			}
 			_ = cmd.Process.Kill() // aq only: its engine is in a group of its own, watched by its supervisor
-			<-exited
+			if werr := <-exited; werr == nil {
+				return "", failf("the child aq exited 0 before it was killed: the test never interrupted its job")
+			}
 			st, err := l.state(id)
 			if err != nil {
 				return "", err
@@ -364,7 +366,7 @@ func recoverScenario() *scenario {
 			// No engine runs on without its aq: its supervisor takes it
 			// through the kill ladder (two graces) and sweeps its tag.
 			wctx, cancel := context.WithTimeout(ctx, 10*killGrace+10*time.Second)
-			err := waitFor(wctx, "the dead aq's engine to be stopped by its supervisor", func() bool {
+			err := fixture.WaitFor(wctx, "the dead aq's engine to be stopped by its supervisor", func() bool {
 				now, _ := process.FindScoped(id, l.scope)
 				return len(now) == 0
 			})

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 )
@@ -389,7 +390,7 @@ func (r *recorder) reported(name string) bool {
 
 // add records a result (the first one for a name wins).
 func (r *recorder) add(res Result) {
-	res.Reason = r.red.String(oneLine(res.Reason))
+	res.Reason = r.red.String(brief.OneLine(res.Reason, maxReason))
 	res.DurationMS = res.Duration.Milliseconds()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -437,15 +438,6 @@ func (r *recorder) finish() []Result {
 
 // maxReason bounds a reason's length.
 const maxReason = 400
-
-// oneLine turns s into one trimmed line of at most maxReason characters.
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > maxReason {
-		s = string(r[:maxReason]) + "…"
-	}
-	return s
-}
 
 // defaultExe is the aq binary for the child-process checks: this process's
 // executable, unless it is a Go test binary (running that with aq's

@@ -3,7 +3,6 @@ package selftest
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -89,6 +89,7 @@ func TestCatalog(t *testing.T) {
 // with the aq binary for the child-process checks: on this machine every
 // check passes or is skipped with a reason; nothing is left behind.
 func TestRunAllPassOrSkip(t *testing.T) {
+	testenv.Slow(t, "runs every check, the offline pipeline included")
 	cfg := hostConfig(t)
 	tmp := t.TempDir()
 	rep, err := Run(context.Background(), Options{Config: cfg, Exe: testenv.BuildAQ(t), TempDir: tmp})
@@ -127,6 +128,7 @@ func TestRunAllPassOrSkip(t *testing.T) {
 // kill -9 recovery, budgets, the peer) leave no process carrying one of their
 // tags, and their temp dir is removed; the real AQ_HOME is not touched.
 func TestNothingLeftBehind(t *testing.T) {
+	testenv.Slow(t, "runs every check, the offline pipeline included")
 	cfg := hostConfig(t)
 	tmp := t.TempDir()
 	rep, err := Run(context.Background(), Options{Config: cfg, Exe: testenv.BuildAQ(t), TempDir: tmp,
@@ -263,16 +265,11 @@ func TestHungCheckFails(t *testing.T) {
 // with the token, compare clocks, and fail with a clear reason when the token
 // is refused; secrets never appear in a reason.
 func TestFleetHostChecks(t *testing.T) {
-	s, err := coord.New(coord.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s)
-	defer hs.Close()
+	s := coordtest.Start(t, coord.Options{})
 	only := regexp.MustCompile(`^host\.(fleet|clock\.coordinator|credentials|sb)`)
 	run := func(token string) map[string]Result {
 		cfg := hostConfig(t)
-		cfg.Fleet, cfg.FleetAPI, cfg.FleetToken = true, hs.URL+"/api", token
+		cfg.Fleet, cfg.FleetAPI, cfg.FleetToken = true, s.API, token
 		rep, err := Run(context.Background(), Options{Config: cfg, Only: only})
 		if err != nil {
 			t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Sentinels for errors.Is. Both mean the repository cannot be used for the
@@ -71,7 +73,7 @@ type PartialError struct {
 }
 
 func (e *PartialError) Error() string {
-	return fmt.Sprintf("checkpoint %s is missing some files: %v", short(e.SHA), e.Err)
+	return fmt.Sprintf("checkpoint %s is missing some files: %v", brief.SHA(e.SHA), e.Err)
 }
 
 func (e *PartialError) Unwrap() error { return e.Err }
@@ -101,10 +103,3 @@ func (e *PushError) Error() string {
 }
 
 func (e *PushError) Unwrap() error { return e.Err }
-
-func short(sha string) string {
-	if len(sha) > 12 {
-		return sha[:12]
-	}
-	return sha
-}

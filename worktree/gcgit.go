@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"runtime"
 	"sort"
 	"strconv"
@@ -20,7 +19,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // RefInfo is a ref, the commit it points at and that commit's committer
@@ -404,23 +403,15 @@ func baseWindow(ctx context.Context, g Git, dir string, tips []string, want map[
 			after--
 		}
 	}
-	io.Copy(io.Discard, stdout)
+	_, _ = io.Copy(io.Discard, stdout) // drain: git must not block on a full pipe before Wait
 	werr := cmd.Wait()
 	if werr != nil && after != 0 {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, nil, ctxErr
 		}
-		return nil, nil, &GitError{Args: args, Dir: dir, ExitCode: exitStatus(werr), Stderr: stderr.String(), Err: werr}
+		return nil, nil, &GitError{Args: args, Dir: dir, ExitCode: exitCode(werr), Stderr: stderr.String(), Err: werr}
 	}
 	return window, pos, nil
-}
-
-func exitStatus(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	return -1
 }
 
 // patchIDs maps each of shas that has a diff against its only parent to its
@@ -456,7 +447,7 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 	}
 	if err := pidCmd.Start(); err != nil {
 		cancel()
-		logCmd.Wait()
+		_ = logCmd.Wait()
 		return nil, err
 	}
 	pidWait := pidCmd.Wait()
@@ -465,10 +456,10 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 	}
 	logWait := logCmd.Wait()
 	if logWait != nil {
-		return nil, &GitError{Args: logArgs, Dir: dir, ExitCode: exitStatus(logWait), Stderr: logErr.String(), Err: logWait}
+		return nil, &GitError{Args: logArgs, Dir: dir, ExitCode: exitCode(logWait), Stderr: logErr.String(), Err: logWait}
 	}
 	if pidWait != nil {
-		return nil, &GitError{Args: pidArgs, Dir: dir, ExitCode: exitStatus(pidWait), Stderr: pidErr.String(), Err: pidWait}
+		return nil, &GitError{Args: pidArgs, Dir: dir, ExitCode: exitCode(pidWait), Stderr: pidErr.String(), Err: pidWait}
 	}
 	ids := map[string]string{}
 	for _, line := range strings.Split(out.String(), "\n") {
@@ -522,7 +513,7 @@ func mergeTreeContained(ctx context.Context, g Git, dir string, tips, candidates
 						mu.Unlock()
 						break
 					}
-					if err == nil && firstLine(res) == trees[i] {
+					if err == nil && brief.FirstLine(res, 0) == trees[i] {
 						mu.Lock()
 						out = append(out, c)
 						mu.Unlock()
@@ -555,11 +546,6 @@ feed:
 		return nil, err
 	}
 	return out, nil
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return strings.TrimSpace(line)
 }
 
 // RefOutcome is what happened to one ref a batched delete was asked to
@@ -774,59 +760,6 @@ func parsePorcelain(out string) map[string]RefUpdate {
 		lines[dst] = RefUpdate{Flag: f[0], Src: src, Dst: dst, Summary: strings.TrimSpace(f[2])}
 	}
 	return lines
-}
-
-// command is an *exec.Cmd for git in dir with g's environment, extra and
-// the hardening that keeps git from running what the repository planted
-// (harden.go), for callers that stream its output. An error means the
-// hardening could not be worked out: git is not run without it.
-func (g Git) command(ctx context.Context, dir string, args, extra []string) (*exec.Cmd, error) {
-	bin := g.Bin
-	if bin == "" {
-		bin = "git"
-	}
-	env := g.environ(extra)
-	if !g.unhardened {
-		more, err := g.hardenEnv(ctx, dir, env)
-		if err != nil {
-			return nil, &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: -1,
-				Err: fmt.Errorf("cannot read the repository's configuration to keep git from running what it names: %w", err)}
-		}
-		env = append(env, more...)
-	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Dir = dir
-	cmd.Env = env
-	// A cancelled git is asked to stop (SIGTERM), not killed: git then
-	// removes the lock files it holds (a ref's, the index's). Killed, it
-	// left them behind, and every later update of that ref failed — a
-	// periodic checkpoint stopped with its job left aq/wip/<id>.lock, which
-	// the final checkpoint and aq gc then met (found by the reduced chaos
-	// run). SIGKILL follows after waitDelay.
-	cmd.Cancel = func() error { return process.Terminate(cmd.Process) }
-	cmd.WaitDelay = waitDelay
-	return cmd, nil
-}
-
-// runStdin is run with stdin: git reads its input (`--stdin`) from in.
-func (g Git) runStdin(ctx context.Context, dir string, in io.Reader, args ...string) ([]byte, error) {
-	g = g.at(dir)
-	cmd, err := g.command(ctx, dir, args, nil)
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdin = in
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err = cmd.Run()
-	if err == nil {
-		return stdout.Bytes(), nil
-	}
-	gerr := &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: exitStatus(err), Stderr: stderr.String(), Err: err}
-	if cerr := ctx.Err(); cerr != nil {
-		gerr.Err = cerr
-	}
-	return stdout.Bytes(), gerr
 }
 
 // Preserve makes sure commit sha stays reachable from ref (a full ref

@@ -5,11 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/process"
 )
 
 // Git runs the git CLI. The zero value runs "git" from PATH.
@@ -90,23 +94,67 @@ func (g Git) run(ctx context.Context, dir string, env []string, args []string) (
 	if err != nil {
 		return nil, err
 	}
+	return runCmd(ctx, cmd, dir, args)
+}
+
+// runStdin is run with stdin: git reads its input (`--stdin`) from in.
+func (g Git) runStdin(ctx context.Context, dir string, in io.Reader, args ...string) ([]byte, error) {
+	g = g.at(dir)
+	cmd, err := g.command(ctx, dir, args, nil)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdin = in
+	return runCmd(ctx, cmd, dir, args)
+}
+
+// runCmd runs cmd, a git made by command, to its end and returns its
+// stdout. A failure is a *GitError for args in dir; when ctx ended, its
+// error is the context's.
+func runCmd(ctx context.Context, cmd *exec.Cmd, dir string, args []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	err = cmd.Run()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
 	if err == nil {
 		return stdout.Bytes(), nil
 	}
-	gerr.Stderr = stderr.String()
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		gerr.ExitCode = exitErr.ExitCode() // -1 when killed by a signal
-	}
-	gerr.Err = err
+	gerr := &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: exitCode(err), Stderr: stderr.String(), Err: err}
 	if cerr := ctx.Err(); cerr != nil {
 		gerr.Err = cerr
 	}
 	return stdout.Bytes(), gerr
+}
+
+// command is an *exec.Cmd for git in dir with g's environment, extra and
+// the hardening that keeps git from running what the repository planted
+// (harden.go), for callers that stream its output. An error means the
+// hardening could not be worked out: git is not run without it.
+func (g Git) command(ctx context.Context, dir string, args, extra []string) (*exec.Cmd, error) {
+	bin := g.Bin
+	if bin == "" {
+		bin = "git"
+	}
+	env := g.environ(extra)
+	if !g.unhardened {
+		more, err := g.hardenEnv(ctx, dir, env)
+		if err != nil {
+			return nil, &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: -1,
+				Err: fmt.Errorf("cannot read the repository's configuration to keep git from running what it names: %w", err)}
+		}
+		env = append(env, more...)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	// A cancelled git is asked to stop (SIGTERM), not killed: git then
+	// removes the lock files it holds (a ref's, the index's). Killed, it
+	// left them behind, and every later update of that ref failed — a
+	// periodic checkpoint stopped with its job left aq/wip/<id>.lock, which
+	// the final checkpoint and aq gc then met (found by the reduced chaos
+	// run). SIGKILL follows after waitDelay.
+	cmd.Cancel = func() error { return process.Terminate(cmd.Process) }
+	cmd.WaitDelay = waitDelay
+	return cmd, nil
 }
 
 func (g Git) environ(extra []string) []string {
@@ -148,12 +196,17 @@ func (g Git) with(kv ...string) Git {
 	return g
 }
 
-// exitCode is the exit status of a failed git run, or -1 when err is not a
-// *GitError that ran to an exit.
+// exitCode is the exit status of a git that ran to an exit and failed: from
+// a *GitError, or from the *exec.ExitError of a git run by command. It is -1
+// for anything else: git did not start, a signal ended it, or err is nil.
 func exitCode(err error) int {
 	var ge *GitError
 	if errors.As(err, &ge) {
 		return ge.ExitCode
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
 	}
 	return -1
 }
@@ -232,21 +285,13 @@ func firstMeaningfulLine(stderr string) string {
 			continue
 		}
 		if strings.HasPrefix(line, "fatal:") || strings.HasPrefix(line, "error:") {
-			return clip(line)
+			return brief.Clip(line, 300)
 		}
 		if first == "" {
 			first = line
 		}
 	}
-	return clip(first)
-}
-
-func clip(s string) string {
-	const max = 300
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
+	return brief.Clip(first, 300)
 }
 
 // subcommand names the git command in args for messages: "worktree add",

@@ -42,6 +42,36 @@ func TestGitErrorIsOneTypedLine(t *testing.T) {
 	}
 }
 
+// TestExitCode: one helper reads git's exit status whether the failure came
+// from Run (a *GitError) or from a git started by command (an
+// *exec.ExitError, as the streaming gc queries see it).
+func TestExitCode(t *testing.T) {
+	t.Parallel()
+	repo := newRepo(t)
+	_, runErr := Git{}.Run(ctxT(t), repo, "rev-parse", "--verify", "-q", "no-such-ref")
+	cmd, err := Git{}.command(ctxT(t), repo, []string{"rev-parse", "--verify", "-q", "no-such-ref"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdErr := cmd.Run()
+	_, stdinErr := Git{}.runStdin(ctxT(t), repo, strings.NewReader("no-such-ref\n"), "merge-base", "--is-ancestor", "HEAD", "no-such-ref")
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"Run", runErr, 1},
+		{"command", cmdErr, 1},
+		{"runStdin", stdinErr, 128},
+		{"nil", nil, -1},
+		{"not git's", errors.New("other"), -1},
+	} {
+		if got := exitCode(tc.err); got != tc.want {
+			t.Errorf("%s: exitCode(%v) = %d, want %d", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
 func TestGitErrorMissingDirAndCancel(t *testing.T) {
 	t.Parallel()
 	_, err := Git{}.Run(ctxT(t), filepath.Join(t.TempDir(), "nope"), "status")

@@ -703,7 +703,7 @@ func (g Git) rawConfig(ctx context.Context, dir string, env []string, args ...st
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, &GitError{Args: args, Dir: dir, ExitCode: exitStatus(err), Stderr: stderr.String(), Err: err}
+		return nil, &GitError{Args: args, Dir: dir, ExitCode: exitCode(err), Stderr: stderr.String(), Err: err}
 	}
 	return out, nil
 }

@@ -215,6 +215,7 @@ func sh(t *testing.T, dir, script string) {
 // worktree from the pool, sees exactly what a new `git worktree add` would
 // show it.
 func TestPoolHandsNothingOn(t *testing.T) {
+	testenv.Slow(t, "hands many pooled worktrees on through every way they can be left dirty")
 	scenarios := []struct {
 		name  string
 		plant string // run in the first job's worktree
@@ -371,21 +372,21 @@ func inodes(t *testing.T, dir string) map[string]string {
 // exactly a fresh one.
 func TestPoolDiscardsWhatCannotBeMadeClean(t *testing.T) {
 	cases := []struct {
-		name   string
-		break_ func(t *testing.T, pooled string) (undo func())
-		aside  bool // set aside rather than removed
+		name    string
+		breakIt func(t *testing.T, pooled string) (undo func())
+		aside   bool // set aside rather than removed
 	}{
-		{name: "locked index", break_: func(t *testing.T, pooled string) func() {
+		{name: "locked index", breakIt: func(t *testing.T, pooled string) func() {
 			testenv.WriteFile(t, gitPath(t, pooled, "index.lock"), "")
 			testenv.WriteFile(t, filepath.Join(pooled, "left-by-job.txt"), "x\n")
 			return func() {}
 		}},
-		{name: "undeletable file", aside: true, break_: func(t *testing.T, pooled string) func() {
+		{name: "undeletable file", aside: true, breakIt: func(t *testing.T, pooled string) func() {
 			p := filepath.Join(pooled, "build", "stuck.bin")
 			testenv.WriteFile(t, p, "stuck\n")
 			return makeUndeletable(t, p)
 		}},
-		{name: "broken .git file", break_: func(t *testing.T, pooled string) func() {
+		{name: "broken .git file", breakIt: func(t *testing.T, pooled string) func() {
 			testenv.WriteFile(t, filepath.Join(pooled, ".git"), "gitdir: /nonexistent\n")
 			return func() {}
 		}},
@@ -403,7 +404,7 @@ func TestPoolDiscardsWhatCannotBeMadeClean(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			undo := c.break_(t, pooled)
+			undo := c.breakIt(t, pooled)
 			defer undo()
 
 			second := filepath.Join(wts, "repo", "two")

@@ -8,7 +8,7 @@ import (
 )
 
 // aqRefPrefix is aq's namespace: the only refs aq force-pushes or deletes
-// (DESIGN §8: gc never touches refs outside aq/).
+// (docs/gc.md, "Never": gc never touches refs outside aq/).
 const aqRefPrefix = "refs/heads/aq/"
 
 // Push pushes refspecs to remote from repoDir: `git push --porcelain

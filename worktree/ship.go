@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Commits and pushes aq makes skip the repository's hooks (--no-verify): the
@@ -67,7 +69,7 @@ func SquashOnto(ctx context.Context, g Git, wtPath, baseSHA, message string) (sh
 		return "", false, err
 	}
 	if !anc {
-		return "", false, fmt.Errorf("squash in %s: %s is not an ancestor of HEAD %s (squashing onto it would revert its changes; use the merge base)", wtPath, short(base), short(head))
+		return "", false, fmt.Errorf("squash in %s: %s is not an ancestor of HEAD %s (squashing onto it would revert its changes; use the merge base)", wtPath, brief.SHA(base), brief.SHA(head))
 	}
 	if _, err := wg.Run(ctx, wtPath, "add", "--all"); err != nil {
 		return "", false, err
@@ -91,7 +93,7 @@ func SquashOnto(ctx context.Context, g Git, wtPath, baseSHA, message string) (sh
 
 func rollback(ctx context.Context, wg Git, wtPath, head string, cause error) error {
 	if _, err := wg.Run(ctx, wtPath, "reset", "--soft", head); err != nil {
-		return errors.Join(cause, fmt.Errorf("restore branch to %s: %w", short(head), err))
+		return errors.Join(cause, fmt.Errorf("restore branch to %s: %w", brief.SHA(head), err))
 	}
 	return cause
 }

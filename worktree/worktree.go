@@ -40,8 +40,11 @@ func IsRepo(dir string) bool {
 	return isGitDir(dir) // bare
 }
 
-// isGitDir is git's own test for a git directory, less HEAD's contents:
-// HEAD, objects/ and refs/ are there.
+// IsGitDir is git's own test for a git directory, less HEAD's contents:
+// HEAD, objects/ and refs/ are there. A .git that a clone in progress has
+// only just made is not one yet.
+func IsGitDir(dir string) bool { return isGitDir(dir) }
+
 func isGitDir(dir string) bool {
 	return fileExists(filepath.Join(dir, "HEAD")) && dirExists(filepath.Join(dir, "objects")) && dirExists(filepath.Join(dir, "refs"))
 }

@@ -22,14 +22,11 @@ import (
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // DefaultProbeTimeout bounds each `<bin> --version` probe.
 const DefaultProbeTimeout = 3 * time.Second
-
-// EngineBinaries are the engines aq detects by their binary on PATH (DESIGN §7).
-// ScriptEngine is built in and always offered.
-var EngineBinaries = []string{"claude", "codex", "devin"}
 
 // ScriptEngine is aq's built-in engine that runs a user command.
 const ScriptEngine = "script"
@@ -48,7 +45,7 @@ var defaultTools = []string{
 // nil: each one found on PATH is offered as has:<tool>.
 func DefaultTools() []string { return append([]string(nil), defaultTools...) }
 
-// repoNamePattern is the id rule of DESIGN §4: a repo: name is a manifest's
+// repoNamePattern is the id rule of docs/manifest.md ("Keys"): a repo: name is a manifest's
 // repo value, so a folder whose name could not be written there is no repo.
 var repoNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
@@ -177,7 +174,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		flagNotes []string
 	}
 	var found []*engineProbe
-	for _, name := range EngineBinaries {
+	for _, name := range engines.Coding() { // found by their binary on PATH; script is built in
 		if p := lookPath(name, dirs); p != "" {
 			found = append(found, &engineProbe{info: EngineInfo{Name: name, Path: p}})
 		}
@@ -465,7 +462,10 @@ func isGitCheckout(dir string) bool {
 		return false
 	}
 	if fi.IsDir() {
-		return true
+		// As the runner judges it (worktree.IsRepo): a .git that a clone in
+		// progress has only just made is no repository yet — offered, its
+		// job would be claimed and fail repo_unavailable.
+		return worktree.IsGitDir(p)
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > 4096 {
 		return false

@@ -221,13 +221,16 @@ func TestDetectProbeFailures(t *testing.T) {
 	codex := writeExe(t, bin, "codex", `echo "error: config.toml is broken" >&2; exit 3`)
 	devin := writeExe(t, bin, "devin", `exit 0`)
 
-	h, err := detectOrHang(t, context.Background(), DetectOptions{RepoBase: t.TempDir(), Path: bin, ProbeTimeout: 300 * time.Millisecond, HelpTimeout: 300 * time.Millisecond})
+	// One timeout for all three: the hanging claude needs it to pass, and the
+	// others must answer within it however busy the machine — 2 s, not the
+	// few hundred milliseconds a quick machine would do with.
+	h, err := detectOrHang(t, context.Background(), DetectOptions{RepoBase: t.TempDir(), Path: bin, ProbeTimeout: 2 * time.Second, HelpTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Listed without versions, and refused: their --help hangs, fails or
 	// says nothing, so aq cannot know how to call them.
-	refusedHang := "claude is unavailable: `claude --help` did not answer within 300ms"
+	refusedHang := "claude is unavailable: `claude --help` did not answer within 2s"
 	refusedExit := "codex is unavailable: `codex exec --help` exited 3: error: config.toml is broken"
 	refusedQuiet := "devin is unavailable: `devin --help` printed nothing"
 	none := []string{}
@@ -241,7 +244,7 @@ func TestDetectProbeFailures(t *testing.T) {
 		t.Errorf("Engines\n got %+v\nwant %+v (listed, without versions, refused)", h.Engines, wantEngines)
 	}
 	wantNotes := []string{
-		"engine claude: " + claude + " --version did not finish within 300ms; listed without a version",
+		"engine claude: " + claude + " --version did not finish within 2s; listed without a version",
 		"engine claude refused, not offered: " + refusedHang,
 		"engine codex: " + codex + " --version failed (exit status 3: error: config.toml is broken); listed without a version",
 		"engine codex refused, not offered: " + refusedExit,
@@ -336,7 +339,14 @@ func TestDetectNode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			bin := t.TempDir()
 			node := writeExe(t, bin, "node", tc.script)
-			h, err := Detect(context.Background(), DetectOptions{RepoBase: t.TempDir(), Path: bin, ProbeTimeout: 200 * time.Millisecond})
+			// The probe's timeout is the case under test only for "hangs";
+			// the others get a deadlock guard, so that a node that answers
+			// is read on a machine however busy.
+			timeout := 30 * time.Second
+			if tc.name == "hangs" {
+				timeout = 200 * time.Millisecond
+			}
+			h, err := Detect(context.Background(), DetectOptions{RepoBase: t.TempDir(), Path: bin, ProbeTimeout: timeout})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -469,6 +479,11 @@ func TestDetectRepos(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.Symlink(in("nowhere"), in("dangling")); err != nil {
+		t.Fatal(err)
+	}
+	// A clone that has only just begun: its .git holds no HEAD, objects or
+	// refs yet, and the runner would refuse it (worktree.IsRepo).
+	if err := os.MkdirAll(filepath.Join(in("cloning"), ".git"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Symlink(in("file.txt"), in("tofile")); err != nil {

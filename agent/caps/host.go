@@ -12,7 +12,7 @@ import (
 func Token(kind, value string) string { return kind + ":" + value }
 
 // Tokens returns every capability h offers, canonical and sorted: what a
-// heartbeat or claim sends as capabilities[] (DESIGN §9).
+// heartbeat or claim sends as capabilities[] (docs/contract.md, "Enrollment and heartbeats").
 func (h *Host) Tokens() []string {
 	if h == nil {
 		return []string{}

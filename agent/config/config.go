@@ -1,4 +1,4 @@
-// Package config owns aq's configuration (DESIGN §3): the keys, their flag and
+// Package config owns aq's configuration (README.md, "Configuration"; `aq config` lists every key): the keys, their flag and
 // environment bindings (including the legacy agent-queue.sh names), the config
 // file, precedence flag > environment > file > default, validation, and where
 // each effective value came from. Everything is bound in one place, with viper.
@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -73,6 +74,10 @@ type Config struct {
 	DrainTimeout       time.Duration
 	KillGrace          time.Duration
 	CheckpointInterval time.Duration // periodic checkpoints while an engine runs; 0: off
+	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job gets
+	// after a failed verify when neither its manifest nor its profile says;
+	// 0: off.
+	VerifyRounds int
 	// WorktreePool (AQ_WORKTREE_POOL) is how many finished jobs' worktrees
 	// are kept per repository for the next job; derived from Slots when
 	// unset. 0: none (a Config built by hand gets none).
@@ -304,7 +309,7 @@ func readFile(v *viper.Viper, explicit, home string) (string, map[string]bool, e
 	fv := viper.New()
 	fv.SetConfigType("yaml")
 	if err := fv.ReadConfig(bytes.NewReader(b)); err != nil {
-		return "", nil, aqerr.Usagef("fix the YAML syntax", "config file %s is not valid YAML: %s", path, firstLine(err.Error()))
+		return "", nil, aqerr.Usagef("fix the YAML syntax", "config file %s is not valid YAML: %s", path, brief.FirstLine(err.Error(), 0))
 	}
 	byEnv := map[string]string{}
 	for _, k := range Keys {
@@ -359,11 +364,6 @@ func defaultFiles(home string) []string {
 		out = append(out, filepath.Join(xdg, "aq", "config.yaml"))
 	}
 	return out
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(s, "\n")
-	return s
 }
 
 // derive fills values computed from other keys.
@@ -443,7 +443,7 @@ func (c *Config) Secrets() []string {
 	return out
 }
 
-// Paths under Home (DESIGN §5, §6).
+// Paths under Home (docs/local.md, "The queue on disk"; docs/architecture.md, "Running a job").
 func (c *Config) QueueDir() string     { return filepath.Join(c.Home, "queue") }
 func (c *Config) WorktreesDir() string { return filepath.Join(c.Home, "worktrees") }
 func (c *Config) LocksDir() string     { return filepath.Join(c.Home, "locks") }

@@ -48,6 +48,7 @@ var sample = map[string]string{
 	"drain_timeout":          "10m0s",
 	"kill_grace":             "500ms",
 	"checkpoint_interval":    "2m",
+	"verify_rounds":          "1",
 	"claude_permission_mode": "bypassPermissions",
 	"sandbox_net":            "@registries,*.corp.example.com,10.20.0.0/16:443",
 	"sandbox_engine_hosts":   "claude=llm-gateway.example.com:443",
@@ -240,6 +241,9 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "caps refresh too short", env: map[string]string{"AQ_CAPS_REFRESH": "10ms"}, want: []string{"AQ_CAPS_REFRESH", "at least 1s"}},
 		{name: "caps refresh not a duration", env: map[string]string{"AQ_CAPS_REFRESH": "often"}, want: []string{"AQ_CAPS_REFRESH", "duration"}},
 		{name: "slots zero", env: map[string]string{"AQ_SLOTS": "0"}, want: []string{"AQ_SLOTS", "1 to 64"}},
+		{name: "verify rounds negative", env: map[string]string{"AQ_VERIFY_ROUNDS": "-1"}, want: []string{`AQ_VERIFY_ROUNDS="-1"`, "0 to 10"}},
+		{name: "verify rounds not numeric", env: map[string]string{"AQ_VERIFY_ROUNDS": "two"}, want: []string{"AQ_VERIFY_ROUNDS", "whole number"}},
+		{name: "verify rounds in file", file: "verify_rounds: 11\n", want: []string{"verify_rounds in", "0 to 10"}},
 		{name: "pool negative", env: map[string]string{"AQ_WORKTREE_POOL": "-1"}, want: []string{"AQ_WORKTREE_POOL", "0 to 64"}},
 		{name: "pool not numeric", env: map[string]string{"AQ_WORKTREE_POOL": "many"}, want: []string{"AQ_WORKTREE_POOL", "whole number"}},
 		{name: "disk max unit", env: map[string]string{"AQ_WORKTREE_DISK_MAX": "50 gigs"}, want: []string{"AQ_WORKTREE_DISK_MAX", "size", "50GiB"}},
@@ -316,7 +320,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	if err == nil {
 		t.Fatal("want error")
 	}
-	c := &Config{}
+	var c *Config
 	isolate(t)
 	t.Setenv("AQ_FLEET_TOKEN", "tok-very-secret")
 	c, err = Load(flags(t))

@@ -66,23 +66,45 @@ func AddFlags(fs *pflag.FlagSet, groups ...Group) {
 		if len(groups) > 0 && !slices.Contains(groups, k.Group) {
 			continue
 		}
-		v := &keyValue{typ: k.Type}
-		def := k.Default
-		switch k.Type {
-		case "bool":
-			def = strconv.FormatBool(boolWords[def])
-		case "duration":
-			if d, err := time.ParseDuration(def); err == nil && d == 0 {
-				def = "0" // help leaves a zero default out
-			}
-		}
-		fl := fs.VarPF(v, k.Flag, "", k.Usage+" [$"+k.Env[0]+"]")
-		fl.DefValue = def
-		if k.Type == "bool" {
-			fl.NoOptDefVal = "true"
-		}
-		_ = fs.SetAnnotation(k.Flag, GroupAnnotation, []string{string(k.Group)})
+		addFlag(fs, k)
 	}
+}
+
+// OperatorKeys are what an operator's call to the coordinator reads (aq job
+// show|logs|requeue|ship|reject|rm): whether fleet mode is on, where the
+// coordinator is and the token. A command that reads only these offers only
+// their flags, not the whole Fleet group (heartbeats, polls, leases).
+var OperatorKeys = []string{"fleet", "fleet_route", "fleet_shadow", "fleet_api", "fleet_token", "product_id"}
+
+// AddKeyFlags registers the typed flags of the named keys on fs, under
+// their groups' headings. An unknown name panics: it is a programming error.
+func AddKeyFlags(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		i := slices.IndexFunc(Keys, func(k Key) bool { return k.Name == n })
+		if i < 0 {
+			panic("config: no key " + n)
+		}
+		addFlag(fs, Keys[i])
+	}
+}
+
+func addFlag(fs *pflag.FlagSet, k Key) {
+	v := &keyValue{typ: k.Type}
+	def := k.Default
+	switch k.Type {
+	case "bool":
+		def = strconv.FormatBool(boolWords[def])
+	case "duration":
+		if d, err := time.ParseDuration(def); err == nil && d == 0 {
+			def = "0" // help leaves a zero default out
+		}
+	}
+	fl := fs.VarPF(v, k.Flag, "", k.Usage+" [$"+k.Env[0]+"]")
+	fl.DefValue = def
+	if k.Type == "bool" {
+		fl.NoOptDefVal = "true"
+	}
+	_ = fs.SetAnnotation(k.Flag, GroupAnnotation, []string{string(k.Group)})
 }
 
 // keyValue is a key's flag: it checks that the text is of the key's type

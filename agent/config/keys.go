@@ -117,6 +117,8 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
 	{Name: "checkpoint_interval", Group: GroupEngine, Type: "duration", Env: []string{"AQ_CHECKPOINT_INTERVAL"}, Flag: "checkpoint-interval", Default: "5m", Usage: "while an engine runs, checkpoint its worktree this often (pushed to origin's aq/wip/<id> while the lease is held; 0: only when it stops)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
+	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
+		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
 		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
 	{Name: "sandbox_net", Group: GroupEngine, Env: []string{"AQ_SANDBOX_NET"}, Flag: "sandbox-net", Usage: "what a sandboxed engine may reach besides its own API, through the job's egress proxy: comma list of host, *.domain, host:port, an address or range, * (any public host), or a set such as @registries (docs/sandbox.md)",
@@ -301,7 +303,7 @@ func setEnum(field func(*Config) *string, allowed ...string) func(*Config, strin
 	}
 }
 
-// idPattern is DESIGN §4's id rule; config ids (factory, product, topic) obey
+// idPattern is the id rule of docs/manifest.md ("Keys": id); config ids (factory, product, topic) obey
 // it too, since they end up in paths, headers and broker filters.
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 

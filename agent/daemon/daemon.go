@@ -1,5 +1,5 @@
-// Package daemon is `aq daemon`: the long-running fleet factory (DESIGN §10a,
-// §11). It owns the loops of a factory and their lifetimes:
+// Package daemon is `aq daemon`: the long-running fleet factory (docs/daemon.md;
+// its metrics in docs/observability.md). It owns the loops of a factory and their lifetimes:
 //
 //   - the fleet session (agent/fleet): enrollment, the first heartbeat, the
 //     spool drain at start, then the heartbeat loop and the spool-drain loop;
@@ -98,9 +98,11 @@ type BrokerTuning struct {
 // JobEvent is one step of a job in the daemon.
 type JobEvent struct {
 	JobID  string
-	Kind   string // taken | pipeline | engine | done
+	Kind   string // taken | pipeline | engine | repair | done
 	Source string // broker | poll
 	At     time.Time
+	// Round and Rounds are a repair round's (Kind repair): round k of n.
+	Round, Rounds int
 }
 
 // Daemon is one `aq daemon`. Build it with New, run it with Run (once).
@@ -188,7 +190,7 @@ func New(o Options) (*Daemon, error) {
 		}
 		pipe = r
 	}
-	parts.Pipeline = &instrumented{inner: pipe, d: d}
+	parts.Pipeline = pipe
 	a, err := fleet.New(cfg, o.Log, o.Redactor, parts)
 	if err != nil {
 		return nil, err
@@ -237,6 +239,7 @@ func New(o Options) (*Daemon, error) {
 		},
 	})
 	a.Jobs.RenewFailed = d.m.renewFailed
+	a.Jobs.OnEvent = d.jobEvent
 	a.Client.Observe(func(r fleet.CallResult) {
 		d.m.observe(r)
 		if r.Call == "POST /fleet/factories/heartbeat" {

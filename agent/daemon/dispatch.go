@@ -81,7 +81,7 @@ func (a acceptor) Accept(ctx context.Context, jobID string) (dispatch.Accepted, 
 		return dispatch.Accepted{}, err
 	}
 	a.d.take(cl)
-	return dispatch.Accepted{Job: cl, LeaseEpoch: cl.LeaseEpoch, LeaseExpiresAt: cl.LeaseExpiresAt}, nil
+	return dispatch.Accepted{Claim: cl}, nil
 }
 
 // pollPath is the fleet Poller as the dispatch source drives it.
@@ -95,7 +95,7 @@ func (pp pollPath) Tick(ctx context.Context) (dispatch.Accepted, bool, error) {
 	// Recorded before the next tick: its repo is busy from now on, so the
 	// next claim does not advertise it.
 	pp.d.take(cl)
-	return dispatch.Accepted{Job: cl, LeaseEpoch: cl.LeaseEpoch, LeaseExpiresAt: cl.LeaseExpiresAt}, true, nil
+	return dispatch.Accepted{Claim: cl}, true, nil
 }
 
 func (pp pollPath) Wait() time.Duration { return pp.d.agent.Poller.Wait() }

@@ -12,15 +12,14 @@ import (
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/agent/runner"
-	"github.com/aqfleet/aq/job"
 )
 
 // runJob is the Handler of both dispatch paths: it runs one job holding a
 // slot (the source's) and the job's flock.
 func (d *Daemon) runJob(_ context.Context, a dispatch.Accepted) {
-	c, ok := a.Job.(*fleet.Claim)
-	if !ok || c == nil {
-		d.log.Error("dispatch handed over something that is not a claim", "type", fmt.Sprintf("%T", a.Job))
+	c := a.Claim
+	if c == nil {
+		d.log.Error("dispatch handed over no claim")
 		return
 	}
 	id := c.Job.ID
@@ -116,6 +115,8 @@ func (d *Daemon) event(e JobEvent) {
 		switch e.Kind {
 		case "pipeline":
 			rj.Phase = "preparing"
+		case "repair":
+			rj.Phase = fmt.Sprintf("repair %d/%d", e.Round, e.Rounds)
 		case "engine":
 			rj.Phase, rj.EngineAt = "running", e.At.UTC()
 			d.m.toEngine.WithLabelValues(rj.Source).Observe(e.At.Sub(rj.AcceptedAt).Seconds())
@@ -134,24 +135,16 @@ func (d *Daemon) event(e JobEvent) {
 	}
 }
 
-// instrumented wraps the pipeline to see when a job reaches the runner and
-// when its engine starts (the runner's "started" event, after the repo lock
-// and the worktree).
-type instrumented struct {
-	inner fleet.Pipeline
-	d     *Daemon
-}
-
-func (p *instrumented) Run(ctx context.Context, j *job.Job, o runner.Options) runner.Outcome {
-	p.d.event(JobEvent{JobID: j.ID, Kind: "pipeline", At: time.Now()})
-	user := o.OnEvent
-	o.OnEvent = func(e runner.Event) {
-		if e.Kind == "started" {
-			p.d.event(JobEvent{JobID: j.ID, Kind: "engine", At: time.Now()})
-		}
-		if user != nil {
-			user(e)
-		}
+// jobEvent is the jobs' lifecycle observer (fleet.JobRunner.OnEvent): it
+// sees when a job reaches the runner (repo lock and worktree next) and when
+// its engine starts (after them).
+func (d *Daemon) jobEvent(id string, e runner.Event) {
+	switch e := e.(type) {
+	case runner.Preparing:
+		d.event(JobEvent{JobID: id, Kind: "pipeline", At: time.Now()})
+	case runner.EngineStarted:
+		d.event(JobEvent{JobID: id, Kind: "engine", At: time.Now()})
+	case runner.RepairStarted:
+		d.event(JobEvent{JobID: id, Kind: "repair", Round: e.Round, Rounds: e.Of, At: time.Now()})
 	}
-	return p.inner.Run(ctx, j, o)
 }

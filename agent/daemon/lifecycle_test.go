@@ -58,7 +58,7 @@ func TestHealthzFollowsHeartbeats(t *testing.T) {
 	}
 }
 
-// The series of DESIGN §11 are exported, with what happened: a job from the
+// The series of docs/observability.md ("Metrics") are exported, with what happened: a job from the
 // broker (accepted, lag observed), a stale message answered 409 (a conflict),
 // the live source.
 func TestMetricsSeries(t *testing.T) {

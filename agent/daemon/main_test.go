@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -56,7 +56,6 @@ type rig struct {
 	o       rigOptions
 	limits  daemon.Limits
 	stub    *coord.Server
-	hs      *httptest.Server
 	api     string
 	peer    *sbpeertest.Peer
 	pub     *coord.Publisher
@@ -102,7 +101,7 @@ type rigOptions struct {
 	routes string
 }
 
-// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// eachRouteSet runs fn once per route set of the stub — full (docs/contract.md)
 // and legacy (the coordinator in service today) — so the daemon's fleet
 // path is held to both (a table over route sets, not copies of tests).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
@@ -122,6 +121,7 @@ func failKinds(routes, stage string) []string {
 
 func newRig(t testing.TB, o rigOptions) *rig {
 	t.Helper()
+	testenv.Slow(t, "runs a whole factory: the stub, git repositories, the daemon's loops and its jobs")
 	if o.factory == "" {
 		o.factory = "fa"
 	}
@@ -164,19 +164,8 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.coord != nil {
 		o.coord(&co)
 	}
-	s, err := coord.New(co)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	r.hs = httptest.NewServer(s)
-	t.Cleanup(func() {
-		r.hs.Close()
-		cancel()
-		s.Close()
-	})
-	r.stub, r.api = s, r.hs.URL+"/api"
+	s := coordtest.Start(t, co)
+	r.stub, r.api = s.Server, s.API
 
 	hb := o.heartbeat
 	if hb == 0 {

@@ -22,7 +22,7 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// metrics are the daemon's Prometheus series (DESIGN §11), on a registry of
+// metrics are the daemon's Prometheus series (docs/observability.md, "Metrics"), on a registry of
 // its own (never the global one). Every name starts with aq_.
 type metrics struct {
 	reg *prometheus.Registry

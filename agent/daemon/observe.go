@@ -152,7 +152,7 @@ func watchDepth(ctx context.Context, r depthReader, b *brokerDepth, every time.D
 	defer t.Stop()
 	warned := false
 	for {
-		rctx, cancel := context.WithTimeout(ctx, min(every, 30*time.Second))
+		rctx, cancel := context.WithTimeout(ctx, depthReadTimeout(every))
 		rp, err := r.GetSubscriptionRuntimeProperties(rctx, b.topic, b.sub, nil)
 		cancel()
 		switch {
@@ -182,6 +182,14 @@ func watchDepth(ctx context.Context, r depthReader, b *brokerDepth, every time.D
 		case <-t.C:
 		}
 	}
+}
+
+// depthReadTimeout bounds one depth read: the interval, but never less
+// than 5 s (a short interval must not turn a slow answer — a busy host, a
+// TLS handshake — into a read error) nor more than 30 s. The reads do not
+// overlap: a read that outlasts the interval delays the next one.
+func depthReadTimeout(every time.Duration) time.Duration {
+	return min(max(every, 5*time.Second), 30*time.Second)
 }
 
 // depthError says why a depth read failed and what fixes it.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/aqfleet/aq/agent/dispatch"
@@ -94,7 +95,7 @@ type RunningJob struct {
 	Repo       string    `json:"repo"`
 	LeaseEpoch int64     `json:"leaseEpoch"`
 	Source     string    `json:"source"` // broker | poll
-	Phase      string    `json:"phase"`  // accepted | preparing (repo lock, worktree) | running (engine started)
+	Phase      string    `json:"phase"`  // accepted | preparing (repo lock, worktree) | running (engine started) | repair k/n (a repair round after a failed verify)
 	AcceptedAt time.Time `json:"acceptedAt"`
 	EngineAt   time.Time `json:"engineStartedAt,omitzero"`
 	// WaitsFor is the job of the same repo whose engine runs now: this one
@@ -192,11 +193,11 @@ func (d *Daemon) snapshot(runErr error) *Status {
 	}
 	for _, r := range d.running {
 		rj := *r
-		if rj.Phase != "running" {
+		if !pastTheLock(rj.Phase) {
 			// Queued behind the same-repo job whose engine runs (it holds
 			// the repo lock).
 			for _, o := range d.running {
-				if o.Repo == rj.Repo && o.Phase == "running" {
+				if o.Repo == rj.Repo && pastTheLock(o.Phase) {
 					rj.WaitsFor = o.JobID
 				}
 			}
@@ -223,3 +224,7 @@ func (d *Daemon) writeStatus(runErr error) {
 		d.log.Warn("cannot write the status file", "err", err)
 	}
 }
+
+// pastTheLock reports whether a job in phase holds its repo's lock: its
+// engine runs (the first run, or a repair round).
+func pastTheLock(phase string) bool { return phase == "running" || strings.HasPrefix(phase, "repair ") }

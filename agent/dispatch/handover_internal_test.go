@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/aqfleet/aq/agent/claim"
 )
 
 // hangingSettler is a broker link that broke after the message came: a
@@ -53,10 +55,10 @@ func TestAcceptedJobStartsBeforeItsMessageIsSettled(t *testing.T) {
 	r, err := New(Options{
 		Config: Config{FactoryID: "fa", ConnectionString: "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=k;UseDevelopmentEmulator=true"},
 		Acceptor: AcceptFunc(func(context.Context, string) (Accepted, error) {
-			return Accepted{Job: "j1", LeaseEpoch: 7}, nil
+			return Accepted{Claim: &claim.Claim{Job: claim.Job{ID: "j1"}, LeaseEpoch: 7}}, nil
 		}),
 		Handler: func(_ context.Context, a Accepted) {
-			if a.LeaseEpoch == 7 {
+			if a.Claim.LeaseEpoch == 7 {
 				close(started)
 			}
 		},

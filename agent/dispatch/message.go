@@ -1,5 +1,6 @@
-// Package dispatch owns the factory's side of Service Bus delivery (DESIGN §10,
-// FLEET_DISPATCH_REDESIGN §4.2, §5.2, §5.3): it receives the targeted dispatch
+// Package dispatch owns the factory's side of Service Bus delivery
+// (docs/servicebus.md; the message and its settlement in docs/contract.md,
+// "Broker messages"; the background is the coordinator team's "Fleet dispatch redesign"): it receives the targeted dispatch
 // messages of this factory's subscription with the azservicebus SDK (PeekLock),
 // asks the coordinator to accept each job through a consumer-side Acceptor,
 // settles the message by the outcome table, hands accepted jobs to a Handler,
@@ -18,9 +19,11 @@ import (
 	"strings"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
-// Message is a dispatch message (DESIGN §10): small, no job body. The broker
+// Message is a dispatch message (docs/contract.md, "Broker messages"): small, no job body. The broker
 // is transport; the coordinator holds the job.
 type Message struct {
 	JobID           string   `json:"jobId"`
@@ -131,7 +134,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		return m, "", err
 	}
 	if messageID != "" && messageID != m.JobID && !strings.HasPrefix(messageID, m.JobID+":") {
-		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", clip(messageID), clip(m.JobID))
+		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", brief.Clip(messageID, 200), brief.Clip(m.JobID, 200))
 	}
 	for _, p := range []struct {
 		name, body string
@@ -142,7 +145,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 			continue
 		}
 		if s, _ := v.(string); s != p.body {
-			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, clip(fmt.Sprint(v)), clip(p.body))
+			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, brief.Clip(fmt.Sprint(v), 200), brief.Clip(p.body, 200))
 			if p.routing {
 				return m, "", &invalid{ReasonMalformed, msg}
 			}
@@ -154,7 +157,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		if pool != "" {
 			this += fmt.Sprintf(" of pool %q", pool)
 		}
-		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", clip(m.TargetFactoryID), this)}
+		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", brief.Clip(m.TargetFactoryID, 200), this)}
 	}
 	return m, warning, nil
 }
@@ -165,7 +168,7 @@ func parseBody(body []byte) (Message, error) {
 	var m Message
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&m); err != nil {
-		return m, &invalid{ReasonMalformed, "body is not a dispatch message: " + clip(err.Error())}
+		return m, &invalid{ReasonMalformed, "body is not a dispatch message: " + brief.Clip(err.Error(), 200)}
 	}
 	if dec.More() {
 		return m, &invalid{ReasonMalformed, "body has data after the JSON object"}
@@ -177,13 +180,4 @@ func parseBody(body []byte) (Message, error) {
 		return m, &invalid{ReasonMalformed, "body has no targetFactoryId"}
 	}
 	return m, nil
-}
-
-// clip keeps broker-supplied text short in a dead-letter description.
-func clip(s string) string {
-	const max = 200
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
 }

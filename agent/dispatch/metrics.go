@@ -2,7 +2,7 @@ package dispatch
 
 import "time"
 
-// Metrics receives the dispatch metrics (DESIGN §11): messages by outcome,
+// Metrics receives the dispatch metrics (docs/observability.md, "Metrics"): messages by outcome,
 // settlements that failed, and the dispatch lag. The daemon backs it with
 // Prometheus; implementations must be safe for concurrent use.
 type Metrics interface {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/aqfleet/aq/agent/claim"
 )
 
 // Acceptor asks the coordinator for a job that was dispatched to this factory
@@ -34,20 +36,25 @@ type AcceptFunc func(ctx context.Context, jobID string) (Accepted, error)
 func (f AcceptFunc) Accept(ctx context.Context, jobID string) (Accepted, error) { return f(ctx, jobID) }
 
 // Accepted is a job this factory now holds a lease on. The Acceptor fills
-// Job, LeaseEpoch and LeaseExpiresAt; the receiver adds the message fields
-// before the Handler sees it.
+// Claim; the receiver adds the message fields before the Handler sees it.
 type Accepted struct {
-	// Job is the coordinator's job document as the fleet client decoded it;
-	// dispatch never looks inside.
-	Job            any
-	LeaseEpoch     int64
-	LeaseExpiresAt time.Time
+	// Claim is the job and its lease as the fleet client decoded them;
+	// dispatch reads only its lease epoch (for logs).
+	Claim *claim.Claim
 
 	// Filled by the receiver.
 	Message       Message
 	EnqueuedTime  time.Time     // when the broker enqueued the message
 	Lag           time.Duration // EnqueuedTime → accepted (the dispatch lag metric)
 	DeliveryCount uint32        // 1 on the first delivery
+}
+
+// epoch is the accepted lease's epoch (0: no claim).
+func (a Accepted) epoch() int64 {
+	if a.Claim == nil {
+		return 0
+	}
+	return a.Claim.LeaseEpoch
 }
 
 // Handler runs an accepted job. It is called on its own goroutine holding one
@@ -59,7 +66,7 @@ type Handler func(ctx context.Context, job Accepted)
 // Outcome is what happened to one message; it is also the metric label.
 type Outcome string
 
-// Outcomes, with the settlement each leads to (DESIGN §10).
+// Outcomes, with the settlement each leads to (docs/contract.md, "Broker messages").
 const (
 	OutcomeAccepted    Outcome = "accepted"    // 200: completed, handed to the Handler
 	OutcomeConflict    Outcome = "conflict"    // 409: completed
@@ -80,7 +87,7 @@ const (
 	DeadLetter Settlement = "dead-letter"
 )
 
-// Settle maps an outcome to its settlement: the outcome table of DESIGN §10.
+// Settle maps an outcome to its settlement: the outcome table of docs/contract.md ("Broker messages").
 func (o Outcome) Settle() Settlement {
 	switch o {
 	case OutcomeAccepted, OutcomeConflict, OutcomeGone:

@@ -17,7 +17,7 @@ func (e predErr) Conflict() bool  { return e.conflict }
 func (e predErr) Gone() bool      { return e.gone }
 func (e predErr) Temporary() bool { return e.temporary }
 
-// The outcome table of DESIGN §10, from the Acceptor's error to the settlement.
+// The outcome table of docs/contract.md ("Broker messages"), from the Acceptor's error to the settlement.
 func TestClassifyAndSettle(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

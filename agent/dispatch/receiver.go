@@ -23,7 +23,7 @@ import (
 // DefaultTopic is AQ_SB_TOPIC's default.
 const DefaultTopic = "fleet-dispatch"
 
-// Config is what the receiver takes from aq's configuration (DESIGN §3).
+// Config is what the receiver takes from aq's configuration (docs/servicebus.md; `aq config`).
 type Config struct {
 	FactoryID string // AQ_FACTORY_ID: messages for any other factory are dead-lettered
 	// Pool (AQ_FACTORY_POOL): a message targeted at the pool is this
@@ -469,7 +469,7 @@ func (r *Receiver) handle(ctx context.Context, s settler, msg *azservicebus.Rece
 	// broken link for up to SettleTimeout; were the job to wait for it, its
 	// lease would go unrenewed (and lapse, with a TTL below that) and a
 	// factory killed meanwhile would not know it held the job.
-	log.Info("job accepted from the broker", "lag", acc.Lag, "epoch", acc.LeaseEpoch)
+	log.Info("job accepted from the broker", "lag", acc.Lag, "epoch", acc.epoch())
 	acc.Message = m
 	acc.DeliveryCount = msg.DeliveryCount
 	handedOver = true

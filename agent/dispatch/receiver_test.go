@@ -36,7 +36,7 @@ func TestAcceptThenComplete(t *testing.T) {
 			strings.Join(m.Caps, " ") != "os:linux engine:script" || m.TargetFactoryID != "fa" {
 			t.Fatalf("message = %+v, want %+v", m, want)
 		}
-		if got.Job != "j1" || got.LeaseEpoch != 1 || got.DeliveryCount != 1 || got.EnqueuedTime.IsZero() || got.Lag <= 0 {
+		if got.Claim.Job.ID != "j1" || got.Claim.LeaseEpoch != 1 || got.DeliveryCount != 1 || got.EnqueuedTime.IsZero() || got.Lag <= 0 {
 			t.Fatalf("accepted = %+v", got)
 		}
 		if r.metrics.get(dispatch.OutcomeAccepted) != 1 || len(r.metrics.lags) != 1 {

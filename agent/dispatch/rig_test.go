@@ -11,6 +11,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
+	"github.com/aqfleet/aq/agent/claim"
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 )
@@ -56,7 +57,7 @@ func (a *acceptor) Accept(ctx context.Context, jobID string) (dispatch.Accepted,
 	if err != nil {
 		return dispatch.Accepted{}, err
 	}
-	return dispatch.Accepted{Job: jobID, LeaseEpoch: int64(n)}, nil
+	return dispatch.Accepted{Claim: &claim.Claim{Job: claim.Job{ID: jobID}, LeaseEpoch: int64(n)}}, nil
 }
 
 func (a *acceptor) Calls(jobID string) int {

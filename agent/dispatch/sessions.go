@@ -12,10 +12,11 @@ import (
 	"github.com/Azure/go-amqp"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/brief"
 )
 
-// Sessions keyed by repo (AQ_SB_SESSIONS=1; FLEET_DISPATCH_REDESIGN §4.2,
-// §5.5 item 3). The dispatcher sets SessionId = repo on every message and
+// Sessions keyed by repo (AQ_SB_SESSIONS=1; docs/servicebus.md, "Sessions";
+// the background is the coordinator team's "Fleet dispatch redesign" on one repo's jobs). The dispatcher sets SessionId = repo on every message and
 // the subscription requires sessions; the broker then hands each repo's
 // messages, in order, to one receiver at a time — the one holding the
 // session's lock — so same-repo work is serialised across every factory
@@ -25,7 +26,7 @@ import (
 // (AcceptNextSessionForSubscription) and holds it in that slot: it renews
 // the session's lock, takes the session's messages one at a time, and runs
 // each accepted job to its end before it takes the next (complete-on-claim,
-// the outcome table of DESIGN §10 per message). With no message for the
+// the outcome table of docs/servicebus.md per message). With no message for the
 // session within SessionIdle it closes the session, which frees it for any
 // receiver, and gives the slot back.
 //
@@ -78,7 +79,7 @@ func (r *Receiver) kindMismatch(err error) error {
 	if !errors.As(err, &ae) || ae.Condition != amqp.ErrCondNotAllowed {
 		return nil
 	}
-	said := r.red.String(clip(ae.Description))
+	said := r.red.String(brief.Clip(ae.Description, 200))
 	if r.opts.Sessions {
 		return aqerr.Wrap(aqerr.Usage, err,
 			fmt.Sprintf("AQ_SB_SESSIONS=1 but subscription %s does not require sessions (the broker said: %s)", r.path, said),
@@ -184,12 +185,56 @@ type sessionReceiver interface {
 
 var _ sessionReceiver = (*azservicebus.SessionReceiver)(nil)
 
+// serialSession lets one call at a time reach a session receiver for the
+// lock renewal, the settlements and Close. The SDK's SessionReceiver
+// (v1.11) is not safe for a renewal beside a settlement that re-attaches a
+// failed link: both write the session's lock time (the race detector caught
+// it when the local peer was killed and restarted mid-session). A
+// settlement is bounded by SettleTimeout, so a renewal waits at most that.
+type serialSession struct {
+	sessionReceiver
+	mu sync.Mutex
+}
+
+var _ sessionReceiver = (*serialSession)(nil)
+
+func (s *serialSession) RenewSessionLock(ctx context.Context, o *azservicebus.RenewSessionLockOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.RenewSessionLock(ctx, o)
+}
+
+func (s *serialSession) CompleteMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.CompleteMessageOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.CompleteMessage(ctx, m, o)
+}
+
+func (s *serialSession) AbandonMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.AbandonMessageOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.AbandonMessage(ctx, m, o)
+}
+
+func (s *serialSession) DeadLetterMessage(ctx context.Context, m *azservicebus.ReceivedMessage, o *azservicebus.DeadLetterOptions) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.DeadLetterMessage(ctx, m, o)
+}
+
+func (s *serialSession) Close(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionReceiver.Close(ctx)
+}
+
 // holdSession runs one held session in its slot: the session's messages one
 // at a time, each accepted job to its end, until the session has no message
 // within SessionIdle, its lock is lost, the link fails, or ctx is done (a
 // drain: the job in hand finishes first, the session held meanwhile). Then
 // it closes the session, which frees it.
 func (r *Receiver) holdSession(ctx context.Context, sr sessionReceiver) {
+	sr = &serialSession{sessionReceiver: sr} // the renewer and the settlements take turns
 	log := r.log.With("session", sr.SessionID())
 	// Read once, before the renewer starts: the SDK writes it on renewal.
 	lockFor := time.Until(sr.LockedUntil())

@@ -55,7 +55,7 @@ type SourceOptions struct {
 	Logger   *slog.Logger
 }
 
-// Source is the factory's dispatch source with hand-off (DESIGN §10): the
+// Source is the factory's dispatch source with hand-off (docs/servicebus.md, "Hand-off with the poll path"): the
 // broker is the primary path while its link is healthy; the moment it is
 // not, the poll path takes over, and when the receiver (which reconnects on
 // its own, with capped exponential backoff and jitter) reports the link

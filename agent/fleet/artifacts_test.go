@@ -62,6 +62,7 @@ func TestArtifactsAfterFinalReport(t *testing.T) {
 // the artifact spool (not the report spool) and are delivered when the
 // coordinator takes them again.
 func TestArtifactUploadSpooledNeverBlocksReport(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	s := startStub(t, coord.Options{FailRate: 1, FaultRoutes: []string{coord.RouteArtifactUpload}})
 	w := newWorld(t, "app")
 	s.submit(t, idUnsent, "app", "script: echo out; echo y > y.txt\nship: branch")
@@ -96,6 +97,7 @@ func TestArtifactUploadSpooledNeverBlocksReport(t *testing.T) {
 // artifacts route gets one upload attempt per process, one warning, and
 // nothing waits in any spool.
 func TestArtifactsWithoutRouteSkippedOnce(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	s := startStub(t, coord.Options{Without: []string{coord.RouteArtifactUpload}})
 	w := newWorld(t, "app")
 	s.submit(t, idNoRoute1, "app", "script: echo one; echo 1 > 1.txt\nship: branch")

@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/lifecycle"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
@@ -33,7 +34,7 @@ type Parts struct {
 	Clock    Clock
 	HTTP     *http.Client
 	Host     func(ctx context.Context) (*caps.Host, error)
-	Pipeline Pipeline // default: a runner.Runner from configuration
+	Pipeline lifecycle.Pipeline // default: a runner.Runner from configuration
 	// SafetyInterval of the gated poll path (0: DefaultSafetyInterval).
 	SafetyInterval time.Duration
 	// Tracer records a trace per job (nil: none); Notifier is told of each

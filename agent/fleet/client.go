@@ -50,7 +50,7 @@ type ClientOptions struct {
 	Holds *holds.Store
 }
 
-// Client calls the coordinator's /fleet API (DESIGN §9). Every call carries
+// Client calls the coordinator's /fleet API (docs/contract.md, "Requests, retries and errors"). Every call carries
 // the bearer token and x-product-id, retries only what can succeed on retry
 // within the call's budget, and maps answers to typed errors: 409
 // *FencedError, 401/403 *AuthError, a 404/405 for a route the coordinator
@@ -430,6 +430,21 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		// the whole budget.
 		hc = perTryClient(c.http, c.o.Budgets.PerTry)
 	}
+	// A terminal report's attempts take turns on the wire with its job's
+	// lease renewals (wireTurn): each one from the request hook to the
+	// retry decision.
+	turn, onWire := turnFor(ctx, cl), false
+	checkRetry := at.checkRetry
+	if turn != nil {
+		checkRetry = func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+			retry, cerr := at.checkRetry(ctx, resp, err)
+			if onWire {
+				onWire = false
+				turn.sent(!retry || !untaken(resp, err))
+			}
+			return retry, cerr
+		}
+	}
 	// A retryablehttp client per call: its CheckRetry and Backoff close over
 	// this call's budget.
 	rc := &retryablehttp.Client{
@@ -437,10 +452,13 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 		RetryWaitMin: c.o.Budgets.MinWait,
 		RetryWaitMax: c.o.Budgets.MaxWait,
 		RetryMax:     1 << 20, // the budget, not a count, ends the retries
-		CheckRetry:   at.checkRetry,
+		CheckRetry:   checkRetry,
 		Backoff:      at.backoff,
 		ErrorHandler: retryablehttp.PassthroughErrorHandler,
 		RequestLogHook: func(_ retryablehttp.Logger, _ *http.Request, n int) {
+			if turn != nil {
+				onWire = turn.send(ctx)
+			}
 			sentAt = c.o.Now()
 			if n > 0 {
 				c.o.Log.Debug("fleet call retry", "call", cl.name, "attempt", n+1, "job", cl.jobID)

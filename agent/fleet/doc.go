@@ -1,4 +1,4 @@
-// Package fleet is aq's side of the fleet contract (DESIGN §9, §10a): the
+// Package fleet is aq's side of the fleet contract (docs/contract.md; the daemon's side in docs/daemon.md): the
 // coordinator client (go-retryablehttp with a retry budget per call),
 // enrollment and the credentials file, the heartbeat loop, the poll path with
 // the queue-state gate and idle backoff, lease renewal that cancels a job's

@@ -7,8 +7,8 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// A coordinator without POST /fleet/fail (today's: GIGAFACTORY_SYSTEM_OVERVIEW
-// §9) still frees a failed job's lease at once: aq reports the failure with
+// A coordinator without POST /fleet/fail (today's: docs/contract.md, "Without
+// a route: fallbacks") still frees a failed job's lease at once: aq reports the failure with
 // the fenced PATCH it has, then gives the lease back with lease/release.
 
 // failPatch is the fenced PATCH that reports f without /fleet/fail: every

@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
@@ -173,6 +174,7 @@ func TestClaimRaceExactlyOneWins(t *testing.T) {
 // stopped and its work checkpointed locally, and it pushes nothing, opens no
 // PR and sends no report after the 409.
 func TestRequeuedWhileRunningIsFenced(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 30 * time.Second}))
 		w := newWorld(t, "app")
@@ -240,9 +242,10 @@ func TestRequeuedWhileRunningIsFenced(t *testing.T) {
 // the job with the epoch bumped and the checkpoint kept. When the network
 // returns, the factory's spooled fail is refused (409) and dropped.
 func TestLeaseExpiryWhilePartitioned(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))
-		p, err := coord.NewPartition(strings.TrimPrefix(s.http.URL, "http://"))
+		p, err := coord.NewPartition(s.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -476,15 +479,11 @@ func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
 // and its reports wait in the spool. aq exits; the stub restarts from its
 // state file; the next aq start delivers both reports, in order.
 func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	stateFile := filepath.Join(t.TempDir(), "coord.json")
 	opts := coord.Options{StateFile: stateFile, LeaseTTL: time.Minute, FailRate: 1, FaultRoutes: []string{coord.RoutePatch}}
-	s1, err := coord.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv1 := newServerOn(t, "127.0.0.1:0", s1)
-	addr := srv1.addr
-	st := &stub{Server: s1, API: "http://" + addr + "/api"}
+	st := startStub(t, opts)
+	addr := st.Addr
 	w := newWorld(t, "app")
 	script, started, goFile := w.waitScript(idDurable)
 	st.submit(t, idDurable, "app", "script: "+script+"\nship: none")
@@ -496,7 +495,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 		done <- res
 	}()
 	testenv.WaitFor(t, time.Minute, "the engine to start", func() bool { return testenv.Exists(started) })
-	srv1.kill() // the stub dies mid-job
+	st.Kill() // the stub dies mid-job
 	testenv.WriteFile(t, goFile, "go")
 	res := <-done
 	if res.Outcome.Failed() || res.Stage != job.Testing || res.Report != "spooled" {
@@ -509,11 +508,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 
 	// The stub comes back with its state (no more faults); a new aq starts.
 	opts.FailRate = 0
-	s2, err := coord.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	newServerOn(t, addr, s2)
+	s2 := coordtest.StartOn(t, addr, opts, nil)
 	if j, _ := s2.Job(idDurable); j.Stage != coord.StageAssigned || j.Holder != "survivor" {
 		t.Fatalf("restored job %+v", j)
 	}
@@ -544,6 +539,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 // within its budgets and every job still ends where it should, with every
 // report delivered.
 func Test503Storm(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{FailRate: 0.3, Seed: 42}))
 		w := newWorld(t, "app")
@@ -870,6 +866,7 @@ func TestStoppedBeforeStartReleasesLease(t *testing.T) {
 // and the fail came back 409: the failed job's lease was freed by the reaper,
 // not by its /fleet/fail.
 func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	// The factory counts its lease from the coordinator's Date header less a
 	// second (the header's resolution), then stops a second before that: the
 	// lease must outlast both.

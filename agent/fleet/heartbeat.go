@@ -104,7 +104,7 @@ func (h *Heartbeater) LastOK() time.Time {
 }
 
 // Healthy reports whether the last good heartbeat is younger than twice the
-// interval (DESIGN §11's /healthz rule).
+// interval (the /healthz rule of docs/daemon.md, "Health and metrics").
 func (h *Heartbeater) Healthy(now time.Time) bool {
 	last := h.LastOK()
 	return !last.IsZero() && now.Sub(last) < 2*h.Interval

@@ -2,43 +2,36 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/agent/lifecycle"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/runner"
-	"github.com/aqfleet/aq/internal/telemetry"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
 
-// Pipeline runs one job (runner.Runner); the JobRunner's only use of it.
-type Pipeline interface {
-	Run(ctx context.Context, j *job.Job, o runner.Options) runner.Outcome
-}
-
-var _ Pipeline = (*runner.Runner)(nil)
-
-// JobRunner takes one claimed job end to end: it parses the job's verbatim
-// manifest (validated as a local one would be), records it in jobstate,
-// makes it visible to heartbeats, reports building (fenced), holds the lease
-// while the pipeline runs, and sends the final report — a fenced PATCH with
-// the success stage, or /fleet/fail so the lease frees at once — through the
-// Reporter (which spools what the coordinator cannot take). After a 409 it
-// sends nothing more for the job: no success, no fail, and the runner has
+// JobRunner takes one claimed job end to end, through the lifecycle both
+// modes share (agent/lifecycle), recording it as claimedJob does: in
+// jobstate, in heartbeats, with the coordinator — building (fenced), the
+// lease held while the pipeline runs, and the final report, a fenced PATCH
+// with the success stage or /fleet/fail so the lease frees at once, through
+// the Reporter (which spools what the coordinator cannot take). After a 409
+// it sends nothing more for the job: no success, no fail, and the runner has
 // already refused to push or open a PR (split-brain guard).
 type JobRunner struct {
 	Client   *Client
-	Pipeline Pipeline
+	Pipeline lifecycle.Pipeline
 	Reporter *Reporter
 	Records  *jobstate.Store
 	Running  *Running
@@ -59,6 +52,11 @@ type JobRunner struct {
 	// Artifacts, when set, uploads the job's logs after each terminal
 	// report (never before it, never holding it up).
 	Artifacts *Artifacts
+	// LeaseHooks are the jobs' leases' seams for tests (nil: none).
+	LeaseHooks *LeaseHooks
+	// OnEvent, if set, sees each running job's events (the daemon's job
+	// phases).
+	OnEvent func(jobID string, e runner.Event)
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -78,153 +76,163 @@ type Result struct {
 	// Err is a refusal of this factory's credentials seen while the job ran
 	// (the fleet path must stop).
 	Err error `json:"-"`
-
-	parsed *job.Job // the job's manifest, once parsed
 }
 
-// Run runs the job of claim c in its trace (one per job, from the claim to
-// the final report) and tells the notifier how it ended. It always returns
-// a Result.
+// Run runs the job of claim c through its lifecycle (agent/lifecycle: one
+// trace from the claim to the final report, the notifier told how it ended;
+// the steps of this mode are claimedJob's methods, below in their order).
+// It always returns a Result.
 func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
-	ctx, span := telemetry.StartJob(ctx, r.tracer(), telemetry.JobStart{ID: c.Job.ID, Repo: c.Job.Repo, Attempt: c.Attempt(),
-		Mode: "fleet", Source: c.Source, Epoch: c.LeaseEpoch})
-	res := r.run(ctx, c)
-	r.ended(ctx, span, c, res)
-	return res
+	log := r.log().With("job", c.Job.ID, "repo", c.Job.Repo, "epoch", c.LeaseEpoch)
+	cj := &claimedJob{r: r, c: c, log: log,
+		res: &Result{JobID: c.Job.ID, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}}
+	lc := lifecycle.Lifecycle{Pipeline: r.Pipeline, Tracer: r.Tracer, Notifier: r.Notifier, OnEvent: r.OnEvent}
+	end := lc.Run(ctx, lifecycle.Job{ID: c.Job.ID, Repo: c.Job.Repo, Attempt: c.Attempt(), Checkpoint: c.Job.Checkpoint,
+		Previous: r.previous(c, log), Mode: "fleet", Source: c.Source, Epoch: c.LeaseEpoch, Log: log}, cj)
+	cj.res.Outcome = end.Outcome
+	return cj.res
 }
 
-// run runs the job of claim c.
-func (r *JobRunner) run(ctx context.Context, c *Claim) *Result {
-	id := c.Job.ID
-	log := r.log().With("job", id, "repo", c.Job.Repo, "epoch", c.LeaseEpoch)
-	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}
-	log.Info("job claimed", "stage", job.Building, "source", c.Source, "attempt", res.Attempt)
+// previous is how the claimed job's previous attempt ended, for its
+// engine (read before the job's record is rewritten for this run): the
+// claim's previous (the coordinator's record, bounded); without one, this
+// factory's own record when that attempt ran here (a record closed at an
+// earlier lease epoch, not fenced); else nil — the runner then says only
+// that the job resumes from a checkpoint, if it does.
+func (r *JobRunner) previous(c *Claim, log *slog.Logger) *job.Previous {
+	if p := c.Job.Previous; p != nil {
+		return p.Bounded()
+	}
+	if r.Records == nil || c.Attempt() <= 1 {
+		return nil
+	}
+	rec, err := r.Records.Get(c.Job.ID)
+	if err != nil || rec.Running() || rec.Fenced || rec.Reason == "" || rec.Reason == job.ReasonFenced || rec.LeaseEpoch >= c.LeaseEpoch {
+		return nil
+	}
+	log.Debug("the coordinator sent no previous attempt; using this factory's record of it", "reason", rec.Reason, "epoch", rec.LeaseEpoch)
+	return job.PreviousOf(c.Attempt()-1, rec.Reason, rec.Detail, rec.Insights)
+}
 
-	r.record(log, id, func(rec *jobstate.Record) {
+// claimedJob records one claimed job's life with the coordinator (reports,
+// through the Reporter and its spool) and in its jobstate record: the
+// fleet's lifecycle.Recorder.
+type claimedJob struct {
+	r     *JobRunner
+	c     *Claim
+	log   *slog.Logger
+	res   *Result
+	lease *JobLease
+	stop  context.CancelCauseFunc
+}
+
+var _ lifecycle.Recorder = (*claimedJob)(nil)
+
+// Begin records the job (building) and lists it in heartbeats; then it
+// holds the lease from now until the final report settles (lifecycle:
+// Lease.End), renewing on its own context, so a stopped job's report
+// still holds it. When aq is stopping before the job started, it gives the
+// lease back instead (no attempt counted).
+func (cj *claimedJob) Begin(ctx context.Context, stop context.CancelCauseFunc) (lifecycle.Lease, *lifecycle.End) {
+	r, c, id := cj.r, cj.c, cj.c.Job.ID
+	cj.log.Info("job claimed", "stage", job.Building, "source", c.Source, "attempt", cj.res.Attempt)
+	r.record(cj.log, id, func(rec *jobstate.Record) {
 		*rec = jobstate.Record{ID: id, Repo: c.Job.Repo, Stage: job.Building, LeaseEpoch: c.LeaseEpoch, Checkpoint: c.Job.Checkpoint,
 			Source: c.Source, PID: os.Getpid(), StartedAt: r.now().UTC()}
 	})
 	if r.Running != nil {
 		r.Running.Add(id, c.LeaseEpoch)
-		defer r.Running.Remove(id)
 	}
 	if ctx.Err() != nil {
-		// aq is stopping before the job started: give the lease back (no
-		// attempt counted) rather than fail it.
-		r.release(ctx, log, c, res)
-		return res
+		cj.release(ctx)
+		return nil, &lifecycle.End{Outcome: cj.res.Outcome, Settled: cj.settled()}
 	}
-
-	jobCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	lease := NewJobLease(r.Client, c, r.LeaseRenew, cancel, r.clock(), log)
-	lease.Failed = r.RenewFailed
-	// The renewer runs from now until the final report is settled: the lease
-	// is held while the report is out, so that a report the coordinator is
-	// slow to take (503s, a restart) cannot outlive it — were it to lapse,
-	// the reaper would hand the finished job to another factory, and a
-	// failed job's lease would wait for the reaper instead of being freed
-	// by its /fleet/fail. It renews on its own context (a stopped job's
-	// report still holds the lease), and ends the moment the report settles
-	// (JobLease.End: a renewal refused after the terminal report is no loss).
-	lease.Start(context.WithoutCancel(jobCtx))
-	var policy *job.Retry // the manifest's, once parsed
-	end := func() {
-		r.finish(ctx, log, c, lease, res, policy)
-		lease.End()
-		if res.Err == nil {
-			res.Err = lease.AuthErr()
-		}
-		r.upload(ctx, log, c, res)
-	}
-
-	j, err := r.parse(c)
-	if err != nil {
-		res.Outcome = runner.Outcome{Stage: job.Failed, Reason: job.ReasonInvalidManifest, Detail: oneLine(err.Error())}
-		log.Error("the job's manifest is not valid here", "err", err)
-		end()
-		return res
-	}
-	policy = &j.Retry
-	r.record(log, id, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
-	res.parsed = j
-
-	// assigned → building, fenced: a 409 here means the job is already
-	// someone else's, before any work.
-	d := r.Reporter.Send(jobCtx, PatchReport(id, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: c.LeaseEpoch}))
-	switch {
-	case d.Fenced:
-		lease.Fence("the coordinator refused the building report (409)")
-		res.Outcome = runner.Outcome{Stage: job.Failed, Reason: job.ReasonFenced, Detail: "fenced before the job started", Fenced: true}
-		end()
-		return res
-	case IsAuth(d.Err):
-		res.Err = d.Err
-		cancel(job.Stop(job.ReasonInterrupted, "the coordinator refused this factory's credentials"))
-	}
-
-	res.Outcome = r.Pipeline.Run(jobCtx, j, runner.Options{
-		Attempt: res.Attempt, Checkpoint: c.Job.Checkpoint, Lease: lease,
-		OnEvent: func(e runner.Event) {
-			switch e.Kind {
-			case "checkpoint":
-				r.record(log, id, func(rec *jobstate.Record) { rec.Checkpoint = e.Checkpoint })
-			case "checkpoint-pushed":
-				// Recorded with the coordinator, so its reaper and a
-				// preemption keep it: the next owner resumes from it. A
-				// coordinator that cannot take it now gets it from the spool.
-				r.Reporter.Send(jobCtx, PatchReport(id, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: c.LeaseEpoch, Checkpoint: e.Checkpoint}))
-			case "delivered": // durably, before the report: a crash from here on must not run the engine again
-				r.record(log, id, func(rec *jobstate.Record) { rec.Branch, rec.Delivered = e.Branch, e.Commit })
-			}
-		},
-	})
-	end()
-	return res
+	cj.stop = stop
+	cj.lease = NewJobLease(r.Client, c, r.LeaseRenew, stop, r.clock(), cj.log)
+	cj.lease.Failed = r.RenewFailed
+	cj.lease.Hooks = r.LeaseHooks
+	cj.lease.Start(context.WithoutCancel(ctx))
+	return cj.lease, nil
 }
 
 // release gives back the lease of a job that never started here.
-func (r *JobRunner) release(ctx context.Context, log *slog.Logger, c *Claim, res *Result) {
+func (cj *claimedJob) release(ctx context.Context) {
+	r, res := cj.r, cj.res
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.Client.Budgets().Release+time.Second)
 	defer cancel()
 	res.Outcome = runner.Outcome{Stage: job.Failed, Reason: job.ReasonInterrupted, Detail: "aq was stopped before the job started"}
 	res.Stage, res.Report = job.Inbox, "released"
-	if err := r.Client.Release(rctx, c.Job.ID, c.LeaseEpoch); err != nil {
+	if err := r.Client.Release(rctx, cj.c.Job.ID, cj.c.LeaseEpoch); err != nil {
 		// The reaper frees it when the lease expires.
 		res.Stage, res.Report = job.Building, "none"
-		log.Warn("cannot release the lease; the coordinator's reaper will", "err", err)
+		cj.log.Warn("cannot release the lease; the coordinator's reaper will", "err", err)
 	} else {
-		log.Info("lease released: the job never started here", "stage", job.Inbox)
+		cj.log.Info("lease released: the job never started here", "stage", job.Inbox)
 	}
-	r.record(log, c.Job.ID, func(rec *jobstate.Record) {
+	r.record(cj.log, cj.c.Job.ID, func(rec *jobstate.Record) {
 		rec.Stage, rec.Reason, rec.Detail, rec.EndedAt = res.Stage, res.Outcome.Reason, res.Outcome.Detail, r.now().UTC()
 	})
 }
 
-// finish sends the final report (unless fenced) and records the end.
-// policy is the job's retry policy (nil: the manifest did not parse).
-func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, lease *JobLease, res *Result, policy *job.Retry) {
-	out := &res.Outcome
-	if lease.Fenced() && out.Reason != job.ReasonFenced {
-		// Fenced after the pipeline's last check: whatever it did, it must
-		// not be reported as this factory's result.
-		log.Warn("the lease was fenced while the job finished; not reporting its outcome", "outcome", out.Stage, "reason", out.Reason)
-		out.Stage, out.Reason, out.Fenced = job.Failed, job.ReasonFenced, true
-		if out.Detail == "" {
-			out.Detail = "fenced while the job finished"
-		}
+// Parse reads the job's verbatim manifest, validated as a local one would
+// be; what is wrong with it is one line of the failure's detail.
+func (cj *claimedJob) Parse() (*job.Job, error) {
+	j, err := cj.r.parse(cj.c)
+	if err != nil {
+		cj.log.Error("the job's manifest is not valid here", "err", err)
+		return nil, errors.New(brief.Head(err.Error()))
 	}
+	cj.r.record(cj.log, cj.c.Job.ID, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
+	return j, nil
+}
+
+// Start reports assigned → building, fenced: a 409 here means the job is
+// already someone else's, before any work.
+func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
+	d := cj.r.Reporter.Send(ctx, PatchReport(cj.c.Job.ID, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: cj.c.LeaseEpoch}))
+	switch {
+	case d.Fenced:
+		_ = cj.lease.Fence("the coordinator refused the building report (409)") // the lease's state now; the outcome says the same
+		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonFenced, Detail: "fenced before the job started", Fenced: true}
+	case IsAuth(d.Err):
+		cj.res.Err = d.Err
+		cj.stop(job.Stop(job.ReasonInterrupted, "the coordinator refused this factory's credentials"))
+	}
+	return nil
+}
+
+// Event records what the coordinator and a restarted aq need of the run:
+// its checkpoints, and its delivered result.
+func (cj *claimedJob) Event(ctx context.Context, e runner.Event) {
+	id := cj.c.Job.ID
+	switch e := e.(type) {
+	case runner.Checkpointed:
+		cj.r.record(cj.log, id, func(rec *jobstate.Record) { rec.Checkpoint = e.Checkpoint })
+	case runner.CheckpointPushed:
+		// Recorded with the coordinator, so its reaper and a preemption keep
+		// it: the next owner resumes from it. A coordinator that cannot take
+		// it now gets it from the spool.
+		cj.r.Reporter.Send(ctx, PatchReport(id, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: cj.c.LeaseEpoch, Checkpoint: e.Checkpoint}))
+	case runner.Delivered: // durably, before the report: a crash from here on must not run the engine again
+		cj.r.record(cj.log, id, func(rec *jobstate.Record) { rec.Branch, rec.Delivered = e.Branch, e.Commit })
+	}
+}
+
+// Report sends the final report — a fenced PATCH with the success stage,
+// or /fleet/fail so the lease frees at once; nothing for a fenced job —
+// through the Reporter, and closes the job's record. j is nil when the
+// manifest did not parse (no retry policy: a coordinator without
+// /fleet/fail is told the job is exhausted).
+func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, out *runner.Outcome) lifecycle.Settled {
+	r, c, res, log := cj.r, cj.c, cj.res, cj.log
 	rctx, cancel := r.reportContext(ctx)
 	defer cancel()
-	rctx, rspan := telemetry.Step(rctx, r.tracer(), telemetry.SpanReport)
-	defer func() { endReport(rspan, res) }()
-	lease.Reporting()
 	var d Delivery
-	switch {
-	case out.Reason == job.ReasonFenced:
+	switch k {
+	case lifecycle.Fenced:
 		res.Fenced, res.Stage, res.Report = true, job.Failed, "none"
 		log.Warn("job fenced: another factory owns it; nothing is reported or shipped", "stage", job.Failed, "reason", job.ReasonFenced, "checkpoint", out.Checkpoint)
-	case out.IsParked():
+	case lifecycle.Parked:
 		// The engine's account hit a limit: release the lease with the
 		// reset, so the job waits (on this factory or another) without a
 		// retry spent. A coordinator without /fleet/fail gets the same
@@ -239,7 +247,7 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 		}
 		log.Warn("job parked: lease released until the engine's limit resets", "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339),
 			"detail", out.Detail, "stage", res.Stage, "report", d.String(), "checkpoint", out.Checkpoint)
-	case out.Failed():
+	case lifecycle.Failed:
 		// Also for lease_lost: the fail carries our epoch, so it is fenced
 		// (409) if the coordinator reaped the lease, and frees the lease at
 		// once if it did not.
@@ -250,7 +258,7 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 		})
 		// For a coordinator without /fleet/fail, which leaves the retry
 		// decision to the factory (failpatch.go).
-		rep.Exhausted = policy == nil || !job.Retryable(out.Reason, c.Attempt(), *policy)
+		rep.Exhausted = j == nil || !job.Retryable(out.Reason, c.Attempt(), j.Retry)
 		d = r.Reporter.Send(rctx, rep)
 		res.Stage = job.Failed
 		if d.Delivered && d.Stage != "" {
@@ -281,6 +289,27 @@ func (r *JobRunner) finish(ctx context.Context, log *slog.Logger, c *Claim, leas
 		res.Err = d.Err
 	}
 	r.record(log, c.Job.ID, func(rec *jobstate.Record) { endRecord(rec, res, out, r.now()) })
+	return cj.settled()
+}
+
+// settled is the job's end as far as the lifecycle needs it.
+func (cj *claimedJob) settled() lifecycle.Settled {
+	res := cj.res
+	return lifecycle.Settled{Stage: res.Stage, Known: res.Report == "delivered", Fenced: res.Fenced, Report: res.Report,
+		Silent: res.Report == "released" || res.Report == "none", Err: res.Err}
+}
+
+// Close runs once the lease ended: a refusal of this factory's credentials
+// a renewal saw is the run's error, the job's logs go up as artifacts, and
+// heartbeats no longer list it.
+func (cj *claimedJob) Close(ctx context.Context, _ *lifecycle.End) {
+	if cj.lease != nil && cj.res.Err == nil {
+		cj.res.Err = cj.lease.AuthErr()
+	}
+	cj.r.upload(ctx, cj.log, cj.c, cj.res)
+	if cj.r.Running != nil {
+		cj.r.Running.Remove(cj.c.Job.ID)
+	}
 }
 
 // endRecord closes a job's record with its run's end. A fence the spool's
@@ -338,45 +367,6 @@ func (r *JobRunner) reportContext(ctx context.Context) (context.Context, context
 	return context.WithTimeout(context.WithoutCancel(ctx), limit+time.Second)
 }
 
-// ended closes the job's trace and tells the notifier where the job went:
-// a failure is for good when the coordinator said so (failed, dead_letter)
-// or, its answer unknown (spooled), when the job's retry policy says so.
-func (r *JobRunner) ended(ctx context.Context, span trace.Span, c *Claim, res *Result) {
-	o := res.Outcome
-	telemetry.EndJob(span, telemetry.JobEnd{Stage: res.Stage, Reason: o.Reason, Fenced: res.Fenced, Insights: o.Insights,
-		Branch: o.Branch, PRURL: o.PRURL, Report: res.Report})
-	if res.Report == "released" || res.Report == "none" {
-		return // never started here, or fenced: nothing of this factory's to announce
-	}
-	var title string
-	final := res.Stage == job.Failed || res.Stage == job.DeadLetter
-	if j := res.parsed; j != nil {
-		title = j.Title
-		if res.Report != "delivered" && o.Failed() {
-			final = !job.Retryable(o.Reason, res.Attempt, j.Retry)
-		}
-	}
-	r.Notifier.Notify(notify.End{JobID: res.JobID, Title: title, Repo: c.Job.Repo, Attempt: res.Attempt, Stage: res.Stage, Reason: o.Reason,
-		Detail: o.Detail, Fenced: res.Fenced, Final: final, Branch: o.Branch, PRURL: o.PRURL, Insights: o.Insights, Mode: "fleet",
-		TraceID: telemetry.TraceID(ctx)})
-}
-
-// endReport ends the final report's span with what became of it.
-func endReport(span trace.Span, res *Result) {
-	span.SetAttributes(attribute.String(telemetry.AttrReport, res.Report))
-	if res.Report != "delivered" && res.Report != "none" {
-		span.SetStatus(codes.Error, "report "+res.Report) // spooled, rejected, fenced: not taken now
-	}
-	span.End()
-}
-
-func (r *JobRunner) tracer() trace.Tracer {
-	if r.Tracer != nil {
-		return r.Tracer
-	}
-	return telemetry.Off().Tracer()
-}
-
 func (r *JobRunner) parse(c *Claim) (*job.Job, error) {
 	if strings.TrimSpace(c.Job.BodyMd) == "" {
 		return nil, fmt.Errorf("the coordinator's job document has no bodyMd (the manifest)")
@@ -425,11 +415,4 @@ func (r *JobRunner) log() *slog.Logger {
 		return r.Log
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-func oneLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
 }

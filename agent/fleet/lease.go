@@ -45,8 +45,23 @@ type JobLease struct {
 	// coordinator refuses (409, 404) from then on raced the report that
 	// ended the lease — no loss, no failure.
 	reporting bool
+	// turn keeps renewals off the wire while the final report is on it.
+	turn *wireTurn
 	// Failed, when set, is called for each renewal that failed (metrics).
 	Failed func()
+	// Hooks are seams for tests (nil: none).
+	Hooks *LeaseHooks
+}
+
+// LeaseHooks are seams for tests, injected through JobRunner.LeaseHooks
+// (never a package-level variable).
+type LeaseHooks struct {
+	// Renewing is called on the renewing goroutine with each renewal, right
+	// before it goes on the wire.
+	Renewing func(ctx context.Context)
+	// ReportWaits is called when an attempt of the job's terminal report
+	// waits for a renewal on the wire to end.
+	ReportWaits func()
 }
 
 var _ runner.Lease = (*JobLease)(nil)
@@ -64,6 +79,11 @@ func NewJobLease(c *Client, cl *Claim, every time.Duration, cancel context.Cance
 		log = slog.New(slog.DiscardHandler)
 	}
 	l := &JobLease{c: c, jobID: cl.Job.ID, epoch: cl.LeaseEpoch, every: every, clock: clock, rnd: defaultRand, log: log, cancel: cancel}
+	l.turn = newWireTurn(cl.Job.ID, cl.LeaseEpoch, func() {
+		if l.Hooks != nil && l.Hooks.ReportWaits != nil {
+			l.Hooks.ReportWaits()
+		}
+	})
 	exp := cl.LocalExpiry
 	if exp.IsZero() {
 		exp = cl.LeaseExpiresAt
@@ -152,12 +172,18 @@ func (l *JobLease) Renewals() int {
 	return l.renewals
 }
 
-// Reporting says the job's final report is about to be sent: a refusal of a
-// renewal from now on ends the renewer quietly (the report ended the lease).
-func (l *JobLease) Reporting() {
+// Reporting says the job's final report is about to be sent, on the context
+// it returns: each attempt of the report waits for a renewal on the wire to
+// end, no renewal goes out while an attempt is on it, and none at all once
+// an attempt may have been taken (wireTurn) — the lease stays held while
+// the coordinator refuses the report (503s, a restart), and no renewal
+// follows the report that ended it. A refusal of a renewal from now on ends
+// the renewer quietly (the report ended the lease).
+func (l *JobLease) Reporting(ctx context.Context) context.Context {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.reporting = true
+	return context.WithValue(ctx, turnKey{}, l.turn)
 }
 
 // Fence marks the lease fenced (a 409 seen elsewhere, e.g. on a PATCH) and
@@ -236,9 +262,19 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 		if !l.clock.Now().Before(deadline) {
 			return l.stop(job.ReasonLeaseLost, fmt.Sprintf("the lease could not be renewed before its expiry (%d failed renewals)", l.failed()))
 		}
+		if !l.turn.renewal(ctx) {
+			if ctx.Err() != nil {
+				return stopCause(ctx)
+			}
+			return &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report ended the lease"}
+		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
+		if l.Hooks != nil && l.Hooks.Renewing != nil {
+			l.Hooks.Renewing(cctx)
+		}
 		le, err := l.c.Renew(cctx, l.jobID, l.epoch)
 		cancel()
+		l.turn.renewed()
 		switch {
 		case err == nil:
 			l.mu.Lock()

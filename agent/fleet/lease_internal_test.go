@@ -68,7 +68,7 @@ func TestRenewalRefusedAfterTheFinalReport(t *testing.T) {
 			var failed int
 			l.Failed = func() { failed++ }
 			if reporting {
-				l.Reporting()
+				l.Reporting(context.Background())
 			}
 			err := l.Confirm(context.Background())
 			if err == nil {

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +15,7 @@ import (
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/profiles"
@@ -36,7 +34,7 @@ func fastBudgets() Budgets {
 	}
 }
 
-// eachRouteSet runs fn once per route set of the stub — full (DESIGN §9)
+// eachRouteSet runs fn once per route set of the stub — full (docs/contract.md)
 // and legacy (the coordinator in service today: no /fleet/fail, accept,
 // deregister) — so the fleet pipeline is held to both (a table over route
 // sets, not copies of tests).
@@ -66,27 +64,11 @@ func pick[T any](rs routeSet, full, legacy T) T {
 }
 
 // stub is a coordinator stub on a real 127.0.0.1 listener.
-type stub struct {
-	*coord.Server
-	http *httptest.Server
-	API  string
-}
+type stub struct{ *coord.Served }
 
 func startStub(t testing.TB, o coord.Options) *stub {
 	t.Helper()
-	s, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	return &stub{Server: s, http: hs, API: hs.URL + "/api"}
+	return &stub{coordtest.Start(t, o)}
 }
 
 // world is one test's repositories: a repo base with git repos that have
@@ -239,35 +221,6 @@ func ctxT(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-// liveServer is a stub served on a chosen address, which a test can kill
-// (listener and every connection closed at once) and bring back on the same
-// address.
-type liveServer struct {
-	addr string
-	srv  *http.Server
-}
-
-func newServerOn(t testing.TB, addr string, h http.Handler) *liveServer {
-	t.Helper()
-	var ln net.Listener
-	var err error
-	for range 50 { // the port of a killed server may take a moment to free
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls := &liveServer{addr: ln.Addr().String(), srv: &http.Server{Handler: h}}
-	go ls.srv.Serve(ln)
-	t.Cleanup(ls.kill)
-	return ls
-}
-
-func (l *liveServer) kill() { l.srv.Close() }
 
 func newTestLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))

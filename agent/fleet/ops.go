@@ -15,13 +15,14 @@ import (
 )
 
 // Operator calls: what `aq job show|requeue|reject|ship|logs` and the board
-// read from and do through the coordinator (GIGAFACTORY_SYSTEM_OVERVIEW §9).
+// read from and do through the coordinator (docs/contract.md, "Submitting
+// jobs and operator actions").
 // Reads that an older coordinator may lack (factories, events, artifacts)
 // answer *RouteAbsentError on 404/405, so the caller can show what it has
 // and name what is missing.
 
 // JobDoc is the coordinator's job document as an operator reads it: the
-// contract's fields (DESIGN §9) and what coordinators add, all optional.
+// contract's fields (docs/contract.md) and what coordinators add, all optional.
 type JobDoc struct {
 	ID             string        `json:"id"`
 	ProductID      string        `json:"productId,omitempty"`
@@ -37,6 +38,7 @@ type JobDoc struct {
 	Reason         string        `json:"reason,omitempty"`
 	Detail         string        `json:"detail,omitempty"`
 	Insights       *job.Insights `json:"insights,omitempty"`
+	Previous       *job.Previous `json:"previous,omitempty"`
 	Branch         string        `json:"branch,omitempty"`
 	PRURL          string        `json:"prUrl,omitempty"`
 	Holder         string        `json:"holderFactoryId,omitempty"`
@@ -78,7 +80,7 @@ type FactoryDoc struct {
 }
 
 // ArtifactDoc is an artifact's pointer (GET /fleet/jobs/:id/artifacts);
-// its bytes are at URL (GET /fleet/artifacts/:id). docs/fleet.md.
+// its bytes are at URL (GET /fleet/artifacts/:id). docs/contract.md, "Artifacts".
 type ArtifactDoc struct {
 	ID           string    `json:"id"`
 	JobID        string    `json:"jobId"`
@@ -162,6 +164,55 @@ func (c *Client) JobAction(ctx context.Context, id, action, detail string) (*Job
 	return &j, nil
 }
 
+// ReplaceJob gives job j.ID a new manifest (PUT /fleet/jobs/:id, the body
+// of a submit): the coordinator puts it back to queued, keeping its
+// history, unless it runs or its work is done (a *FencedError with the
+// coordinator's reason). ErrGone: the coordinator has no such job (the
+// caller may submit it). A coordinator without the route: a
+// *RouteAbsentError.
+func (c *Client) ReplaceJob(ctx context.Context, j *job.Job, bodyMd []byte) (*ReplaceAnswer, error) {
+	req := SubmitRequest{Manifest: j, BodyMd: string(bodyMd), IdempotencyKey: j.IdempotencyKey}
+	var a ReplaceAnswer
+	_, err := c.do(ctx, call{name: RouteReplace, method: http.MethodPut, path: "/fleet/jobs/" + url.PathEscape(j.ID), body: req,
+		budget: c.o.Budgets.Submit, jobID: j.ID, operator: true}, &a)
+	if err = c.goneOrAbsent(ctx, RouteReplace, j.ID, err); err != nil {
+		return nil, err
+	}
+	if a.JobID == "" {
+		a.JobID = j.ID
+	}
+	return &a, nil
+}
+
+// RemoveJob removes job id (DELETE /fleet/jobs/:id) unless it runs (a
+// *FencedError with the coordinator's reason). ErrGone: no such job. A
+// coordinator without the route: a *RouteAbsentError.
+func (c *Client) RemoveJob(ctx context.Context, id string) (*RemoveAnswer, error) {
+	var a RemoveAnswer
+	_, err := c.do(ctx, call{name: RouteRemove, method: http.MethodDelete, path: "/fleet/jobs/" + url.PathEscape(id),
+		budget: c.o.Budgets.Submit, jobID: id, operator: true}, &a)
+	if err = c.goneOrAbsent(ctx, RouteRemove, id, err); err != nil {
+		return nil, err
+	}
+	if a.JobID == "" {
+		a.JobID = id
+	}
+	return &a, nil
+}
+
+// goneOrAbsent checks an operator call's "no such job": a coordinator that
+// has the job cannot mean it, so its route is absent (JobAction does the same).
+func (c *Client) goneOrAbsent(ctx context.Context, route, id string, err error) error {
+	if !errors.Is(err, ErrGone) {
+		return err
+	}
+	if _, gerr := c.Job(ctx, id); gerr == nil {
+		c.markAbsent(route, "the job exists; the call said it does not", true)
+		return &RouteAbsentError{Call: route, Status: http.StatusNotFound}
+	}
+	return err
+}
+
 // JobArtifacts lists a job's artifacts (GET /fleet/jobs/:id/artifacts). A
 // 404 is a *RouteAbsentError: call it for a job known to exist.
 func (c *Client) JobArtifacts(ctx context.Context, id string) ([]ArtifactDoc, error) {
@@ -217,7 +268,7 @@ func gunzip(b []byte, limit int64) ([]byte, error) {
 
 // ArtifactUpload is the body of POST /fleet/jobs/:id/artifacts: the
 // pointer's fields and the content, gzipped and base64-encoded (Data).
-// docs/fleet.md, "Artifacts".
+// docs/contract.md, "Artifacts".
 type ArtifactUpload struct {
 	Name         string `json:"name"`
 	Kind         string `json:"kind"` // log | transcript

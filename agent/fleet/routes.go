@@ -39,11 +39,24 @@ const (
 	RouteArtifactList = "GET /fleet/jobs/:id/artifacts"
 	RouteArtifactGet  = "GET /fleet/artifacts/:id"
 	RouteAction       = "POST /fleet/jobs/:id/actions/:action"
+	// Undoing an operator's mistake: a new manifest for a job that is not
+	// running (aq submit --replace), or the job removed (aq job rm).
+	RouteReplace = "PUT /fleet/jobs/:id"
+	RouteRemove  = "DELETE /fleet/jobs/:id"
 )
 
+// RouteBook is every route aq calls: the routes docs/contract.md describes
+// (a test holds the page, this list and the Route constants to each other).
+var RouteBook = []string{
+	RouteEnroll, RouteHeartbeat, RouteDeregister, RouteQueueState, RouteClaim, RouteAccept, RouteRenew, RouteRelease,
+	RoutePatch, RouteFail, RouteSubmit, RouteJob, RouteArtifacts, RouteJobs, RouteFactories, RouteEvents,
+	RouteArtifactList, RouteArtifactGet, RouteAction, RouteReplace, RouteRemove,
+}
+
 // Fallbacks says, for each route aq can do without, what it does instead
-// (docs/fleet.md has the table). A route not listed is one aq cannot work
-// without: its absence is an error each time it is met, never remembered.
+// (docs/contract.md, "Without a route: fallbacks", has the table and says
+// it in these words). A route not listed is one aq cannot work without:
+// its absence is an error each time it is met, never remembered.
 var Fallbacks = map[string]string{
 	RouteFail:       "a failure is reported with a fenced PATCH (stage failed or queued) followed by lease/release, so the lease still frees at once",
 	RouteAccept:     "the Service Bus path is off: broker deliveries cannot be accepted, jobs are claimed over the poll path",
@@ -58,6 +71,8 @@ var Fallbacks = map[string]string{
 	RouteArtifactList: "aq job logs cannot read the output of a job that ran on another factory",
 	RouteArtifactGet:  "aq job logs cannot read the output of a job that ran on another factory",
 	RouteAction:       "requeue, reject and ship a fleet job on the coordinator itself",
+	RouteReplace:      "aq submit --replace is refused with one line: replace the job on the coordinator itself, or submit the new manifest under another id",
+	RouteRemove:       "aq job rm is refused with one line: remove the job on the coordinator itself",
 }
 
 // ErrRouteAbsent matches (errors.Is) a *RouteAbsentError.

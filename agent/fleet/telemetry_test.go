@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/notify/notifytest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/internal/telemetry/otlptest"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -35,19 +35,7 @@ var (
 // test's own in front of it).
 func startStubBehind(t testing.TB, o coord.Options, wrap func(http.Handler) http.Handler) *stub {
 	t.Helper()
-	s, err := coord.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(wrap(s))
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	return &stub{Server: s, http: hs, API: hs.URL + "/api"}
+	return &stub{coordtest.StartBehind(t, o, wrap)}
 }
 
 // failFinalPatches answers 503 to the first n terminal PATCHes of a job (a

@@ -1,55 +1,23 @@
 package fleet
 
 import (
-	"encoding/json"
 	"time"
 
+	"github.com/aqfleet/aq/agent/claim"
 	"github.com/aqfleet/aq/job"
 )
 
-// The wire format of DESIGN §9, as aq sends and reads it. Field names are the
+// The wire format of docs/contract.md, as aq sends and reads it. Field names are the
 // contract's; unknown fields in answers are ignored.
 
-// Job is the coordinator's job document: at least these fields.
-type Job struct {
-	ID           string   `json:"id"`
-	ProductID    string   `json:"productId,omitempty"`
-	Repo         string   `json:"repo"`
-	Stage        string   `json:"stage"`
-	Capabilities []string `json:"capabilities"`
-	Priority     int      `json:"priority"`
-	LeaseEpoch   int64    `json:"leaseEpoch"`
-	Checkpoint   string   `json:"checkpoint,omitempty"`
-	// BodyMd is the verbatim manifest file; aq parses and validates it as it
-	// would a local one.
-	BodyMd           string          `json:"bodyMd"`
-	ManifestSnapshot json.RawMessage `json:"manifestSnapshot,omitempty"`
-	// Attempts counts the runs started, this one included (optional in the
-	// contract; 0 is read as 1).
-	Attempts int `json:"attempts,omitempty"`
-}
-
-// Claim is a job this factory holds a lease on, from POST /fleet/claim or
-// POST /fleet/accept.
-type Claim struct {
-	Job            Job       `json:"job"`
-	LeaseEpoch     int64     `json:"leaseEpoch"`
-	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
-
-	// Source is how the job came: "poll" (claim) or "broker" (accept).
-	Source string `json:"-"`
-	// LocalExpiry is LeaseExpiresAt on this host's clock (corrected for a
-	// clock that is behind the coordinator's, from the Date header).
-	LocalExpiry time.Time `json:"-"`
-}
-
-// Attempt is the run number of this claim (1 for the first).
-func (c *Claim) Attempt() int {
-	if c.Job.Attempts > 0 {
-		return c.Job.Attempts
-	}
-	return 1
-}
+// Job is the coordinator's job document, and Claim a job this factory holds
+// a lease on (POST /fleet/claim, POST /fleet/accept): agent/claim, so that
+// dispatch carries a claim to the daemon typed, without importing this
+// package.
+type (
+	Job   = claim.Job
+	Claim = claim.Claim
+)
 
 // EnrollRequest is POST /fleet/factories/enroll.
 type EnrollRequest struct {
@@ -197,6 +165,25 @@ type SubmitAnswer struct {
 	// Duplicate: the idempotency key matched an existing job, which is the
 	// one returned (optional).
 	Duplicate bool `json:"duplicate,omitempty"`
+}
+
+// ReplaceAnswer is PUT /fleet/jobs/:id's answer.
+type ReplaceAnswer struct {
+	JobID string `json:"jobId"`
+	// Stage is where the job went (queued or blocked).
+	Stage string `json:"stage,omitempty"`
+	// Replaced is the stage the job was in (optional).
+	Replaced string `json:"replaced,omitempty"`
+}
+
+// RemoveAnswer is DELETE /fleet/jobs/:id's answer.
+type RemoveAnswer struct {
+	JobID string `json:"jobId"`
+	// Stage is the stage the job was in (optional).
+	Stage string `json:"stage,omitempty"`
+	// Dependents are the jobs not shipped that name it in their deps
+	// (optional): they now wait for a job that is not there.
+	Dependents []string `json:"dependents,omitempty"`
 }
 
 // errorBody is the error answer aq reads (both spellings are common).

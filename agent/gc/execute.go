@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -17,12 +18,12 @@ import (
 // local refs, then origin's. Every deletion re-checks what it depends on at
 // that moment (see the package doc); what changed since the plan is kept,
 // not an error.
-func (g *GC) Execute(ctx context.Context, snap *Snapshot, plan worktree.Decisions) *Report {
+func (g *GC) Execute(ctx context.Context, snap *Snapshot, decided plan.Decisions) *Report {
 	rep := &Report{Errors: []string{}, Warnings: snap.Warnings}
 	byRepo := map[string][]int{}
 	var order []string
-	actions := make([]Action, len(plan.Items))
-	for i, d := range plan.Items {
+	actions := make([]Action, len(decided.Items))
+	for i, d := range decided.Items {
 		actions[i] = Action{Decision: d, Result: Kept}
 		if _, ok := byRepo[d.Repo]; !ok {
 			order = append(order, d.Repo)
@@ -59,10 +60,10 @@ type repoExec struct {
 	rep     *Report
 }
 
-func (ex *repoExec) deletes(keep func(worktree.Decision) bool) []int {
+func (ex *repoExec) deletes(keep func(plan.Decision) bool) []int {
 	var out []int
 	for _, i := range ex.idx {
-		if d := ex.actions[i].Decision; d.Action == worktree.Delete && keep(d) {
+		if d := ex.actions[i].Decision; d.Action == plan.Delete && keep(d) {
 			out = append(out, i)
 		}
 	}
@@ -85,13 +86,13 @@ func (ex *repoExec) deleted(i int) {
 
 func (ex *repoExec) run(ctx context.Context) {
 	if ex.info == nil || !ex.info.exists {
-		for _, i := range ex.deletes(func(worktree.Decision) bool { return true }) {
+		for _, i := range ex.deletes(func(plan.Decision) bool { return true }) {
 			ex.kept(i, "the repository is gone")
 		}
 		return
 	}
-	wts := ex.deletes(func(d worktree.Decision) bool {
-		return d.Kind == worktree.KindWorktree || d.Kind == worktree.KindPooled
+	wts := ex.deletes(func(d plan.Decision) bool {
+		return d.Kind == plan.KindWorktree || d.Kind == plan.KindPooled
 	})
 	if len(wts) > 0 {
 		// Holding the repo lock, no job can start in this repository while
@@ -127,7 +128,7 @@ func (ex *repoExec) removeWorktrees(ctx context.Context, idx []int) {
 			continue
 		}
 		a := &ex.actions[i]
-		if a.Kind == worktree.KindPooled {
+		if a.Kind == plan.KindPooled {
 			if now == nil {
 				now = map[string]worktree.Entry{}
 				entries, err := worktree.List(ctx, gt, dir)
@@ -148,14 +149,14 @@ func (ex *repoExec) removeWorktrees(ctx context.Context, idx []int) {
 			ex.kept(i, "job %s started since the plan", a.Job)
 			continue
 		}
-		if a.Rule == worktree.RuleMissing {
+		if a.Rule == plan.RuleMissing {
 			if _, err := os.Lstat(a.Name); err == nil {
 				ex.kept(i, "its directory is back")
 				continue
 			}
 			if a.Checkpoint && a.SHA != "" {
 				// Its detached HEAD is in no branch: keep it reachable.
-				ref := worktree.WIPRefPrefix + a.Job
+				ref := plan.WIPRefPrefix + a.Job
 				before, _, _ := worktree.ResolveRef(ctx, gt, dir, ref)
 				msg := fmt.Sprintf("aq checkpoint: %s (detached HEAD of a worktree deleted by hand, kept by aq gc)\n\naq-job: %s", a.Job, a.Job)
 				sha, err := worktree.Preserve(ctx, gt, dir, ref, a.SHA, msg)
@@ -177,7 +178,7 @@ func (ex *repoExec) removeWorktrees(ctx context.Context, idx []int) {
 			continue
 		}
 		if dirty || a.Checkpoint {
-			ref := worktree.WIPRefPrefix + a.Job
+			ref := plan.WIPRefPrefix + a.Job
 			before, _, _ := worktree.ResolveRef(ctx, gt, dir, ref)
 			sha, err := g.checkpoint(ctx, a.Name, a.Job)
 			if err != nil {
@@ -226,13 +227,13 @@ func (ex *repoExec) removePooled(ctx context.Context, i int, now map[string]work
 	e, registered := now[canon(a.Name)]
 	planned := ex.info.worktrees[a.Name]
 	switch {
-	case a.Rule == worktree.RuleMissing:
+	case a.Rule == plan.RuleMissing:
 		if _, err := os.Lstat(a.Name); err == nil {
 			ex.kept(i, "its directory is back")
 			return false
 		}
 		return true
-	case a.Rule == worktree.RuleSetAside:
+	case a.Rule == plan.RuleSetAside:
 		if registered {
 			ex.kept(i, "it is a worktree again")
 			return false
@@ -265,7 +266,7 @@ func (g *GC) checkpoint(ctx context.Context, path, id string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	msg := fmt.Sprintf("aq checkpoint: %s (saved by aq gc before removing its worktree)\n\naq-job: %s", id, id)
-	sha, err := worktree.Checkpoint(ctx, g.Git, path, worktree.WIPRefPrefix+id, msg)
+	sha, err := worktree.Checkpoint(ctx, g.Git, path, plan.WIPRefPrefix+id, msg)
 	var partial *worktree.PartialError
 	if errors.As(err, &partial) {
 		return "", fmt.Errorf("checkpoint %s is missing some files: %w", partial.SHA, partial.Err)
@@ -274,8 +275,8 @@ func (g *GC) checkpoint(ctx context.Context, path, id string) (string, error) {
 }
 
 func (ex *repoExec) deleteLocalRefs(ctx context.Context) {
-	idx := ex.deletes(func(d worktree.Decision) bool {
-		return d.Kind != worktree.KindWorktree && d.Kind != worktree.KindPooled && d.Where == worktree.WhereLocal
+	idx := ex.deletes(func(d plan.Decision) bool {
+		return d.Kind != plan.KindWorktree && d.Kind != plan.KindPooled && d.Where == plan.WhereLocal
 	})
 	ex.deleteRefs(ctx, idx, func(refs []worktree.Ref) ([]worktree.RefResult, error) {
 		return worktree.DeleteRefs(ctx, ex.g.Git, ex.info.dir, refs)
@@ -283,7 +284,7 @@ func (ex *repoExec) deleteLocalRefs(ctx context.Context) {
 }
 
 func (ex *repoExec) deleteRemoteRefs(ctx context.Context) {
-	idx := ex.deletes(func(d worktree.Decision) bool { return d.Where == worktree.WhereOrigin })
+	idx := ex.deletes(func(d plan.Decision) bool { return d.Where == plan.WhereOrigin })
 	if len(idx) > 0 && !ex.info.remoteOK {
 		for _, i := range idx {
 			ex.kept(i, "%s could not be read", ex.g.remote())

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -20,7 +21,7 @@ import (
 // Snapshot is what Gather found: the plan's input, and what Execute needs
 // to act on it.
 type Snapshot struct {
-	State    worktree.State
+	State    plan.State
 	Warnings []string
 	repos    map[string]*repoInfo
 }
@@ -30,7 +31,7 @@ type repoInfo struct {
 	dir       string
 	exists    bool // a repository under AQ_REPO_BASE
 	remoteOK  bool // the remote was listed: its refs may be deleted
-	worktrees map[string]worktree.WorktreeState
+	worktrees map[string]plan.WorktreeState
 }
 
 // aqRefs is the namespace gc collects; nothing outside it is ever listed.
@@ -83,7 +84,7 @@ func (g *GC) Gather(ctx context.Context) (*Snapshot, error) {
 // candidateRepos are the repositories directly under AQ_REPO_BASE that have
 // an aq/ ref, a worktree directory under $AQ_HOME/worktrees/<repo> or a job
 // aq knows of; plus worktree directories of repositories that are gone.
-func (g *GC) candidateRepos(jobs map[string]worktree.JobState) ([]string, error) {
+func (g *GC) candidateRepos(jobs map[string]plan.JobState) ([]string, error) {
 	set := map[string]bool{}
 	if ents, err := os.ReadDir(g.Cfg.WorktreesDir); err == nil {
 		for _, e := range ents {
@@ -149,10 +150,10 @@ func validName(n string) bool {
 }
 
 // gatherRepo collects one repository.
-func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktree.JobState) (worktree.RepoState, *repoInfo, []string, error) {
+func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]plan.JobState) (plan.RepoState, *repoInfo, []string, error) {
 	dir := filepath.Join(g.Cfg.RepoBase, name)
-	info := &repoInfo{name: name, dir: dir, worktrees: map[string]worktree.WorktreeState{}}
-	rs := worktree.RepoState{Name: name}
+	info := &repoInfo{name: name, dir: dir, worktrees: map[string]plan.WorktreeState{}}
+	rs := plan.RepoState{Name: name}
 	var warns []string
 	wtRoot := filepath.Join(g.Cfg.WorktreesDir, name)
 	poolDir := worktree.PoolDir(g.Cfg.WorktreesDir, name)
@@ -160,10 +161,10 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 	if !worktree.IsRepo(dir) {
 		// Its worktrees outlived it: report them, touch nothing.
 		for _, p := range listDirs(wtRoot) {
-			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Job: filepath.Base(p)})
+			rs.Worktrees = append(rs.Worktrees, plan.WorktreeState{Path: p, Job: filepath.Base(p)})
 		}
 		for _, p := range listDirs(poolDir) {
-			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Pooled: true})
+			rs.Worktrees = append(rs.Worktrees, plan.WorktreeState{Path: p, Pooled: true})
 		}
 		if len(rs.Worktrees) == 0 {
 			return rs, info, nil, errNoRepo
@@ -201,7 +202,7 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 		c := canon(e.Path)
 		if filepath.Dir(c) == poolRoot && !e.Bare {
 			seen[c] = true
-			w := worktree.WorktreeState{Path: e.Path, Pooled: true, Branch: e.Branch, HEAD: e.HEAD,
+			w := plan.WorktreeState{Path: e.Path, Pooled: true, Branch: e.Branch, HEAD: e.HEAD,
 				Registered: true, Locked: e.Locked, Missing: e.Prunable}
 			if fi, err := os.Lstat(e.Path); err == nil {
 				w.PooledAt = fi.ModTime()
@@ -215,7 +216,7 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 			continue
 		}
 		seen[c] = true
-		w := worktree.WorktreeState{Path: e.Path, Job: filepath.Base(c), Branch: e.Branch, HEAD: e.HEAD,
+		w := plan.WorktreeState{Path: e.Path, Job: filepath.Base(c), Branch: e.Branch, HEAD: e.HEAD,
 			Registered: true, Locked: e.Locked, Missing: e.Prunable}
 		if _, err := os.Lstat(e.Path); errors.Is(err, fs.ErrNotExist) {
 			w.Missing = true
@@ -226,7 +227,7 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 			// run of another aq): then it is in flight, whatever the plan
 			// would think of an unknown job's worktree.
 			if held, err := worktree.Held(g.Cfg.LocksDir, worktree.JobLockName(w.Job)); err != nil || held {
-				j = worktree.JobState{InFlight: true, Repo: name}
+				j = plan.JobState{InFlight: true, Repo: name}
 				jobs[w.Job] = j
 			}
 		}
@@ -239,14 +240,14 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 	}
 	for _, p := range listDirs(wtRoot) {
 		if !seen[canon(p)] {
-			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Job: filepath.Base(p)})
+			rs.Worktrees = append(rs.Worktrees, plan.WorktreeState{Path: p, Job: filepath.Base(p)})
 		}
 	}
 	// Folders in the pool git does not know: set aside by a failed discard,
 	// or forgotten.
 	for _, p := range listDirs(poolDir) {
 		if !seen[canon(p)] {
-			rs.Worktrees = append(rs.Worktrees, worktree.WorktreeState{Path: p, Pooled: true,
+			rs.Worktrees = append(rs.Worktrees, plan.WorktreeState{Path: p, Pooled: true,
 				SetAside: strings.HasPrefix(filepath.Base(p), ".discard-")})
 		}
 	}
@@ -266,7 +267,7 @@ func (g *GC) gatherRepo(ctx context.Context, name string, jobs map[string]worktr
 	// Bases: each job's own, else the repository's default branch.
 	defBase := g.defaultBase(ctx, dir)
 	baseOf := func(ref string) string {
-		if _, id := worktree.RefJob(ref); id != "" {
+		if _, id := plan.RefJob(ref); id != "" {
 			if b := jobs[id].Base; b != "" {
 				return b
 			}
@@ -337,8 +338,8 @@ type facts struct {
 	squashed map[[2]string]string
 }
 
-func (f *facts) state(name, sha, base string) worktree.RefState {
-	st := worktree.RefState{Name: name, SHA: sha, Base: base}
+func (f *facts) state(name, sha, base string) plan.RefState {
+	st := plan.RefState{Name: name, SHA: sha, Base: base}
 	if !f.present[sha] {
 		st.Absent = true
 		return st
@@ -346,7 +347,7 @@ func (f *facts) state(name, sha, base string) worktree.RefState {
 	st.Time = f.times[sha]
 	st.Merged = f.merged[[2]string{sha, base}]
 	if !st.Merged {
-		if kind, _ := worktree.RefJob(name); kind == worktree.KindJobBranch {
+		if kind, _ := plan.RefJob(name); kind == plan.KindJobBranch {
 			st.Squashed = f.squashed[[2]string{sha, base}]
 		}
 	}
@@ -432,8 +433,8 @@ func (g *GC) refFacts(ctx context.Context, dir string, local []worktree.RefInfo,
 		var cands []string
 		isCand := map[string]bool{}
 		for _, r := range byBase[base] {
-			kind, _ := worktree.RefJob(r.name)
-			if kind == worktree.KindJobBranch && !f.merged[[2]string{r.sha, base}] && !isCand[r.sha] {
+			kind, _ := plan.RefJob(r.name)
+			if kind == plan.KindJobBranch && !f.merged[[2]string{r.sha, base}] && !isCand[r.sha] {
 				isCand[r.sha] = true
 				cands = append(cands, r.sha)
 			}

@@ -1,4 +1,4 @@
-// Package gc is `aq gc` (DESIGN §8): idempotent cleanup of the branches,
+// Package gc is `aq gc` (docs/gc.md): idempotent cleanup of the branches,
 // WIP refs and worktrees aq leaves behind, safe to run from cron while jobs
 // run.
 //
@@ -10,7 +10,7 @@
 //     each tip (merged into base, squash-merged, checked out); aq's worktrees
 //     (registered, missing, dirty); the repo and job locks; and what the local
 //     queue and the factory's fleet job records say of every job.
-//  2. Plan: worktree.Plan, a pure function, decides delete or keep, with a
+//  2. Plan: plan.Plan, a pure function, decides delete or keep, with a
 //     reason, for every candidate.
 //  3. Execute, re-checking at the moment of each deletion: a worktree is
 //     removed only while this process holds the repository's lock and the
@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/worktree"
@@ -37,7 +38,7 @@ type Config struct {
 	RepoBase     string // AQ_REPO_BASE
 	WorktreesDir string // $AQ_HOME/worktrees
 	LocksDir     string // $AQ_HOME/locks
-	Policy       worktree.Policy
+	Policy       plan.Policy
 	// Remote is the remote whose aq/ refs are collected too (default
 	// "origin").
 	Remote string
@@ -78,19 +79,19 @@ type Counts struct {
 	Pooled int `json:"pooledWorktrees"`
 }
 
-func (c *Counts) add(d worktree.Decision) {
+func (c *Counts) add(d plan.Decision) {
 	switch {
-	case d.Kind == worktree.KindWorktree:
+	case d.Kind == plan.KindWorktree:
 		c.Worktrees++
-	case d.Kind == worktree.KindPooled:
+	case d.Kind == plan.KindPooled:
 		c.Pooled++
-	case d.Kind == worktree.KindOtherRef:
+	case d.Kind == plan.KindOtherRef:
 		c.OtherRefs++
-	case d.Where == worktree.WhereOrigin:
+	case d.Where == plan.WhereOrigin:
 		c.RemoteRefs++
-	case d.Kind == worktree.KindJobBranch:
+	case d.Kind == plan.KindJobBranch:
 		c.JobBranches++
-	case d.Kind == worktree.KindWIPRef:
+	case d.Kind == plan.KindWIPRef:
 		c.WIPRefs++
 	}
 }
@@ -112,7 +113,7 @@ const (
 
 // Action is one decision of the plan and its outcome.
 type Action struct {
-	worktree.Decision
+	plan.Decision
 	Result Result `json:"result"`
 	// Detail says why a planned deletion did not happen (the ref moved, a
 	// job started, an error), or what was checkpointed.
@@ -138,7 +139,7 @@ type Report struct {
 	Warnings []string `json:"warnings,omitempty"`
 	// Disk is the disk ceiling's arithmetic, when AQ_WORKTREE_DISK_MAX is
 	// set (bytes).
-	Disk *worktree.DiskPlan `json:"disk,omitempty"`
+	Disk *plan.DiskPlan `json:"disk,omitempty"`
 	// Actions are every decision and its result.
 	Actions []Action `json:"actions,omitempty"`
 }
@@ -182,14 +183,14 @@ func (g *GC) Run(ctx context.Context, dryRun bool) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan := worktree.Plan(g.now(), snap.State, g.Cfg.Policy)
+	decided := plan.Plan(g.now(), snap.State, g.Cfg.Policy)
 	var rep *Report
 	if dryRun {
-		rep = snap.dryRun(plan)
+		rep = snap.dryRun(decided)
 	} else {
-		rep = g.Execute(ctx, snap, plan)
+		rep = g.Execute(ctx, snap, decided)
 	}
-	if d := plan.Disk; d != nil {
+	if d := decided.Disk; d != nil {
 		rep.Disk = d
 		if d.After > d.Max {
 			w := fmt.Sprintf("aq's worktrees use %d bytes after this run, over AQ_WORKTREE_DISK_MAX (%d): the rest are worktrees of jobs, which gc never removes for the ceiling", d.After, d.Max)
@@ -200,11 +201,11 @@ func (g *GC) Run(ctx context.Context, dryRun bool) (*Report, error) {
 	return rep, nil
 }
 
-func (s *Snapshot) dryRun(plan worktree.Decisions) *Report {
+func (s *Snapshot) dryRun(decided plan.Decisions) *Report {
 	r := &Report{DryRun: true, Errors: []string{}, Warnings: s.Warnings}
-	for _, d := range plan.Items {
+	for _, d := range decided.Items {
 		a := Action{Decision: d, Result: Kept}
-		if d.Action == worktree.Delete {
+		if d.Action == plan.Delete {
 			a.Result = WouldDelete
 			r.Deleted.add(d)
 		} else {

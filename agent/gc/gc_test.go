@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -369,10 +370,10 @@ func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan := worktree.Plan(time.Now(), snap.State, g.Cfg.Policy)
+	decided := plan.Plan(time.Now(), snap.State, g.Cfg.Policy)
 	// The plan deletes everything; the act must not.
 	planned := map[string]bool{}
-	for _, d := range plan.Deletes() {
+	for _, d := range decided.Deletes() {
 		planned[d.Where+" "+d.Name] = true
 	}
 	for _, want := range []string{"local refs/heads/aq/wip/starts", "origin refs/heads/aq/wip/starts", "local refs/heads/aq/job/starts",
@@ -391,7 +392,7 @@ func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
 	// A job starts in repository b.
 	holdInOtherProcess(t, f.locksDir(), worktree.RepoLockName("b"))
 
-	rep := g.Execute(ctx, snap, plan)
+	rep := g.Execute(ctx, snap, decided)
 	if len(rep.Errors) != 0 {
 		t.Fatalf("errors: %v", rep.Errors)
 	}
@@ -419,7 +420,7 @@ func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
 	}
 	var details []string
 	for _, x := range rep.Actions {
-		if x.Action == worktree.Delete && x.Result == Kept {
+		if x.Action == plan.Delete && x.Result == Kept {
 			details = append(details, x.Label()+": "+x.Detail)
 		}
 	}
@@ -468,23 +469,23 @@ func TestGCOfflineAndGoneRepository(t *testing.T) {
 
 func TestStatusAndMerge(t *testing.T) {
 	t.Parallel()
-	for stage, want := range map[job.Stage]worktree.JobStatus{
-		job.Inbox: worktree.JobQueued, "queued": worktree.JobQueued, job.Blocked: worktree.JobQueued,
-		job.Building: worktree.JobBuilding, "assigned": worktree.JobBuilding, job.Review: worktree.JobAwaiting,
-		job.Testing: worktree.JobAwaiting, job.Shipped: worktree.JobShipped, job.Failed: worktree.JobFailed,
-		job.DeadLetter: worktree.JobFailed, "something-new": worktree.JobQueued,
+	for stage, want := range map[job.Stage]plan.JobStatus{
+		job.Inbox: plan.JobQueued, "queued": plan.JobQueued, job.Blocked: plan.JobQueued,
+		job.Building: plan.JobBuilding, "assigned": plan.JobBuilding, job.Review: plan.JobAwaiting,
+		job.Testing: plan.JobAwaiting, job.Shipped: plan.JobShipped, job.Failed: plan.JobFailed,
+		job.DeadLetter: plan.JobFailed, "something-new": plan.JobQueued,
 	} {
 		if got := status(stage); got != want {
 			t.Errorf("status(%s) = %s, want %s", stage, got, want)
 		}
 	}
 	t1, t2 := time.Unix(100, 0), time.Unix(200, 0)
-	got := merge(worktree.JobState{Status: worktree.JobShipped, EndedAt: t2, Base: "main"},
-		worktree.JobState{Status: worktree.JobQueued, EndedAt: t1, InFlight: true, Repo: "r"})
-	if got.Status != worktree.JobQueued || !got.InFlight || !got.EndedAt.Equal(t2) || got.Base != "main" || got.Repo != "r" {
+	got := merge(plan.JobState{Status: plan.JobShipped, EndedAt: t2, Base: "main"},
+		plan.JobState{Status: plan.JobQueued, EndedAt: t1, InFlight: true, Repo: "r"})
+	if got.Status != plan.JobQueued || !got.InFlight || !got.EndedAt.Equal(t2) || got.Base != "main" || got.Repo != "r" {
 		t.Errorf("merge = %+v: want the cautious status, in flight, the later end, both fields", got)
 	}
-	if r := recordState(jobstate.Record{Stage: job.Shipped}); r.Status != worktree.JobBuilding {
+	if r := recordState(jobstate.Record{Stage: job.Shipped}); r.Status != plan.JobBuilding {
 		t.Errorf("a record with no end is running: %+v", r)
 	}
 }

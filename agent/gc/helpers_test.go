@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -183,7 +184,7 @@ func (f *factory) gc(mods ...func(*GC)) *GC {
 			RepoBase:     f.repoBase,
 			WorktreesDir: f.worktreesDir(),
 			LocksDir:     f.locksDir(),
-			Policy:       worktree.Policy{WIPRetention: 14 * 24 * time.Hour},
+			Policy:       plan.Policy{WIPRetention: 14 * 24 * time.Hour},
 		},
 		Now: time.Now,
 	}

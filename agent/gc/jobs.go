@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
@@ -13,8 +14,8 @@ import (
 // gatherJobs reads what aq knows of every job: local jobs from the queue's
 // sidecars, fleet jobs from the factory's records. A job in both gets the
 // more cautious of the two statuses (the one that keeps more).
-func (g *GC) gatherJobs() (map[string]worktree.JobState, error) {
-	jobs := map[string]worktree.JobState{}
+func (g *GC) gatherJobs() (map[string]plan.JobState, error) {
+	jobs := map[string]plan.JobState{}
 	if g.Queue != nil {
 		entries, err := g.Queue.List()
 		if err != nil {
@@ -22,14 +23,14 @@ func (g *GC) gatherJobs() (map[string]worktree.JobState, error) {
 		}
 		for _, e := range entries {
 			s := e.State
-			js := worktree.JobState{
+			js := plan.JobState{
 				Status:  status(s.Stage),
 				Stage:   string(s.Stage),
 				EndedAt: s.EndedAt,
 				Repo:    s.Repo,
 				Source:  "queue",
 			}
-			if js.EndedAt.IsZero() && js.Status != worktree.JobBuilding && len(s.History) > 0 {
+			if js.EndedAt.IsZero() && js.Status != plan.JobBuilding && len(s.History) > 0 {
 				js.EndedAt = s.History[len(s.History)-1].At // moved by hand: the last change
 			}
 			if g.Base != nil && e.ManifestPath != "" {
@@ -61,8 +62,8 @@ func (g *GC) gatherJobs() (map[string]worktree.JobState, error) {
 	return jobs, nil
 }
 
-func recordState(r jobstate.Record) worktree.JobState {
-	js := worktree.JobState{
+func recordState(r jobstate.Record) plan.JobState {
+	js := plan.JobState{
 		Status:  status(r.Stage),
 		Stage:   string(r.Stage),
 		EndedAt: r.EndedAt,
@@ -71,7 +72,7 @@ func recordState(r jobstate.Record) worktree.JobState {
 		Source:  "fleet",
 	}
 	if r.Running() {
-		js.Status, js.Stage = worktree.JobBuilding, string(job.Building)
+		js.Status, js.Stage = plan.JobBuilding, string(job.Building)
 	}
 	return js
 }
@@ -96,32 +97,32 @@ func (g *GC) alive(pid int) bool {
 
 // status maps a stage (local or fleet name) to what gc needs to know.
 // Unknown stages count as queued: kept.
-func status(s job.Stage) worktree.JobStatus {
+func status(s job.Stage) plan.JobStatus {
 	switch job.StageFromFleet(string(s)) {
 	case job.Building:
-		return worktree.JobBuilding
+		return plan.JobBuilding
 	case job.Review, job.Testing:
-		return worktree.JobAwaiting
+		return plan.JobAwaiting
 	case job.Shipped:
-		return worktree.JobShipped
+		return plan.JobShipped
 	case job.Failed, job.DeadLetter:
-		return worktree.JobFailed
+		return plan.JobFailed
 	}
-	return worktree.JobQueued
+	return plan.JobQueued
 }
 
 // caution orders statuses from the one that lets gc delete most to the one
 // that keeps most.
-var caution = map[worktree.JobStatus]int{
-	worktree.JobShipped:  1,
-	worktree.JobFailed:   2,
-	worktree.JobAwaiting: 3,
-	worktree.JobQueued:   4,
-	worktree.JobBuilding: 5,
+var caution = map[plan.JobStatus]int{
+	plan.JobShipped:  1,
+	plan.JobFailed:   2,
+	plan.JobAwaiting: 3,
+	plan.JobQueued:   4,
+	plan.JobBuilding: 5,
 }
 
 // merge combines two records of one job (zero a: none yet).
-func merge(a, b worktree.JobState) worktree.JobState {
+func merge(a, b plan.JobState) plan.JobState {
 	if a.Status == "" {
 		return b
 	}

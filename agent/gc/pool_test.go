@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -72,7 +73,7 @@ func TestGCTrimsThePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, rule := range map[string]worktree.Rule{old: worktree.RulePoolAge, older: worktree.RulePoolFull, newest: worktree.RulePooled, filepath.Dir(aside): worktree.RuleSetAside} {
+	for path, rule := range map[string]plan.Rule{old: plan.RulePoolAge, older: plan.RulePoolFull, newest: plan.RulePooled, filepath.Dir(aside): plan.RuleSetAside} {
 		if a := actionFor(t, dry, path); a.Rule != rule {
 			t.Errorf("%s: rule %s (%s), want %s", path, a.Rule, a.Reason, rule)
 		}
@@ -162,14 +163,14 @@ func TestGCPooledTakenSincePlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan := worktree.Plan(time.Now(), snap.State, g.Cfg.Policy)
+	decided := plan.Plan(time.Now(), snap.State, g.Cfg.Policy)
 	// Meanwhile a job takes one, and another goes out and comes back.
 	jobPath := f.wtPath("app", "new-job")
 	os.MkdirAll(filepath.Dir(jobPath), 0o755)
 	testenv.Git(t, dir, "worktree", "move", taken, jobPath)
 	now := time.Now()
 	os.Chtimes(reused, now, now)
-	rep := g.Execute(ctxT(t), snap, plan)
+	rep := g.Execute(ctxT(t), snap, decided)
 	if rep.Deleted.Pooled != 0 {
 		t.Errorf("deleted %+v; want nothing: %+v", rep.Deleted, rep.Actions)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
@@ -90,7 +91,7 @@ func randomHistory(t *testing.T, seed uint64) {
 		switch r.IntN(4) {
 		case 0: // a second checkpoint after more work (the WIP gets a child)
 			testenv.WriteFile(t, filepath.Join(wt, id+"-more.txt"), uniq("more"))
-			if _, err := worktree.Checkpoint(ctx, g, wt, worktree.WIPRefPrefix+id, "again"); err != nil {
+			if _, err := worktree.Checkpoint(ctx, g, wt, plan.WIPRefPrefix+id, "again"); err != nil {
 				t.Fatal(err)
 			}
 		case 1: // a branch of several commits (the engine committed too)
@@ -256,7 +257,7 @@ func randomHistory(t *testing.T, seed uint64) {
 	decided := map[holder]Action{}
 	for _, a := range rep.Actions {
 		kind := a.Where
-		if a.Kind == worktree.KindWorktree {
+		if a.Kind == plan.KindWorktree {
 			kind = "worktree"
 		}
 		decided[holder{kind, a.Name}] = a
@@ -299,8 +300,8 @@ func randomHistory(t *testing.T, seed uint64) {
 				t.Fatalf("commit %.12s was lost, but %s %s, which held it, was not deleted by gc (%+v)", c, h.kind, h.name, a)
 			}
 			switch a.Rule {
-			case worktree.RuleShipped, worktree.RuleExpired:
-			case worktree.RuleSquashed:
+			case plan.RuleShipped, plan.RuleExpired:
+			case plan.RuleSquashed:
 				if !changeInBase(t, repo, originMain, a.SHA) {
 					t.Fatalf("%s was deleted as squash-merged, but its change is not in base", h.name)
 				}
@@ -317,10 +318,10 @@ func randomHistory(t *testing.T, seed uint64) {
 			continue // kept
 		}
 		for p, want := range files {
-			got, err := testenv.GitErr(repo, "show", worktree.WIPRefPrefix+id+":"+p)
+			got, err := testenv.GitErr(repo, "show", plan.WIPRefPrefix+id+":"+p)
 			if err != nil {
-				a := decided[holder{"local", worktree.WIPRefPrefix + id}]
-				t.Fatalf("%s's unsaved %s is in no WIP ref (WIP before %.12s, decision %s/%s: %s)", id, p, wipBefore[worktree.WIPRefPrefix+id], a.Result, a.Rule, a.Detail)
+				a := decided[holder{"local", plan.WIPRefPrefix + id}]
+				t.Fatalf("%s's unsaved %s is in no WIP ref (WIP before %.12s, decision %s/%s: %s)", id, p, wipBefore[plan.WIPRefPrefix+id], a.Result, a.Rule, a.Detail)
 			}
 			if got+"\n" != want {
 				t.Fatalf("%s: %s = %q, want %q", id, p, got, want)

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,11 +20,13 @@ import (
 
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/holds"
+	"github.com/aqfleet/aq/agent/lifecycle"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
-	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 	"github.com/aqfleet/aq/worktree"
@@ -62,13 +66,6 @@ type Result struct {
 	Attempt int            `json:"attempt"`
 	Stage   job.Stage      `json:"stage"` // where the job went
 	Outcome runner.Outcome `json:"outcome"`
-}
-
-func (a *Agent) onEvent(id string) func(runner.Event) {
-	if a.OnEvent == nil {
-		return nil
-	}
-	return func(e runner.Event) { a.OnEvent(id, e) }
 }
 
 // Recover returns jobs whose aq process died to the queue, after
@@ -135,8 +132,7 @@ func (a *Agent) HostCaps(ctx context.Context) (*caps.Host, error) {
 // one: locally, a missing repo is the job's failure (repo_unavailable).
 func Requirements(s queue.State) []string {
 	reqs := append([]string(nil), s.Capabilities...)
-	switch s.Engine {
-	case "claude", "codex", "devin":
+	if slices.Contains(engines.Coding(), s.Engine) {
 		reqs = append(reqs, "engine:"+s.Engine)
 	}
 	return reqs
@@ -145,7 +141,7 @@ func Requirements(s queue.State) []string {
 // Runnable reports whether this host can run the job, and if not, why.
 func Runnable(h *caps.Host, s queue.State) (bool, string) {
 	missing := caps.Match(Requirements(s), h)
-	if s.Engine == "any" || s.Engine == "" {
+	if s.Engine == engines.Any || s.Engine == "" {
 		found := false
 		for _, e := range h.Engines {
 			if e.Name != caps.ScriptEngine && e.Refused == "" {
@@ -153,7 +149,7 @@ func Runnable(h *caps.Host, s queue.State) (bool, string) {
 			}
 		}
 		if !found {
-			missing = append(missing, caps.Missing{Token: "engine:any", Reason: "no coding engine (claude, codex, devin) is installed"})
+			missing = append(missing, caps.Missing{Token: "engine:any", Reason: "no coding engine (" + strings.Join(engines.Coding(), ", ") + ") is installed"})
 		}
 	}
 	if len(missing) == 0 {
@@ -169,11 +165,11 @@ func HeldFor(h *caps.Host, active map[string]holds.Hold, s queue.State) (holds.H
 	if len(active) == 0 {
 		return holds.Hold{}, false
 	}
-	switch s.Engine {
-	case "claude", "codex", "devin":
+	switch {
+	case slices.Contains(engines.Coding(), s.Engine):
 		hold, ok := active[s.Engine]
 		return hold, ok
-	case "", "any":
+	case s.Engine == "" || s.Engine == engines.Any:
 		var first *holds.Hold
 		for _, e := range h.Engines {
 			if e.Name == caps.ScriptEngine || e.Refused != "" {
@@ -229,21 +225,48 @@ func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 	st := entry.State
 	log := a.log().With("job", st.ID, "repo", st.Repo)
 	log.Info("job taken", "stage", job.Building, "attempt", st.Attempts)
-	ctx, span := telemetry.StartJob(ctx, a.tracer(), telemetry.JobStart{ID: st.ID, Repo: st.Repo, Attempt: st.Attempts, Mode: "local"})
-	var title string
-	defer func() { a.ended(ctx, span, st.Repo, title, res) }()
+	lc := lifecycle.Lifecycle{Pipeline: a.Runner, Tracer: a.Tracer, Notifier: a.Notifier, OnEvent: a.OnEvent}
+	end := lc.Run(ctx, lifecycle.Job{ID: st.ID, Repo: st.Repo, Attempt: st.Attempts, Checkpoint: st.Checkpoint, Previous: st.Previous, Mode: "local", Log: log},
+		&queuedJob{a: a, st: st, path: entry.ManifestPath, log: log})
+	return &Result{JobID: st.ID, Attempt: st.Attempts, Stage: end.Stage, Outcome: end.Outcome}, end.Err
+}
 
-	j, err := a.Parse(entry.ManifestPath)
-	if err != nil {
-		stage, ferr := a.Queue.Fail(st.ID, job.ReasonInvalidManifest, oneLine(err.Error()), nil)
-		log.Error("manifest no longer valid", "err", err, "stage", stage)
-		return &Result{JobID: st.ID, Attempt: st.Attempts, Stage: stage, Outcome: runner.Outcome{Stage: job.Failed, Reason: job.ReasonInvalidManifest, Detail: err.Error()}}, ferr
+// queuedJob records one queued job's life in the queue (its state sidecar
+// and the folder it is in): the local mode's lifecycle.Recorder. A local
+// job has no lease (the caller holds its job lock) and nothing to announce
+// before its end.
+type queuedJob struct {
+	a    *Agent
+	st   queue.State
+	path string
+	log  *slog.Logger
+}
+
+var _ lifecycle.Recorder = (*queuedJob)(nil)
+
+func (q *queuedJob) Begin(context.Context, context.CancelCauseFunc) (lifecycle.Lease, *lifecycle.End) {
+	return nil, nil
+}
+
+func (q *queuedJob) Parse() (*job.Job, error) { return q.a.Parse(q.path) }
+
+func (q *queuedJob) Start(context.Context, *job.Job) *runner.Outcome { return nil }
+
+func (q *queuedJob) Event(context.Context, runner.Event) {}
+
+// Report moves the job to where its end sends it — back to the inbox until
+// its engine's limit resets (parked), failed (the queue's retry policy
+// decides: the inbox again, or failed, or dead_letter), or the success
+// stage — recording the run's checkpoint, branch, PR and insights. A
+// manifest that did not parse fails the job with its first line.
+func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out *runner.Outcome) lifecycle.Settled {
+	id, log := q.st.ID, q.log
+	s := lifecycle.Settled{Known: true, Fenced: out.Fenced}
+	if j == nil {
+		s.Stage, s.Err = q.a.Queue.Fail(id, job.ReasonInvalidManifest, brief.Head(out.Detail), nil)
+		log.Error("manifest no longer valid", "err", out.Detail, "stage", s.Stage)
+		return s
 	}
-	title = j.Title
-	out := a.Runner.Run(ctx, j, runner.Options{Attempt: st.Attempts, Checkpoint: st.Checkpoint, OnEvent: a.onEvent(st.ID)})
-	res = &Result{JobID: st.ID, Attempt: st.Attempts, Outcome: out}
-	_, report := telemetry.Step(ctx, a.tracer(), telemetry.SpanReport)
-	defer func() { telemetry.EndStep(report, errReason(err)) }()
 	record := func(s *queue.State) {
 		in := out.Insights
 		s.Insights = &in
@@ -260,56 +283,18 @@ func (a *Agent) RunOne(ctx context.Context) (res *Result, err error) {
 			s.Reason, s.Detail = "", out.Detail
 		}
 	}
-	if out.IsParked() {
-		res.Stage, err = job.Inbox, a.Queue.Park(st.ID, out.Reason, out.Parked, out.Detail, out.ParkedUntil, record)
+	switch k {
+	case lifecycle.Parked:
+		s.Stage, s.Err = job.Inbox, q.a.Queue.Park(id, out.Reason, out.Parked, out.Detail, out.ParkedUntil, record)
 		log.Warn("job parked", "stage", job.Inbox, "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339), "detail", out.Detail, "checkpoint", out.Checkpoint)
-		return res, err
-	}
-	if out.Failed() {
-		res.Stage, err = a.Queue.Fail(st.ID, out.Reason, out.Detail, record)
-		log.Warn("job failed", "stage", res.Stage, "reason", out.Reason, "detail", out.Detail, "checkpoint", out.Checkpoint)
-		return res, err
-	}
-	res.Stage = out.Stage
-	err = a.Queue.Finish(st.ID, out.Stage, record)
-	log.Info("job done", "stage", out.Stage, "branch", out.Branch, "files", out.Insights.FilesChanged, "checkpoint", out.Checkpoint)
-	return res, err
-}
-
-// ended closes the job's trace and tells the notifier (after the queue
-// recorded where the job went).
-func (a *Agent) ended(ctx context.Context, span trace.Span, repo, title string, res *Result) {
-	if res == nil {
-		telemetry.EndJob(span, telemetry.JobEnd{Stage: job.Failed, Reason: job.ReasonCrash})
-		return
-	}
-	o := res.Outcome
-	telemetry.EndJob(span, telemetry.JobEnd{Stage: res.Stage, Reason: o.Reason, Fenced: o.Fenced, Insights: o.Insights, Branch: o.Branch, PRURL: o.PRURL})
-	a.Notifier.Notify(notify.End{JobID: res.JobID, Title: title, Repo: repo, Attempt: res.Attempt, Stage: res.Stage, Reason: o.Reason,
-		Detail: o.Detail, Fenced: o.Fenced, Final: res.Stage == job.Failed || res.Stage == job.DeadLetter, Branch: o.Branch, PRURL: o.PRURL,
-		Insights: o.Insights, Mode: "local", TraceID: telemetry.TraceID(ctx)})
-}
-
-func (a *Agent) tracer() trace.Tracer {
-	if a.Tracer != nil {
-		return a.Tracer
-	}
-	return telemetry.Off().Tracer()
-}
-
-// errReason marks a report span whose queue write failed.
-func errReason(err error) job.Reason {
-	if err != nil {
-		return job.ReasonCrash
-	}
-	return ""
-}
-
-func oneLine(s string) string {
-	for i, r := range s {
-		if r == '\n' {
-			return s[:i] + " …"
-		}
+	case lifecycle.Failed, lifecycle.Fenced:
+		s.Stage, s.Err = q.a.Queue.Fail(id, out.Reason, out.Detail, record)
+		log.Warn("job failed", "stage", s.Stage, "reason", out.Reason, "detail", out.Detail, "checkpoint", out.Checkpoint)
+	default:
+		s.Stage, s.Err = out.Stage, q.a.Queue.Finish(id, out.Stage, record)
+		log.Info("job done", "stage", out.Stage, "branch", out.Branch, "files", out.Insights.FilesChanged, "checkpoint", out.Checkpoint)
 	}
 	return s
 }
+
+func (q *queuedJob) Close(context.Context, *lifecycle.End) {}

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// BenchmarkParse: a typical manifest (the DESIGN §4 example) with its
+// BenchmarkParse: a typical manifest (the example of docs/manifest.md) with its
 // profile.
 func BenchmarkParse(b *testing.B) {
 	data, err := os.ReadFile(filepath.Join("testdata", "full.md"))

@@ -1,4 +1,4 @@
-// Package manifest owns job manifests (DESIGN §4): it reads a markdown file
+// Package manifest owns job manifests (docs/manifest.md): it reads a markdown file
 // with YAML front matter, validates every key strictly (unknown keys, wrong
 // types and bad values are errors that name the line), merges the named
 // profile under it, applies aq's defaults and returns the normalised
@@ -20,6 +20,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -38,10 +39,10 @@ type Errors = mdmeta.Errors
 // before it is parsed.
 const MaxSize = mdmeta.MaxSize
 
-// Keys are the front matter keys a manifest may use (DESIGN §4, plus model);
+// Keys are the front matter keys a manifest may use (docs/manifest.md, "Keys");
 // any other key is an error.
 var Keys = []string{"id", "title", "repo", "base", "product", "profile", "engine", "model", "capabilities",
-	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "script", "ship"}
+	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship"}
 
 // RetryKeys are the keys of retry:.
 var RetryKeys = []string{"max", "backoff"}
@@ -69,36 +70,51 @@ func ParseFile(path string, cat *profiles.Catalog) (*job.Job, error) {
 
 // ReadFile reads the manifest at path for Parse, refusing a directory and a
 // file over MaxSize without reading it whole; the error is then an Errors
-// with one line about the file.
+// with one line about the file — wrapped in an *UnreadableError when the
+// file could not be read at all (a usage error: the path is wrong).
 func ReadFile(path string) ([]byte, error) {
-	data, msg, fix := readFile(path)
+	data, msg, fix, unreadable := readFile(path)
 	if msg != "" {
-		return nil, Errors{{File: path, Msg: msg, Fix: fix}}
+		errs := Errors{{File: path, Msg: msg, Fix: fix}}
+		if unreadable {
+			return nil, &UnreadableError{Errors: errs}
+		}
+		return nil, errs
 	}
 	return data, nil
 }
 
-func readFile(path string) (data []byte, msg, fix string) {
+// UnreadableError is a manifest file that could not be read at all: it does
+// not exist, cannot be opened or read, or is a directory. Commands treat it
+// as a usage error (exit 2, docs/troubleshooting.md), where a file that was
+// read and is invalid is the manifest's problem. errors.As finds the Errors
+// inside.
+type UnreadableError struct{ Errors Errors }
+
+func (e *UnreadableError) Error() string { return e.Errors.Error() }
+func (e *UnreadableError) Unwrap() error { return e.Errors }
+
+func readFile(path string) (data []byte, msg, fix string, unreadable bool) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, "cannot read: " + errText(err), "check the path and its permissions"
+		return nil, "cannot read: " + errText(err), "check the path and its permissions", true
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, "cannot read: " + errText(err), "check the path and its permissions"
+		return nil, "cannot read: " + errText(err), "check the path and its permissions", true
 	}
 	if st.IsDir() {
-		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md")
+		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md"), true
 	}
 	if st.Mode().IsRegular() && st.Size() > MaxSize {
-		return nil, fmt.Sprintf("file is %d bytes, over the %d byte (1 MiB) limit", st.Size(), MaxSize), mdmeta.TooBigFix
+		return nil, fmt.Sprintf("file is %d bytes, over the %d byte (1 MiB) limit", st.Size(), MaxSize), mdmeta.TooBigFix, false
 	}
 	data, err = io.ReadAll(io.LimitReader(f, MaxSize+1))
 	if err != nil {
-		return nil, "cannot read: " + errText(err), "check the file"
+		return nil, "cannot read: " + errText(err), "check the file", true
 	}
-	return data, "", ""
+	return data, "", "", false
 }
 
 func errText(err error) string {
@@ -226,8 +242,8 @@ func (p *parser) decode() {
 			}
 		case "engine":
 			if v, ok := d.String(f, "claude"); ok {
-				if !slices.Contains(job.Engines, v) {
-					d.Addf(f.Line, oneOf(v, job.Engines), "engine %q is not known", v)
+				if !slices.Contains(engines.Known(), v) {
+					d.Addf(f.Line, oneOf(v, engines.Known()), "engine %q is not known", v)
 				}
 				j.Engine = v
 			}
@@ -302,6 +318,10 @@ func (p *parser) decode() {
 		case "verify":
 			if v, ok := d.String(f, "make test"); ok {
 				j.Verify = v
+			}
+		case "verify_rounds":
+			if v, ok := profiles.DecodeVerifyRounds(d, f); ok {
+				j.VerifyRounds = &v
 			}
 		case "script":
 			if v, ok := d.String(f, "./tools/fix.sh"); ok {
@@ -381,6 +401,10 @@ func (p *parser) mergeProfile(cat *profiles.Catalog) {
 	}
 	if !p.budget.Turns {
 		j.Budget.Turns = prof.Budget.Turns
+	}
+	if !p.set("verify_rounds") && prof.VerifyRounds != nil {
+		v := *prof.VerifyRounds
+		j.VerifyRounds = &v
 	}
 }
 
@@ -469,6 +493,11 @@ func (p *parser) applyDefaults() {
 	if j.Budget.Wall == 0 {
 		j.Budget.Wall = job.Duration(job.DefaultWall)
 	}
+	if j.Retry.Backoff == 0 {
+		// What job.Backoff applies to an unset backoff, shown as such (aq
+		// validate --json, the sidecar, the coordinator's copy).
+		j.Retry.Backoff = job.Duration(job.DefaultBackoff)
+	}
 	if j.Title == "" {
 		j.Title = p.h1
 	}
@@ -484,7 +513,7 @@ func (p *parser) check() {
 		d.Addf(p.doc.OpenLine, "add repo: NAME (a git repository under AQ_REPO_BASE) or repo: a git URL", "repo is required")
 	}
 	switch {
-	case !slices.Contains(job.Engines, j.Engine): // already reported
+	case !slices.Contains(engines.Known(), j.Engine): // already reported
 	case j.Engine == "script" && !p.set("script"):
 		line := p.at["engine"]
 		if line == 0 {

@@ -23,7 +23,7 @@ const body = "# Do the thing\n\nPlease do it.\n"
 func testCatalog(t testing.TB) *profiles.Catalog {
 	t.Helper()
 	dir := t.TempDir()
-	write(t, filepath.Join(dir, "tester.md"), "---\nengine: codex\nmodel: gpt-5-codex\ncapabilities: [has:git, os:linux, \"node:>=20\"]\nbudget: { wall: 1h, usd: 10, tokens: 4000000, turns: 120 }\n---\nYou test things.\n")
+	write(t, filepath.Join(dir, "tester.md"), "---\nengine: codex\nmodel: gpt-5-codex\ncapabilities: [has:git, os:linux, \"node:>=20\"]\nbudget: { wall: 1h, usd: 10, tokens: 4000000, turns: 120 }\nverify_rounds: 3\n---\nYou test things.\n")
 	write(t, filepath.Join(dir, "scripted.md"), "---\nengine: script\n---\nYou run scripts.\n")
 	cat, err := profiles.Load(dir)
 	if err != nil {
@@ -59,7 +59,7 @@ func TestAccepts(t *testing.T) {
 		{"minimal manifest gets the defaults", "job.md", mf("repo: svc\n", body), func(t *testing.T, j *job.Job) {
 			want := job.Job{ID: "job", Title: "Do the thing", Repo: "svc", Base: job.DefaultBase, Engine: job.DefaultEngine,
 				Capabilities: []string{}, Priority: job.PriorityNormal, PriorityName: "normal",
-				Budget: job.Budget{Wall: job.Duration(job.DefaultWall)}, DepsMode: job.DefaultDepsMode, Ship: job.DefaultShip,
+				Budget: job.Budget{Wall: job.Duration(job.DefaultWall)}, Retry: job.Retry{Backoff: job.Duration(job.DefaultBackoff)}, DepsMode: job.DefaultDepsMode, Ship: job.DefaultShip,
 				Body: strings.TrimSpace(body), Source: "job.md"}
 			if !reflect.DeepEqual(*j, want) {
 				t.Errorf("got  %+v\nwant %+v", *j, want)
@@ -154,6 +154,15 @@ func TestAccepts(t *testing.T) {
 		{"comments and anchors", "x.md", mf("# a comment\nrepo: &r svc\nproduct: *r\n", body), func(t *testing.T, j *job.Job) { eq(t, j.Product, "svc") }},
 		{"idempotency key with spaces and unicode", "x.md", mf("repo: svc\nidempotencyKey: \"JIRA PROJ-12 — ü\"\n", body), func(t *testing.T, j *job.Job) {
 			eq(t, j.IdempotencyKey, "JIRA PROJ-12 — ü")
+		}},
+		{"verify_rounds", "x.md", mf("repo: svc\nverify: make test\nverify_rounds: 1\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, *j.VerifyRounds, 1)
+		}},
+		{"verify_rounds 0 turns rounds off", "x.md", mf("repo: svc\nverify_rounds: 0\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, *j.VerifyRounds, 0)
+		}},
+		{"no verify_rounds: the factory decides", "x.md", mf("repo: svc\nverify: make test\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, j.VerifyRounds, (*int)(nil))
 		}},
 		{"multi-line verify", "x.md", mf("repo: svc\nverify: |\n  make lint\n  make test\n", body), func(t *testing.T, j *job.Job) {
 			eq(t, j.Verify, "make lint\nmake test")
@@ -276,6 +285,11 @@ func TestRejects(t *testing.T) {
 		{"retry max negative", "x.md", mf("repo: svc\nretry: { max: -1 }\n", body), 3, `retry.max -1 is out of range`},
 		{"retry max too high", "x.md", mf("repo: svc\nretry: { max: 101 }\n", body), 3, `retry.max 101 is out of range`},
 		{"retry backoff without unit", "x.md", mf("repo: svc\nretry: { backoff: 60 }\n", body), 3, `retry.backoff "60" has no unit`},
+		{"verify_rounds negative", "x.md", mf("repo: svc\nverify: make test\nverify_rounds: -1\n", body), 4, `verify_rounds -1 is out of range (use a whole number from 0 to 10)`},
+		{"verify_rounds not a number", "x.md", mf("repo: svc\nverify_rounds: two\n", body), 3, `verify_rounds must be a whole number, not "two" (write a whole number, e.g. verify_rounds: 2)`},
+		{"verify_rounds fractional", "x.md", mf("repo: svc\nverify_rounds: 1.5\n", body), 3, `verify_rounds must be a whole number, not "1.5"`},
+		{"verify_rounds too many", "x.md", mf("repo: svc\nverify_rounds: 11\n", body), 3, `verify_rounds 11 is out of range`},
+		{"verify_rounds as a list", "x.md", mf("repo: svc\nverify_rounds: [2]\n", body), 3, `verify_rounds must be a single value, not a list`},
 		{"retry backoff negative", "x.md", mf("repo: svc\nretry: { backoff: -1s }\n", body), 3, `out of range`},
 
 		// deps
@@ -400,7 +414,7 @@ func TestErrorFormat(t *testing.T) {
 		`jobs/x.md:3: repo "a/b" is neither a repository name nor a git URL (name a repository under AQ_REPO_BASE (e.g. repo: my-service) or give a git URL (https://, ssh://, git@host:path, file://))`,
 		`jobs/x.md:4: budget.wall "45" has no unit (write a duration with a unit, e.g. wall: 45m; units: s, m, h)`,
 		`jobs/x.md:4: budget.usd -1 is out of range (use a number ≥ 0)`,
-		`jobs/x.md:5: unknown key "foo" (known keys: id, title, repo, base, product, profile, engine, model, capabilities, priority, budget, deps, depsMode, idempotencyKey, retry, verify, script, ship)`,
+		`jobs/x.md:5: unknown key "foo" (known keys: id, title, repo, base, product, profile, engine, model, capabilities, priority, budget, deps, depsMode, idempotencyKey, retry, verify, verify_rounds, script, ship)`,
 		`jobs/x.md:6: the prompt (the markdown body after the front matter) is empty (write the task below the closing ---)`,
 	}
 	if err == nil {
@@ -464,6 +478,12 @@ func TestProfileMerge(t *testing.T) {
 
 	j = parse("repo: svc\nprofile: tester\nbudget: { wall: 10m }\n")
 	eq(t, j.Budget.Wall.D(), 10*time.Minute)
+
+	// verify_rounds: the manifest's, else the profile's, else unset (the
+	// factory's AQ_VERIFY_ROUNDS).
+	eq(t, *parse("repo: svc\nprofile: tester\n").VerifyRounds, 3)
+	eq(t, *parse("repo: svc\nprofile: tester\nverify_rounds: 0\n").VerifyRounds, 0)
+	eq(t, parse("repo: svc\nprofile: scripted\nscript: x\n").VerifyRounds, (*int)(nil))
 
 	// Without a profile, the defaults.
 	j = parse("repo: svc\n")

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -82,6 +83,7 @@ func checkExactlyOnce(t *testing.T, taken []string, n int) {
 func jobID(i int) string { return fmt.Sprintf("job-%04d", i) }
 
 func TestConcurrentNextGoroutines(t *testing.T) {
+	testenv.Slow(t, "races many goroutines over the queue")
 	const jobs, workers = 120, 16
 	tests := []struct {
 		name   string

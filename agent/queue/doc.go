@@ -1,6 +1,6 @@
-// Package queue owns aq's local folder queue (DESIGN §5): jobs as files under
-// one directory, one folder per stage, safe for several `aq run` processes on
-// one host.
+// Package queue owns aq's local folder queue (docs/local.md, "The queue on
+// disk"): jobs as files under one directory, one folder per stage, safe for
+// several `aq run` processes on one host.
 //
 // # Layout
 //
@@ -16,7 +16,8 @@
 // # Invariants
 //
 //   - The .md's location is the truth about a job's stage. A job exists exactly
-//     when its .md does; nothing in this package deletes a manifest.
+//     when its .md does; only Remove (an operator's `aq job rm`) deletes a
+//     manifest, and only Replace rewrites one (undo.go).
 //   - Every mutation holds the queue-wide lock: an in-process mutex plus an
 //     exclusive flock on <dir>/.lock, so no two goroutines or processes can
 //     take the same job.

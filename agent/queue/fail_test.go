@@ -147,6 +147,22 @@ func TestFailAppliesFnAndGuardsOwnership(t *testing.T) {
 	if se, ok := errAs[*StageError](err); !ok || se.Stage != job.Inbox {
 		t.Errorf("second Fail = %v, want *StageError in inbox", err)
 	}
+	// The next attempt is told how this one ended, with its failed verify;
+	// one the operator requeued is not (it starts over).
+	clk.Advance(time.Hour)
+	e := mustNext(t, q)
+	if p := e.State.Previous; p == nil || p.Attempt != 1 || p.Reason != job.ReasonVerifyFailed || p.Detail != "make test: exit 2" {
+		t.Errorf("previous = %+v", p)
+	}
+	if _, err := q.Fail("a", job.ReasonVerifyFailed, "again", func(s *State) {
+		s.Insights = &job.Insights{RepairRounds: 2, Verify: &job.VerifyResult{Command: "make test", ExitCode: 2, Tail: "FAIL x"}}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	if p := mustNext(t, q).State.Previous; p == nil || p.Attempt != 2 || p.RepairRounds != 2 || p.Verify == nil || p.Verify.Tail != "FAIL x" {
+		t.Errorf("previous with its verify = %+v", p)
+	}
 }
 
 func TestFinish(t *testing.T) {

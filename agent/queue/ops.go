@@ -21,27 +21,8 @@ import (
 // dep, an id that any job in the queue has (*ExistsError), and an
 // idempotencyKey that any job has (*DuplicateError). Errors are usage errors.
 func (q *Queue) Submit(j *job.Job, raw []byte) (State, error) {
-	if j == nil {
-		return State{}, aqerr.Usagef("", "no job to submit")
-	}
-	if err := checkID(j.ID); err != nil {
+	if err := q.checkNew(j, raw); err != nil {
 		return State{}, err
-	}
-	for _, d := range j.Deps {
-		if err := checkID(d); err != nil {
-			return State{}, aqerr.Usagef("fix the job's deps", "job %s: dep %q is not a valid job id", j.ID, d)
-		}
-		if d == j.ID {
-			return State{}, aqerr.Usagef("remove it from deps", "job %s depends on itself", j.ID)
-		}
-	}
-	switch j.DepsMode {
-	case "", "all", "any":
-	default:
-		return State{}, aqerr.Usagef("use all or any", "job %s: depsMode %q is not all or any", j.ID, j.DepsMode)
-	}
-	if len(raw) == 0 {
-		return State{}, aqerr.Usagef("submit the manifest file's contents", "job %s: the manifest is empty", j.ID)
 	}
 
 	var st State
@@ -51,10 +32,10 @@ func (q *Queue) Submit(j *job.Job, raw []byte) (State, error) {
 		} else if ok {
 			ee := &ExistsError{ID: j.ID, Stage: stage}
 			return aqerr.Wrap(aqerr.Usage, ee, ee.Error(),
-				fmt.Sprintf("choose another id, or `aq job requeue %s` to run the existing job again", j.ID))
+				fmt.Sprintf("`aq submit --replace` gives it this manifest, `aq job requeue %s` runs it again as it is; or choose another id", j.ID))
 		}
 		if j.IdempotencyKey != "" {
-			if err := q.checkKeyLocked(j); err != nil {
+			if err := q.checkKeyLocked(j, ""); err != nil {
 				return err
 			}
 		}
@@ -107,10 +88,10 @@ func (q *Queue) writeNewLocked(st *State, raw []byte) error {
 	return nil
 }
 
-// checkKeyLocked refuses j when a job in any stage has its idempotency key.
-// It reads every sidecar (repairing as it goes); sidecars are cached, so a
-// long-lived process pays about one stat per job.
-func (q *Queue) checkKeyLocked(j *job.Job) error {
+// checkKeyLocked refuses j when a job in any stage but except has its
+// idempotency key. It reads every sidecar (repairing as it goes); sidecars
+// are cached, so a long-lived process pays about one stat per job.
+func (q *Queue) checkKeyLocked(j *job.Job, except string) error {
 	// Collect every id first: a repair may move a job to a stage already
 	// scanned.
 	var ids []string
@@ -123,7 +104,7 @@ func (q *Queue) checkKeyLocked(j *job.Job) error {
 	}
 	seen := map[string]bool{}
 	for _, id := range ids {
-		if seen[id] {
+		if seen[id] || id == except {
 			continue
 		}
 		seen[id] = true
@@ -192,6 +173,9 @@ func (q *Queue) Next(accept func(State) bool) (*Entry, error) {
 			if accept != nil && !accept(st.clone()) {
 				continue
 			}
+			// How the last run ended, for this one to be told (a job
+			// requeued by an operator has no reason: nothing to tell).
+			st.Previous = job.PreviousOf(st.Attempts, st.Reason, st.Detail, st.Insights)
 			st.Attempts++
 			st.StartedAt, st.EndedAt, st.NotBefore, st.Parked = now, time.Time{}, time.Time{}, ""
 			st.Host, st.PID = q.host, q.pid

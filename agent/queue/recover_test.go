@@ -89,6 +89,13 @@ func TestRecover(t *testing.T) {
 	if err != nil || e.State.Attempts != 2 || e.State.Checkpoint != "sha-orphan" {
 		t.Fatalf("rerun = %+v, %v", e, err)
 	}
+	// ... told how the crashed run ended.
+	if p := e.State.Previous; p == nil || p.Attempt != 1 || p.Reason != job.ReasonCrash || !strings.Contains(p.Detail, "is gone; checkpoint sha-orphan") {
+		t.Errorf("the rerun's previous attempt = %+v", p)
+	}
+	if p := sidecarOnDisk(t, q, job.Building, "orphan").Previous; p == nil || p.Reason != job.ReasonCrash {
+		t.Errorf("the building sidecar's previous = %+v", p)
+	}
 	// A second Recover with nothing orphaned does nothing.
 	ids, err = q.Recover(func(State) bool { return true }, nil)
 	if err != nil || len(ids) != 0 {

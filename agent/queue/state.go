@@ -49,6 +49,10 @@ type State struct {
 	PR       string        `json:"pr,omitempty"` // pull request URL
 	// Checkpoint is the commit of the job's WIP ref (job.WIPBranch).
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// Previous is how the job's previous attempt ended (reason, detail,
+	// its failed verify), kept by Next when it takes the job again, for the
+	// run to tell its engine; nil on a first attempt or after a requeue.
+	Previous *job.Previous `json:"previous,omitempty"`
 
 	// History has one entry per stage change, oldest first.
 	History []Transition `json:"history"`
@@ -92,7 +96,12 @@ func (s State) clone() State {
 	c.History = slices.Clone(s.History)
 	if s.Insights != nil {
 		in := *s.Insights
+		in.Runs = slices.Clone(s.Insights.Runs)
 		c.Insights = &in
+	}
+	if s.Previous != nil {
+		p := *s.Previous
+		c.Previous = &p
 	}
 	return c
 }

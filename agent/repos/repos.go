@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -74,7 +75,7 @@ func Parse(spec string) (*Resolver, []string, error) {
 		name := fields[0]
 		where := fmt.Sprintf("AQ_REPO_URLS %s line %d", spec, n)
 		if !validName(name) {
-			warnings = append(warnings, fmt.Sprintf("%s: %q is not a repo name (letters, digits, '.', '_', '-'); line ignored", where, clip(name)))
+			warnings = append(warnings, fmt.Sprintf("%s: %q is not a repo name (letters, digits, '.', '_', '-'); line ignored", where, brief.Clip(name, 120)))
 			continue
 		}
 		var why string
@@ -159,7 +160,7 @@ func Clone(ctx context.Context, g *worktree.Git, url, dir, mirror string) error 
 	args = append(args, "--", url, tmp)
 	if _, err := g.Run(ctx, parent, args...); err != nil {
 		_ = os.RemoveAll(tmp)
-		return fmt.Errorf("cannot clone %s: %s", url, oneLine(err.Error()))
+		return fmt.Errorf("cannot clone %s: %s", url, brief.FirstLine(err.Error(), 0))
 	}
 	// The clone's own checkout of the default branch is left out (aq works
 	// in worktrees); its HEAD still names the default branch.
@@ -196,18 +197,18 @@ func checkURL(s string) error {
 	}
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme == "" {
-		return fmt.Errorf("%q is not a git URL (https://, ssh://, git://, file:// or user@host:path)", clip(redactURL(s)))
+		return fmt.Errorf("%q is not a git URL (https://, ssh://, git://, file:// or user@host:path)", brief.Clip(redactURL(s), 120))
 	}
 	switch u.Scheme {
 	case "https", "http", "ssh", "git", "file":
 	default:
-		return fmt.Errorf("%q has scheme %q (want https, ssh, git or file)", clip(redactURL(s)), u.Scheme)
+		return fmt.Errorf("%q has scheme %q (want https, ssh, git or file)", brief.Clip(redactURL(s), 120), u.Scheme)
 	}
 	if _, has := u.User.Password(); has {
 		return fmt.Errorf("%s carries a password: put the credential in a git credential helper (e.g. gh auth setup-git), never in the URL", u.Redacted())
 	}
 	if u.Scheme != "file" && u.Host == "" {
-		return fmt.Errorf("%q has no host", clip(s))
+		return fmt.Errorf("%q has no host", brief.Clip(s, 120))
 	}
 	return nil
 }
@@ -233,21 +234,6 @@ func suffix() string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
-	}
-	return s
-}
-
-func clip(s string) string {
-	if len(s) > 120 {
-		return s[:120] + "…"
-	}
-	return s
 }
 
 // Clonable is Parse(spec).Names(), for a host's offer: what cannot be parsed

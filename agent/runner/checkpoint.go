@@ -22,64 +22,77 @@ import (
 const wipLeaseMargin = 5 * time.Second
 
 func (ru *run) checkpointMessage(why string) string {
+	if ru.round > 0 {
+		why += fmt.Sprintf(", repair round %d", ru.round)
+	}
 	return fmt.Sprintf("aq checkpoint: %s (%s)\n\naq-job: %s\naq-attempt: %d", ru.j.ID, why, ru.j.ID, ru.o.Attempt)
 }
 
-// checkpoint commits everything in the worktree to aq/wip/<id> — once, after
-// the engine is dead — and pushes it to origin unless the job is fenced. It
-// runs on a context that cannot be cancelled, with its own time limit.
+// checkpoint commits everything in the worktree to aq/wip/<id> — once per
+// engine run, after the engine is dead (the attempt's first run and each
+// repair round) — and pushes it to origin unless the job is fenced. It runs
+// on a context that cannot be cancelled, with its own time limit.
 func (ru *run) checkpoint(parent context.Context) {
 	if ru.wtPath == "" {
 		return
 	}
-	ru.cpOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Minute)
-		defer cancel()
-		ctx, span := ru.step(ctx, telemetry.SpanCheckpoint, attribute.String(telemetry.AttrCheckpointKind, "final"))
-		var taken string
-		pushed := false
-		defer func() {
-			span.SetAttributes(attribute.String(telemetry.AttrCheckpoint, taken), attribute.Bool(telemetry.AttrCheckpointPush, pushed))
-			if taken == "" {
-				span.SetStatus(codes.Error, "checkpoint failed")
-			}
-			span.End()
-		}()
-		ru.cpMu.Lock()
-		defer ru.cpMu.Unlock()
-		wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-		sha, partial, err := ru.snapshot(ctx, wip, "after the engine", nil)
-		if partial {
-			ru.cpPartial = true
+	ru.cpMu.Lock()
+	done := ru.cpRound == ru.round
+	if !done {
+		// This run's: until it is taken, no checkpoint stands for the
+		// worktree (the result is then squashed from the worktree itself).
+		ru.cpRound, ru.cpAfter, ru.cpPartial = ru.round, "", false
+	}
+	ru.cpMu.Unlock()
+	if done {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Minute)
+	defer cancel()
+	ctx, span := ru.step(ctx, telemetry.SpanCheckpoint, attribute.String(telemetry.AttrCheckpointKind, "final"))
+	var taken string
+	pushed := false
+	defer func() {
+		span.SetAttributes(attribute.String(telemetry.AttrCheckpoint, taken), attribute.Bool(telemetry.AttrCheckpointPush, pushed))
+		if taken == "" {
+			span.SetStatus(codes.Error, "checkpoint failed")
 		}
-		if err != nil || sha == "" {
-			ru.log.Error("checkpoint failed: the worktree is kept as it is", "worktree", ru.wtPath, "err", err)
-			if ru.lastPeriodic != "" { // the last periodic one is what there is
-				ru.out.Checkpoint = ru.lastPeriodic
-				ru.out.WIPPushed = ru.wipOnOrigin == ru.lastPeriodic
-			}
-			return
+		span.End()
+	}()
+	ru.cpMu.Lock()
+	defer ru.cpMu.Unlock()
+	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
+	sha, partial, err := ru.snapshot(ctx, wip, "after the engine", nil)
+	if partial {
+		ru.cpPartial = true
+	}
+	if err != nil || sha == "" {
+		ru.log.Error("checkpoint failed: the worktree is kept as it is", "worktree", ru.wtPath, "err", err)
+		if ru.lastPeriodic != "" { // the last periodic one is what there is
+			ru.out.Checkpoint = ru.lastPeriodic
+			ru.out.WIPPushed = ru.wipOnOrigin == ru.lastPeriodic
 		}
-		ru.out.Checkpoint, ru.cpAfter, taken = sha, sha, sha
-		ru.log.Info("checkpointed", "checkpoint", sha, "ref", job.WIPBranch(ru.j.ID))
-		ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
-		if ru.fencedNow(parent) || !ru.hasOrigin(ctx) {
-			return
-		}
-		// A fleet job pushes its WIP only while it still holds the lease:
-		// after a fence (or a lease it cannot confirm) another factory may be
-		// working from origin's checkpoint, which must not move under it.
-		if ru.o.Lease != nil && !ru.o.Lease.Held(wipLeaseMargin) {
-			ru.log.Warn("not pushing the WIP checkpoint: this factory may no longer hold the job's lease; it is kept locally")
-			return
-		}
-		if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
-			ru.log.Warn("cannot push the WIP checkpoint to origin; it is kept locally", "err", err)
-			return
-		}
-		ru.wipOnOrigin = sha
-		ru.out.WIPPushed, pushed = true, true
-	})
+		return
+	}
+	ru.out.Checkpoint, ru.cpAfter, taken = sha, sha, sha
+	ru.out.WIPPushed = false // an earlier run's push is not this one's
+	ru.log.Info("checkpointed", "checkpoint", sha, "ref", job.WIPBranch(ru.j.ID))
+	ru.event(Checkpointed{Checkpoint: sha})
+	if ru.fencedNow(parent) || !ru.hasOrigin(ctx) {
+		return
+	}
+	// A fleet job pushes its WIP only while it still holds the lease:
+	// after a fence (or a lease it cannot confirm) another factory may be
+	// working from origin's checkpoint, which must not move under it.
+	if ru.o.Lease != nil && !ru.o.Lease.Held(wipLeaseMargin) {
+		ru.log.Warn("not pushing the WIP checkpoint: this factory may no longer hold the job's lease; it is kept locally")
+		return
+	}
+	if err := ru.pushWIP(ctx, wip, sha); err != nil {
+		ru.log.Warn("cannot push the WIP checkpoint to origin; it is kept locally", "err", err)
+		return
+	}
+	ru.out.WIPPushed, pushed = true, true
 }
 
 // fencedNow reports whether the job's context says another factory owns it.
@@ -155,7 +168,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	if sha != ru.lastPeriodic {
 		ru.lastPeriodic = sha
 		ru.log.Info("periodic checkpoint", "checkpoint", sha)
-		ru.event(Event{Kind: "checkpoint", Checkpoint: sha})
+		ru.event(Checkpointed{Checkpoint: sha})
 	}
 	// An unchanged tree whose last push was skipped or failed is pushed
 	// now: the work must reach origin even if the engine writes no more.
@@ -166,14 +179,45 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 		ru.log.Warn("not pushing the periodic checkpoint: the lease may no longer be this factory's")
 		return
 	}
-	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
+	if err := ru.pushWIP(ctx, wip, sha); err != nil {
 		if ctx.Err() == nil {
 			ru.log.Warn("cannot push the periodic checkpoint; it is kept locally", "err", err)
 		}
 		return
 	}
-	ru.wipOnOrigin, pushed = sha, true
-	ru.event(Event{Kind: "checkpoint-pushed", Checkpoint: sha})
+	pushed = true
+	ru.event(CheckpointPushed{Checkpoint: sha})
+}
+
+// pushWIP pushes checkpoint sha (on wip) to origin as a compare-and-swap
+// against what origin holds. Call it with cpMu held. A push that fails or
+// is stopped (a periodic one, when the engine ends) may have landed all the
+// same: git updates origin's ref before it reports. Its checkpoint is then
+// in doubt, and the next push asks origin first; if origin holds that very
+// checkpoint it is the value to swap from — without this, the final
+// checkpoint's push was refused as stale and stayed on this host.
+func (ru *run) pushWIP(ctx context.Context, wip, sha string) error {
+	if doubt := ru.wipInDoubt; doubt != "" {
+		refs, err := worktree.ListRemoteRefs(ctx, ru.r.Git, ru.repoDir, "origin", wip)
+		if err == nil {
+			ru.wipInDoubt = ""
+			for _, r := range refs {
+				if r.Name == wip && r.SHA == doubt {
+					ru.log.Debug("a checkpoint push that seemed to fail had landed", "checkpoint", doubt)
+					ru.wipOnOrigin = doubt
+				}
+			}
+		}
+	}
+	if sha == ru.wipOnOrigin {
+		return nil
+	}
+	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
+		ru.wipInDoubt = sha
+		return err
+	}
+	ru.wipOnOrigin, ru.wipInDoubt = sha, ""
+	return nil
 }
 
 // confirmBeforePush bounds the renewal a periodic push waits for.

@@ -51,7 +51,7 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 	ru.out.Pushed = true
 	// Recorded before anything else happens: a crash from here on must not
 	// run the engine again (the next attempt finds the result on origin).
-	ru.event(Event{Kind: "delivered", Branch: ru.out.Branch, Commit: ru.out.Commit})
+	ru.event(Delivered{Branch: ru.out.Branch, Commit: ru.out.Commit})
 	ru.openPR(ctx, prBody)
 }
 
@@ -102,10 +102,15 @@ func (ru *run) confirmLease(ctx context.Context, when string) bool {
 	return true
 }
 
-// prBody is the engine's .aq_pr.md, or one made from the manifest.
+// prBody is the engine's .aq_pr.md, or one made from the manifest; with
+// verify's account (and the repair rounds it took) after it.
 func (ru *run) prBody(fromEngine string) string {
+	verify := ru.verifySummary()
 	if strings.TrimSpace(fromEngine) != "" {
-		return fromEngine
+		if verify == "" {
+			return fromEngine
+		}
+		return strings.TrimRight(fromEngine, "\n") + "\n\n---\n\n## Verify (aq)\n\n" + verify
 	}
 	j, in := ru.j, ru.out.Insights
 	var b strings.Builder
@@ -119,6 +124,9 @@ func (ru *run) prBody(fromEngine string) string {
 	}
 	fmt.Fprintf(&b, "- tokens in/out: %d/%d, cost: $%.4f, turns: %d\n", in.TokensIn, in.TokensOut, in.CostUSD, in.Turns)
 	fmt.Fprintf(&b, "- change: %d files, +%d/-%d\n", in.FilesChanged, in.LinesAdded, in.LinesDeleted)
+	if verify != "" {
+		fmt.Fprintf(&b, "\n## Verify\n\n%s", verify)
+	}
 	return b.String()
 }
 
@@ -184,7 +192,7 @@ func (ru *run) redeliver(ctx context.Context, sha string) {
 	ru.log.Warn("the job's result is already on origin (an earlier attempt pushed it): reporting it, not running the engine again",
 		"branch", job.JobBranch(ru.j.ID), "commit", sha)
 	ru.out.Branch, ru.out.Commit, ru.out.Pushed, ru.out.Redelivered = job.JobBranch(ru.j.ID), sha, true, true
-	ru.event(Event{Kind: "delivered", Branch: ru.out.Branch, Commit: sha})
+	ru.event(Delivered{Branch: ru.out.Branch, Commit: sha})
 	if ru.j.Ship == "none" { // never pushed by aq; someone else put it there
 		ru.out.Stage = job.Testing
 		return

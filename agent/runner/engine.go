@@ -32,15 +32,15 @@ func (ru *run) spec() engines.Spec {
 	if ru.r.Cfg.ClaudeTelemetry && ru.eng != nil && ru.eng.Name() == "claude" {
 		env = telemetry.ClaudeEnv(env, j.ID)
 	}
-	return engines.Spec{
+	spec := engines.Spec{
 		JobID:          j.ID,
 		Scope:          Scope(ru.r.Cfg.Home),
 		Dir:            ru.wtPath,
-		Prompt:         j.Prompt(withPersona),
+		Prompt:         j.Prompt(withPersona) + ru.retryNote(),
 		Persona:        j.Persona,
 		Model:          j.Model,
 		Script:         j.Script,
-		Budget:         engines.Budget{USD: j.Budget.USD, Tokens: j.Budget.Tokens, Turns: j.Budget.Turns},
+		Budget:         ru.budgetLeft(),
 		PermissionMode: ru.r.Cfg.PermissionMode,
 		LogDir:         ru.logDir,
 		Attempt:        ru.o.Attempt,
@@ -51,6 +51,8 @@ func (ru *run) spec() engines.Spec {
 		Prices:         ru.r.Cfg.Prices,
 		Flags:          ru.info.Flags,
 	}
+	ru.repairSpec(&spec)
+	return spec
 }
 
 func (r *Runner) env() []string {
@@ -60,7 +62,8 @@ func (r *Runner) env() []string {
 	return os.Environ()
 }
 
-// wall is the job's wall budget, which bounds the engine and verify each.
+// wall is the job's wall budget, which bounds the attempt's engine time
+// (across its repair rounds) and each verify.
 func (ru *run) wall() time.Duration {
 	if w := ru.j.Budget.Wall.D(); w > 0 {
 		return w
@@ -79,7 +82,13 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 	j, wall := ru.j, ru.wall()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	runCtx, cancelT := context.WithTimeoutCause(runCtx, wall, job.Stop(job.ReasonTimeout, "wall budget "+wall.String()+" spent"))
+	// The wall budget bounds the attempt's engine time: a repair round gets
+	// what the runs before it left.
+	spentWall := "wall budget " + wall.String() + " spent"
+	if ru.round > 0 {
+		spentWall += fmt.Sprintf(" (the first run and %d repair round%s)", ru.round, plural(ru.round))
+	}
+	runCtx, cancelT := context.WithTimeoutCause(runCtx, wall-ru.engineTime, job.Stop(job.ReasonTimeout, spentWall))
 	defer cancelT()
 
 	spec := ru.spec()
@@ -88,21 +97,28 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 		mu   sync.Mutex
 		last engines.Usage
 	)
+	// The meter holds the attempt's budgets: what this run spent on top of
+	// the runs before it.
+	prior := ru.spent
 	spec.Meter = engines.MeterFunc(func(u engines.Usage) {
 		mu.Lock()
 		last = u
 		mu.Unlock()
-		ru.event(Event{Kind: "usage", Usage: u, Engine: ru.eng.Name()})
-		if j.Budget.USD > 0 && u.CostUSD > j.Budget.USD {
-			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("cost $%.4f over budget $%.2f", u.CostUSD, j.Budget.USD)))
+		total := prior.Plus(u)
+		ru.event(Progress{Engine: ru.eng.Name(), Usage: total})
+		if j.Budget.USD > 0 && total.CostUSD > j.Budget.USD {
+			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("cost $%.4f over budget $%.2f%s", total.CostUSD, j.Budget.USD, ru.acrossRounds())))
 		}
-		if j.Budget.Tokens > 0 && u.Tokens() > j.Budget.Tokens {
-			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("%d tokens over budget %d", u.Tokens(), j.Budget.Tokens)))
+		if j.Budget.Tokens > 0 && total.Tokens() > j.Budget.Tokens {
+			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("%d tokens over budget %d%s", total.Tokens(), j.Budget.Tokens, ru.acrossRounds())))
 		}
 	})
-	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "worktree", ru.wtPath)
+	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath)
 	stopPeriodic := ru.startPeriodic(trace.ContextWithSpan(runCtx, jobSpan))
+	started := time.Now()
 	res, err = ru.eng.Run(runCtx, spec)
+	ru.runTime = time.Since(started)
+	ru.engineTime += ru.runTime
 	stopPeriodic()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {
@@ -173,16 +189,19 @@ func (ru *run) limited(res engines.Result) {
 }
 
 // judgeEngine records the engine's result and decides whether to go on.
+// The usage in the insights is the attempt's: every run's summed.
 func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) bool {
+	ru.recordRun(res, err)
 	in := &ru.out.Insights
 	in.Engine = ru.eng.Name()
 	if res.Version != "" {
 		in.EngineVersion = res.Version
 	}
 	in.Model = firstNonEmpty(res.Model, ru.j.Model)
-	in.SessionID, in.Subtype = res.SessionID, res.Subtype
-	in.TokensIn, in.TokensOut, in.TokensCached = res.Usage.TokensIn, res.Usage.TokensOut, res.Usage.TokensCached
-	in.CostUSD, in.CostEstimated, in.Turns = res.Usage.CostUSD, res.Usage.Estimated, res.Usage.Turns
+	in.SessionID, in.Subtype = firstNonEmpty(res.SessionID, in.SessionID), res.Subtype
+	u := ru.spent
+	in.TokensIn, in.TokensOut, in.TokensCached = u.TokensIn, u.TokensOut, u.TokensCached
+	in.CostUSD, in.CostEstimated, in.Turns = u.CostUSD, u.Estimated, u.Turns
 	in.ExitCode = res.ExitCode
 
 	if ru.out.Reason != "" { // stopped by its own budget

@@ -53,7 +53,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
 			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
-			PoolSize: max(cfg.WorktreePool, 0),
+			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds,
 		},
 		Engines:  eng,
 		Shipper:  p.Shipper,

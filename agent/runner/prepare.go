@@ -209,7 +209,7 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 	start, mb := baseRef, baseRef
 	if sha := ru.resumePoint(ctx, wip, remoteWIP); sha != "" {
 		start = sha
-		ru.out.Checkpoint = sha
+		ru.out.Checkpoint, ru.resumedFrom = sha, sha
 		ru.log.Info("resuming from WIP checkpoint", "checkpoint", sha)
 		// The base commit the result is squashed onto: where base and the
 		// start point meet (base itself when starting from base).

@@ -7,10 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
@@ -38,6 +41,9 @@ func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
 		}
 	}
 	msg := fmt.Sprintf("%s\n\naq-job: %s\naq-engine: %s\naq-attempt: %d", firstNonEmpty(j.Title, "aq job "+j.ID), j.ID, ru.eng.Name(), ru.o.Attempt)
+	if ru.round > 0 {
+		msg += fmt.Sprintf("\naq-repair-rounds: %d", ru.round)
+	}
 	sha, changed, done, err := ru.commitFromCheckpoint(ctx, msg, hasPR)
 	if !done && err == nil {
 		ru.log.Debug("committing the result by squashing the worktree")
@@ -58,6 +64,9 @@ func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
 		}
 		ru.log.Info("the engine made no changes")
 		ru.out.Detail = "the engine finished without changing any file; nothing to ship"
+		// A repair round that undid the work: no result commit stands.
+		ru.out.Commit, ru.out.Branch = "", ""
+		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = 0, 0, 0
 		return prBody, true
 	}
 	ru.out.Commit, ru.out.Branch = sha, job.JobBranch(j.ID)
@@ -193,23 +202,34 @@ func isExit(err error, code int) bool {
 	return errors.As(err, &ge) && ge.ExitCode == code
 }
 
-// verify runs the manifest's verify: command in the worktree.
-func (ru *run) verify(ctx context.Context) (ok bool) {
+// verify runs the manifest's verify: command in the worktree. passed: it
+// exited 0, or there is none. A verify that ran and failed comes back as v,
+// recorded in the insights (the tail of its output, masked and bounded:
+// job.VerifyTailLines, job.VerifyTailBytes; the whole output is in
+// verify.log), for the caller to decide on a repair round; one that could
+// not run, or was stopped, has failed the run (v nil).
+func (ru *run) verify(ctx context.Context) (v *job.VerifyResult, passed bool) {
 	cmd := strings.TrimSpace(ru.j.Verify)
 	if cmd == "" {
-		return true
+		return nil, true
 	}
-	ctx, span := ru.step(ctx, telemetry.SpanVerify)
-	defer func() { ru.endStep(span, ok) }()
+	ctx, span := ru.step(ctx, telemetry.SpanVerify, attribute.Int("aq.verify.round", ru.round))
+	defer func() { ru.endStep(span, passed) }()
 	f, err := os.OpenFile(filepath.Join(ru.logDir, "verify.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		ru.fail(job.ReasonCrash, "cannot open the verify log: "+err.Error())
-		return false
+		return nil, false
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "=== aq job %s attempt %d: verify %q at %s ===\n", ru.j.ID, ru.o.Attempt, cmd, ru.r.now().UTC().Format(time.RFC3339))
-	w := secrets.NewWriter(f, ru.r.Redactor)
-	defer w.Flush()
+	after := ""
+	if ru.round > 0 {
+		after = fmt.Sprintf(" (after repair %d/%d)", ru.round, ru.rounds())
+	}
+	fmt.Fprintf(f, "=== aq job %s attempt %d%s: verify %q at %s ===\n", ru.j.ID, ru.o.Attempt, after, cmd, ru.r.now().UTC().Format(time.RFC3339))
+	// The tail the engine and the next attempt are shown is taken after
+	// masking, as the log is.
+	tail := &tailBuffer{max: 4 * job.VerifyTailBytes}
+	w := secrets.NewWriter(io.MultiWriter(f, tail), ru.r.Redactor)
 	vctx, cancel := context.WithTimeoutCause(ctx, ru.wall(), job.Stop(job.ReasonTimeout, "verify ran past the wall budget"))
 	defer cancel()
 	res, err := process.Run(vctx, process.Spec{
@@ -217,20 +237,54 @@ func (ru *run) verify(ctx context.Context) (ok bool) {
 		Env: telemetry.EngineEnv(vctx, secrets.EngineEnv(ru.r.env())), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
 		Supervisor: ru.r.Cfg.Supervisor,
 	})
+	w.Flush()
 	if err != nil {
 		ru.fail(job.ReasonVerifyFailed, "verify could not start: "+err.Error())
-		return false
+		return nil, false
 	}
 	if res.Stopped {
 		if !ru.stopped(vctx, "verify") {
 			ru.fail(job.ReasonVerifyFailed, "verify was stopped")
 		}
-		return false
+		return nil, false
 	}
-	if res.ExitCode != 0 {
-		ru.fail(job.ReasonVerifyFailed, fmt.Sprintf("verify %q exited %d (see aq job logs %s)", cmd, res.ExitCode, ru.j.ID))
-		return false
+	vr := job.VerifyResult{Command: cmd, ExitCode: res.ExitCode, Passed: res.ExitCode == 0}
+	if !vr.Passed {
+		vr.Tail, vr.Cut = job.Tail(tail.bytes(), job.VerifyTailLines, job.VerifyTailBytes)
+		vr.Cut = vr.Cut || tail.dropped
 	}
-	ru.log.Info("verify passed", "verify", cmd)
-	return true
+	ru.out.Insights.Verify = &vr
+	if runs := ru.out.Insights.Runs; len(runs) > 0 {
+		runs[len(runs)-1].VerifyPassed, runs[len(runs)-1].VerifyExit = vr.Passed, vr.ExitCode
+	}
+	ru.event(Verified{Round: ru.round, Result: vr})
+	if !vr.Passed {
+		ru.log.Warn("verify failed", "verify", cmd, "exit", res.ExitCode, "round", ru.round)
+		return &vr, false
+	}
+	ru.log.Info("verify passed", "verify", cmd, "round", ru.round)
+	return &vr, true
+}
+
+// tailBuffer keeps the last bytes written to it, at least max of them.
+type tailBuffer struct {
+	max     int
+	buf     []byte
+	dropped bool // something was written before what it keeps
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 2*t.max {
+		t.buf = append(t.buf[:0:0], t.buf[len(t.buf)-t.max:]...)
+		t.dropped = true
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) bytes() []byte {
+	if len(t.buf) > t.max {
+		return t.buf[len(t.buf)-t.max:]
+	}
+	return t.buf
 }

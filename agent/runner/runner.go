@@ -1,4 +1,4 @@
-// Package runner runs one job through DESIGN §6, whatever its source (the
+// Package runner runs one job (docs/architecture.md, "Running a job"), whatever its source (the
 // local folder queue or the fleet): engine pre-flight, the per-(host, repo)
 // lock, a linked worktree started from the job's WIP checkpoint or its base,
 // the engine under its budgets and the kill ladder, a checkpoint on every exit
@@ -69,6 +69,10 @@ type Config struct {
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
 	ClaudeTelemetry bool
+	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job whose
+	// manifest and profile set no verify_rounds gets after a failed verify
+	// (rounds.go). 0: none.
+	VerifyRounds int
 }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
@@ -129,17 +133,6 @@ type Lease interface {
 	Held(margin time.Duration) bool
 }
 
-// Event reports progress to the caller (live progress, the checkpoints a
-// fleet job records).
-type Event struct {
-	Kind       string // "started", "usage", "checkpoint", "checkpoint-pushed", "delivered"
-	Usage      engines.Usage
-	Checkpoint string
-	Engine     string
-	// Branch and Commit: "delivered" — the result is on origin.
-	Branch, Commit string
-}
-
 // Options are per-run.
 type Options struct {
 	Attempt int
@@ -147,8 +140,12 @@ type Options struct {
 	// any: the run resumes from it.
 	Checkpoint string
 	Lease      Lease
+	// Previous is how the job's previous attempt ended, when the caller
+	// knows (a local job's queue record, a claimed job's previous, this
+	// factory's own record): the engine is told (rounds.go). nil: unknown.
+	Previous *job.Previous
 	// OnEvent, if set, is called synchronously, one event at a time, from the
-	// run, the engine's meter and the periodic checkpoints.
+	// run, the engine's meter and the periodic checkpoints (events.go).
 	OnEvent func(Event)
 }
 
@@ -238,6 +235,10 @@ type run struct {
 	// wipOnOrigin is origin's aq/wip/<id> when the run started ("" = none):
 	// the WIP push is a compare-and-swap against it.
 	wipOnOrigin string
+	// wipInDoubt is a checkpoint whose push failed or was stopped: it may
+	// have reached origin all the same (git updates the ref before it
+	// reports), so the next push first asks origin (pushExpect).
+	wipInDoubt string
 	// jobOnOrigin is origin's aq/job/<id> when the run started ("" = none):
 	// the result push is a compare-and-swap against it.
 	jobOnOrigin string
@@ -249,9 +250,26 @@ type run struct {
 	cpr          *worktree.Checkpointer // takes the periodic checkpoints
 	evMu         sync.Mutex
 
-	cpOnce    sync.Once
-	cpAfter   string // the checkpoint taken after the engine ("" if it failed)
+	cpRound   int    // the run whose checkpoint after the engine was taken (-1: none yet)
+	cpAfter   string // the checkpoint taken after the engine's last run ("" if it failed)
 	cpPartial bool   // that checkpoint left out files git could not read
+	// resumedFrom is the WIP checkpoint the worktree was made from ("":
+	// the base).
+	resumedFrom string
+
+	// The attempt's engine runs (rounds.go): round is the current one (0:
+	// the first, k: repair round k after a failed verify), spent and
+	// engineTime what the finished runs spent, least the least any of them
+	// did, repair the failed verify the current round repairs, last the
+	// last run's result and sessionUsage what its session has spent so far.
+	round        int
+	runTime      time.Duration // the last run's engine time
+	spent        engines.Usage
+	engineTime   time.Duration
+	least        *runCost
+	repair       *job.VerifyResult
+	last         engines.Result
+	sessionUsage engines.Usage
 
 	// noOutcome: the engine's success is only its exit status
 	// (engines.Result.NoStructuredOutcome).
@@ -262,8 +280,9 @@ type run struct {
 // checkpointed and the run fails with reason crash.
 func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 	start := r.now()
-	ru := &run{r: r, j: j, o: o, log: r.logger().With("job", j.ID, "repo", j.Repo)}
+	ru := &run{r: r, j: j, o: o, log: r.logger().With("job", j.ID, "repo", j.Repo), cpRound: -1}
 	ru.logDir = filepath.Join(r.Cfg.logsDir(), j.ID)
+	ru.event(Preparing{})
 	defer func() {
 		if p := recover(); p != nil {
 			ru.log.Error("panic while running job", "panic", fmt.Sprint(p))
@@ -399,24 +418,20 @@ func (ru *run) do(ctx context.Context) {
 	// Last of all (after the checkpoint deferred below), the worktree goes
 	// back to the pool for the next job on the repository.
 	defer ru.release(ctx)
-	ru.event(Event{Kind: "started", Engine: ru.eng.Name()})
+	ru.event(EngineStarted{Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.
 	defer ru.checkpoint(ctx)
-	res, runErr := ru.runEngine(ctx)
-	ru.checkpoint(ctx)
-	if !ru.judgeEngine(ctx, res, runErr) {
+	if !ru.engineRun(ctx) {
 		return
 	}
 
-	// 5. The result commit on the job branch, then verify, then ship.
-	cctx, cspan := ru.step(ctx, telemetry.SpanCommit)
-	prBody, ok := ru.commitResult(cctx)
-	ru.endStep(cspan, ok)
+	// 5. The result commit on the job branch, then verify — and while it
+	// fails, with rounds and budget left, a repair round: the engine again
+	// with the failure in hand, its checkpoint, commit and verify
+	// (rounds.go) — then ship.
+	prBody, ok := ru.result(ctx)
 	if !ok {
-		return
-	}
-	if !ru.verify(ctx) {
 		return
 	}
 	sctx, sspan := ru.step(ctx, telemetry.SpanShip, attribute.String("aq.ship", j.Ship))

@@ -1,5 +1,5 @@
 // Package ship opens pull requests and enables auto-merge with the GitHub CLI
-// `gh` (ship: pr | merge, DESIGN §6 step 5): the tool users already have and
+// `gh` (ship: pr | merge, docs/ship.md): the tool users already have and
 // are logged in to. The runner has pushed the job branch before it calls
 // Ship; nothing here pushes.
 //
@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -112,7 +113,7 @@ func (g GH) Ready(ctx context.Context, repoDir string) error {
 		where, fix = host, "run: gh auth login --hostname "+host+", or set GH_TOKEN for aq"
 	}
 	reason := "gh is not logged in to " + where
-	if line := firstLine(stderr); line != "" {
+	if line := brief.FirstLine(stderr, 300); line != "" {
 		reason += ": " + line
 	}
 	return &NotReadyError{Host: host, Reason: reason, Fix: fix, Err: err}
@@ -148,7 +149,7 @@ func (g GH) Ship(ctx context.Context, req runner.ShipRequest) (string, error) {
 		existing, lerr := g.findOpen(ctx, req, rem)
 		if lerr != nil || existing == "" {
 			if err == nil {
-				err = fmt.Errorf("gh pr create printed no pull request URL (stdout %q)", clip(stdout))
+				err = fmt.Errorf("gh pr create printed no pull request URL (stdout %q)", brief.Clip(strings.TrimSpace(stdout), 300))
 			} else {
 				err = ghError("gh pr create", stderr, err)
 			}
@@ -180,7 +181,7 @@ func (g GH) findOpen(ctx context.Context, req runner.ShipRequest, rem remote) (s
 		URL string `json:"url"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &prs); err != nil {
-		return "", fmt.Errorf("gh pr list --json url: unexpected output %q: %v", clip(stdout), err)
+		return "", fmt.Errorf("gh pr list --json url: unexpected output %q: %v", brief.Clip(strings.TrimSpace(stdout), 300), err)
 	}
 	if len(prs) == 0 {
 		return "", nil
@@ -348,25 +349,8 @@ func repoFlagFromURL(prURL string) []string {
 // ghError makes one line of a failed gh run: what ran, and gh's own first
 // line of complaint.
 func ghError(what, stderr string, err error) error {
-	if line := firstLine(stderr); line != "" {
+	if line := brief.FirstLine(stderr, 300); line != "" {
 		return fmt.Errorf("%s: %s", what, line)
 	}
 	return fmt.Errorf("%s: %w", what, err)
-}
-
-func firstLine(s string) string {
-	for _, line := range strings.Split(s, "\n") {
-		if line = strings.TrimSpace(line); line != "" {
-			return clip(line)
-		}
-	}
-	return ""
-}
-
-func clip(s string) string {
-	s = strings.TrimSpace(s)
-	if len(s) > 300 {
-		return s[:300] + "…"
-	}
-	return s
 }

@@ -16,13 +16,13 @@ import (
 	"time"
 )
 
-// Artifacts, the pointer-plus-bytes model of GIGAFACTORY_SYSTEM_OVERVIEW §8:
+// Artifacts, the pointer-plus-bytes model of docs/contract.md, "Artifacts":
 // a pointer document per artifact (what GET /fleet/jobs/:id/artifacts
 // lists) and its bytes beside it (GET /fleet/artifacts/:id). The stub keeps
 // both in memory only — never in its state file — bounded per job.
 
 // Artifact is one artifact's pointer document. Field names are the wire
-// format (docs/fleet.md, "Artifacts").
+// format (docs/contract.md, "Artifacts").
 type Artifact struct {
 	ID          string `json:"id"`
 	JobID       string `json:"jobId"`

@@ -148,7 +148,11 @@ func (s *Server) RevokeFactory(id string) error {
 func (s *Server) handleQueueState(w http.ResponseWriter, r *http.Request, _ who) {
 	// One version for the whole queue: claims are not scoped by product
 	// (product is a tag, not the routing key), so neither is the gate.
-	writeJSON(w, http.StatusOK, map[string]any{"productId": r.Header.Get("x-product-id"), "version": s.st.version()})
+	v := s.st.version()
+	if s.broken(BreakFrozenVersion) {
+		v = 1
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"productId": r.Header.Get("x-product-id"), "version": v})
 }
 
 type claimReq struct {
@@ -162,6 +166,16 @@ type claimAnswer struct {
 	Job            Job       `json:"job"`
 	LeaseEpoch     int64     `json:"leaseEpoch"`
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt,omitzero"`
+}
+
+// claimed is the answer to a claim or an accept of j: the job document
+// with its previous attempt — which the legacy route set leaves out, as
+// today's coordinator does not have it.
+func (s *Server) claimed(j Job, epoch int64, expires time.Time) claimAnswer {
+	if s.legacy() {
+		j.Previous = nil
+	}
+	return claimAnswer{Job: j, LeaseEpoch: epoch, LeaseExpiresAt: expires}
 }
 
 // handleClaim picks the best job for the factory and takes its lease with a
@@ -179,7 +193,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, c who) {
 			return
 		}
 		if req.DryRun {
-			writeJSON(w, http.StatusOK, claimAnswer{Job: j, LeaseEpoch: j.LeaseEpoch + 1})
+			writeJSON(w, http.StatusOK, s.claimed(j, j.LeaseEpoch+1, time.Time{}))
 			return
 		}
 		now := s.o.Now().UTC()
@@ -193,7 +207,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request, c who) {
 			return
 		}
 		s.call(Call{Route: RouteClaim, JobID: nj.ID, Factory: c.factory, Epoch: nj.LeaseEpoch, JobEpoch: nj.LeaseEpoch, Stage: nj.Stage, Attempts: nj.Attempts, Status: http.StatusOK})
-		writeJSON(w, http.StatusOK, claimAnswer{Job: nj, LeaseEpoch: nj.LeaseEpoch, LeaseExpiresAt: nj.LeaseExpiresAt})
+		writeJSON(w, http.StatusOK, s.claimed(nj, nj.LeaseEpoch, nj.LeaseExpiresAt))
 		return
 	}
 	writeErr(w, http.StatusServiceUnavailable, "too much contention; try again")
@@ -221,14 +235,14 @@ func (s *Server) handleAccept(w http.ResponseWriter, r *http.Request, c who) {
 		return
 	}
 	j, ok := s.leaseCall(w, Call{Route: RouteAccept, Factory: c.factory}, req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
-		if !Runnable(j, now) {
+		if !Runnable(j, now) && !(s.broken(BreakDoubleLease) && j.held()) {
 			return http.StatusConflict, fmt.Sprintf("job %s is %s, not queued and due", j.ID, j.Stage), nil
 		}
 		s.lease(j, c.factory, now)
 		return 0, "", []Event{{JobID: j.ID, Kind: "accepted", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 	})
 	if ok {
-		writeJSON(w, http.StatusOK, claimAnswer{Job: j, LeaseEpoch: j.LeaseEpoch, LeaseExpiresAt: j.LeaseExpiresAt})
+		writeJSON(w, http.StatusOK, s.claimed(j, j.LeaseEpoch, j.LeaseExpiresAt))
 	}
 }
 
@@ -273,6 +287,15 @@ type leaseReq struct {
 	LeaseEpoch int64  `json:"leaseEpoch"`
 }
 
+// epoch is the lease epoch a write carries, as the stub judges it: the
+// job's own under BreakStaleEpoch (a stale epoch is taken as current).
+func (s *Server) epoch(j *Job, sent int64) int64 {
+	if s.broken(BreakStaleEpoch) {
+		return j.LeaseEpoch
+	}
+	return sent
+}
+
 // holds reports why factory at epoch does not hold j ("" when it does).
 func holds(j *Job, factory string, epoch int64) string {
 	switch {
@@ -292,7 +315,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, c who) {
 		return
 	}
 	j, ok := s.leaseCall(w, Call{Route: RouteRenew, Factory: c.factory, Epoch: req.LeaseEpoch}, r.PathValue("id"), func(j *Job, now time.Time) (int, string, []Event) {
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		if now.After(j.LeaseExpiresAt) {
@@ -326,7 +349,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, c who) {
 			j.Last = &LastReport{Kind: "release", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: j.Stage}
 			return 0, "", []Event{{JobID: j.ID, Kind: "released", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: j.Stage}}
 		}
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		j.Stage, j.Holder, j.LeaseExpiresAt = StageQueued, "", time.Time{}
@@ -382,11 +405,11 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		// re-sent building would be told it still holds the job.
 		// A building report that carries a new checkpoint is not a re-send.
 		if l := j.Last; l != nil && l.Kind == "patch" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && l.Stage == req.Stage &&
-			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, req.LeaseEpoch) == "") &&
-			(req.Checkpoint == "" || req.Checkpoint == j.Checkpoint) {
+			j.LeaseEpoch == req.LeaseEpoch && (req.Stage != StageBuilding || holds(j, c.factory, s.epoch(j, req.LeaseEpoch)) == "") &&
+			(req.Checkpoint == "" || req.Checkpoint == j.Checkpoint || s.broken(BreakDropCheckpoint)) && !s.broken(BreakResendConflict) {
 			return http.StatusOK, "", nil // a re-sent report
 		}
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		j.Stage = req.Stage
@@ -403,6 +426,9 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request, c who) {
 		j.Reason = req.Reason
 		if req.Detail != "" {
 			j.Detail = req.Detail
+		}
+		if req.Stage == StageFailed || req.Stage == StageQueued {
+			j.ended(req.Reason, req.Detail, req.Insights)
 		}
 		keep := s.legacy() && (req.Stage == StageFailed || req.Stage == StageQueued)
 		if req.Stage != StageBuilding && !keep {
@@ -452,15 +478,17 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 	}
 	rc := Call{Route: RouteFail, Factory: c.factory, Epoch: req.LeaseEpoch, Reason: req.Reason}
 	j, ok := s.leaseCall(w, rc, req.JobID, func(j *Job, now time.Time) (int, string, []Event) {
-		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch {
+		if l := j.Last; l != nil && l.Kind == "fail" && l.Factory == c.factory && l.Epoch == req.LeaseEpoch && j.LeaseEpoch == req.LeaseEpoch && !s.broken(BreakResendConflict) {
 			return http.StatusOK, "", nil // a re-sent report
 		}
-		if why := holds(j, c.factory, req.LeaseEpoch); why != "" {
+		if why := holds(j, c.factory, s.epoch(j, req.LeaseEpoch)); why != "" {
 			return http.StatusConflict, why, nil
 		}
 		stage, nb := afterFail(j, job.Reason(req.Reason), req.Retryable, now, s.o.MaxBackoff)
-		if job.Reason(req.Reason).Parks() {
+		if job.Reason(req.Reason).Parks() && !s.broken(BreakIgnoreNotBefore) {
 			stage, nb = afterPark(j, req.NotBefore, now)
+		} else if job.Reason(req.Reason).Parks() {
+			stage, nb = StageQueued, time.Time{} // the break: a park is any retryable failure, handed out at once
 		}
 		j.Stage, j.NotBefore, j.Waiting = stage, nb, stage == StageQueued && nb.After(now)
 		j.Holder, j.LeaseExpiresAt = "", time.Time{}
@@ -469,6 +497,7 @@ func (s *Server) handleFail(w http.ResponseWriter, r *http.Request, c who) {
 			j.Checkpoint = req.Checkpoint
 		}
 		j.record(req.Insights)
+		j.ended(req.Reason, req.Detail, req.Insights)
 		j.Last = &LastReport{Kind: "fail", Factory: c.factory, Epoch: req.LeaseEpoch, Stage: stage}
 		return 0, "", []Event{{JobID: j.ID, Kind: "fail", Factory: c.factory, Epoch: j.LeaseEpoch, Stage: stage, Detail: req.Reason}}
 	})
@@ -655,7 +684,7 @@ func (s *Server) ActionWith(id, action, detail string) (Job, error) {
 			holder := j.Holder
 			j.LeaseEpoch++
 			j.Holder, j.LeaseExpiresAt, j.NotBefore, j.Waiting, j.Last = "", time.Time{}, time.Time{}, false, nil
-			j.Reason, j.Detail = "", "requeued by an operator"
+			j.Reason, j.Detail, j.Previous = "", "requeued by an operator", nil
 			j.Stage = StageQueued
 			if !depsShipped(j, stageOf) {
 				j.Stage = StageBlocked

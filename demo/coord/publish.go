@@ -68,13 +68,14 @@ type PublisherStats struct {
 	Redispatched int64 `json:"redispatched"`
 }
 
-// Publisher makes the stub the dispatcher of FLEET_DISPATCH_REDESIGN §5.1:
+// Publisher makes the stub the dispatcher that the coordinator team's "Fleet dispatch redesign" describes
+// (docs/servicebus.md, "The coordinator stub as publisher"):
 // for every job that is queued and due, it picks a target among the enrolled,
 // non-stale factories whose capabilities and repos fit (caps.FromTokens +
 // caps.Match, as the scheduler does; then the least loaded, preferring free
 // seats and a factory not already busy with the job's repo) and publishes one
 // targeted message (dispatch.Message: application property targetFactoryId,
-// the small body of DESIGN §10) with the azservicebus sender. A job that
+// the small body of docs/contract.md, "Broker messages") with the azservicebus sender. A job that
 // comes back to queued — a retry, a reap, a requeue, a release — is published
 // again under a new MessageID (dispatch.DispatchMessageID: jobId:epoch);
 // re-publishing the same dispatch (a scan after a failed send, a restart)

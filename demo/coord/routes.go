@@ -9,13 +9,13 @@ import (
 
 // Route sets (Options.Routes, `aq demo coordinator --routes`).
 const (
-	// RoutesFull is the contract aq was built to (DESIGN §9): the routes of
+	// RoutesFull is the contract aq was built to (docs/contract.md): the routes of
 	// the coordinator in service today plus those the dispatch redesign
 	// proposes (POST /fleet/accept, POST /fleet/fail, deregister, the
 	// factories list).
 	RoutesFull = "full"
 	// RoutesLegacy is exactly the routes of the coordinator in service today
-	// (GIGAFACTORY_SYSTEM_OVERVIEW §9) that the stub implements, answering
+	// (as the coordinator team's "Gigafactory system overview" lists them) that the stub implements, answering
 	// every other route as that service (Express) does: 404 with an HTML
 	// "Cannot <METHOD> <path>" page. A PATCH to failed or queued records the
 	// stage but leaves the lease to lease/release or the reaper.
@@ -26,10 +26,10 @@ const (
 var RouteSets = []string{RoutesFull, RoutesLegacy}
 
 // ProposedRoutes are the stub's routes the coordinator in service today does
-// not have (GIGAFACTORY_SYSTEM_OVERVIEW §9 lists its routes): the redesign's
-// accept and fail, deregister, and the factories list. RoutesLegacy leaves
-// them out.
-var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories}
+// not have (docs/contract.md, "Without a route: fallbacks"): the redesign's
+// accept and fail, deregister, the factories list, and replacing or removing
+// a job that is not running. RoutesLegacy leaves them out.
+var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories, RouteReplace, RouteRemove}
 
 // stubRoutes are routes of the stub's own (request counters, fault
 // injection): instruments of the double, served in every route set.
@@ -46,7 +46,7 @@ func checkRoutes(o *Options) error {
 	}
 	for _, r := range o.Without {
 		if !slices.Contains(allRoutes, r) {
-			return fmt.Errorf("Without: %q is not one of the stub's routes", r)
+			return fmt.Errorf("Options.Without: %q is not one of the stub's routes", r)
 		}
 	}
 	return nil
@@ -55,7 +55,7 @@ func checkRoutes(o *Options) error {
 // allRoutes is every route the stub can serve.
 var allRoutes = []string{
 	RouteEnroll, RouteHeartbeat, RouteFactories, RouteRevoke, RouteDeregister, RouteQueueState, RouteClaim, RouteAccept,
-	RouteRenew, RouteRelease, RoutePatch, RouteFail, RouteSubmit, RouteJobs, RouteJob, RouteEvents, RouteAction,
+	RouteRenew, RouteRelease, RoutePatch, RouteFail, RouteSubmit, RouteJobs, RouteJob, RouteEvents, RouteAction, RouteReplace, RouteRemove,
 	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete, RouteGetStats, RouteFaults,
 }
 

@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// section9 is GIGAFACTORY_SYSTEM_OVERVIEW §9 ("REST API surface") as far as
+// section9 is the REST surface of the coordinator in service today, as
+// the coordinator team's "Gigafactory system overview" lists it, as far as
 // the stub implements it, transcribed route by route: the routes the
 // coordinator in service today has. Factories: heartbeat, enroll, token
 // rotate/revoke — no deregister, no list. Claim: POST /fleet/claim — no
@@ -71,6 +72,8 @@ func TestLegacyAnswersUnknownRoutesAsExpress(t *testing.T) {
 		{"POST", "/api/fleet/factories/f1/deregister"},
 		{"GET", "/api/fleet/factories"},
 		{"DELETE", "/api/fleet/claim"}, // a known path, another method
+		{"PUT", "/api/fleet/jobs/j1"},
+		{"DELETE", "/api/fleet/jobs/j1"},
 	} {
 		req, _ := http.NewRequest(c.method, r.url+c.path, strings.NewReader(`{}`))
 		req.Header.Set("Authorization", "Bearer "+tok)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -21,8 +22,7 @@ type Offer struct {
 // repo (unless it names a URL a factory can clone).
 func Requirements(j *Job) []string {
 	reqs := slices.Clone(j.Capabilities)
-	switch j.Engine {
-	case "claude", "codex", "devin", "script":
+	if slices.Contains(engines.Default().All(), j.Engine) { // not "any": a factory picks one
 		reqs = append(reqs, "engine:"+j.Engine)
 	}
 	if j.RepoURL == "" && j.Repo != "" {

@@ -72,6 +72,10 @@ type Options struct {
 	// answered as unknown routes: a coordinator older or smaller still.
 	// SetWithout changes them at run time.
 	Without []string
+	// Breaks are rules of the contract the stub breaks on purpose
+	// (breaks.go: AllBreaks), each as a coordinator with that one bug
+	// would — how `aq fleet check` is shown to catch it.
+	Breaks []string
 }
 
 // Server is the stub: an http.Handler over the store.
@@ -119,6 +123,9 @@ func New(o Options) (*Server, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if err := checkRoutes(&o); err != nil {
+		return nil, err
+	}
+	if err := checkBreaks(&o); err != nil {
 		return nil, err
 	}
 	st, err := newStore(o.StateFile)
@@ -449,6 +456,8 @@ func (s *Server) routes() {
 	m.HandleFunc(RouteJob, s.anyToken(s.handleJob))
 	m.HandleFunc(RouteEvents, s.anyToken(s.handleEvents))
 	m.HandleFunc(RouteAction, s.anyToken(s.handleAction))
+	m.HandleFunc(RouteReplace, s.anyToken(s.handleReplace))
+	m.HandleFunc(RouteRemove, s.anyToken(s.handleRemove))
 	m.HandleFunc(RouteArtifactUpload, s.anyToken(s.handleArtifactUpload))
 	m.HandleFunc(RouteArtifactList, s.anyToken(s.handleArtifactList))
 	m.HandleFunc(RouteArtifactGet, s.anyToken(s.handleArtifactGet))
@@ -468,8 +477,6 @@ func (m routeMux) HandleFunc(pattern string, h http.HandlerFunc) {
 }
 
 // ---- authentication ----
-
-type ctxKey struct{}
 
 // who is the caller a token stands for.
 type who struct {
@@ -648,6 +655,8 @@ func (s *Server) Reap(now time.Time) int {
 				x.LeaseEpoch++
 				x.Holder, x.LeaseExpiresAt = "", time.Time{}
 				x.Reason, x.Detail = string(job.ReasonLeaseLost), "lease of "+holder+" expired"
+				x.Previous = &job.Previous{Attempt: x.Attempts, Reason: job.ReasonLeaseLost,
+					Detail: "the lease of factory " + holder + " expired: it stopped renewing (lost, killed or cut off) while the job ran"}
 				x.Stage = StageQueued
 				if !job.Retryable(job.ReasonLeaseLost, x.Attempts, x.Retry) {
 					x.Stage = StageDeadLetter

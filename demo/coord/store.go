@@ -164,6 +164,28 @@ func (s *store) cas(j Job, now time.Time, evs ...Event) (Job, error) {
 	return cloneJob(&nj), nil
 }
 
+// remove deletes job j.ID, its audit trail and what else is keyed by it,
+// if its stored revision is still j.Rev (errConflict otherwise), bumps the
+// queue-state version and persists.
+func (s *store) remove(j Job) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.st.Jobs[j.ID]
+	if !ok || old.Rev != j.Rev {
+		return errConflict
+	}
+	evs := s.st.Events[j.ID]
+	delete(s.st.Jobs, j.ID)
+	delete(s.st.Events, j.ID)
+	s.st.Version++
+	if err := s.persistLocked(); err != nil {
+		s.st.Jobs[j.ID], s.st.Events[j.ID] = old, evs
+		s.st.Version--
+		return fmt.Errorf("persist stub state: %w", err)
+	}
+	return nil
+}
+
 // event records ev without changing a job (a refused call).
 func (s *store) event(ev Event, now time.Time) {
 	s.mu.Lock()

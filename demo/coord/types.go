@@ -1,6 +1,6 @@
 // Package coord is an in-memory coordinator stub: a TEST AND DEMO DOUBLE of
 // the fleet coordinator, not the coordinator. It serves the /fleet REST calls
-// of DESIGN §9 with the semantics aq relies on — a compare-and-swap on each
+// of docs/contract.md with the semantics aq relies on — a compare-and-swap on each
 // job's revision, a lease epoch bumped on every claim and accept, lease TTLs
 // with a reaper that returns expired jobs to queued keeping their checkpoint
 // (epoch bumped: the old holder is fenced), a queue-state version bumped on
@@ -23,7 +23,8 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// Stages of the coordinator's job machine (GIGAFACTORY_SYSTEM_OVERVIEW §4).
+// Stages of the coordinator's job machine (docs/contract.md, "Stage reports";
+// the coordinator as built is in the coordinator team's "Gigafactory system overview").
 const (
 	StageQueued     = "queued"
 	StageBlocked    = "blocked"
@@ -36,7 +37,7 @@ const (
 	StageDeadLetter = "dead_letter"
 )
 
-// Job is the stub's job document. The fields of DESIGN §9 (id, productId,
+// Job is the stub's job document. The fields of docs/contract.md (id, productId,
 // repo, stage, capabilities, priority, leaseEpoch, checkpoint, bodyMd,
 // manifestSnapshot) and what the stub needs besides.
 type Job struct {
@@ -62,13 +63,19 @@ type Job struct {
 	Reason           string          `json:"reason,omitempty"`
 	Detail           string          `json:"detail,omitempty"`
 	Insights         json.RawMessage `json:"insights,omitempty"`
-	Branch           string          `json:"branch,omitempty"`
-	PRURL            string          `json:"prUrl,omitempty"`
-	Holder           string          `json:"holderFactoryId,omitempty"`
-	LeaseExpiresAt   time.Time       `json:"leaseExpiresAt,omitzero"`
-	Rev              int64           `json:"rev"`
-	CreatedAt        time.Time       `json:"createdAt"`
-	UpdatedAt        time.Time       `json:"updatedAt"`
+	// Previous is how the job's last run ended, from its /fleet/fail (or a
+	// legacy PATCH to failed or queued) or the reaper: a claim hands it to
+	// the next factory (docs/contract.md, "Claiming and accepting a job"), so the next attempt's
+	// engine knows what went wrong. The legacy route set leaves it out of
+	// claims, as today's coordinator does.
+	Previous       *job.Previous `json:"previous,omitempty"`
+	Branch         string        `json:"branch,omitempty"`
+	PRURL          string        `json:"prUrl,omitempty"`
+	Holder         string        `json:"holderFactoryId,omitempty"`
+	LeaseExpiresAt time.Time     `json:"leaseExpiresAt,omitzero"`
+	Rev            int64         `json:"rev"`
+	CreatedAt      time.Time     `json:"createdAt"`
+	UpdatedAt      time.Time     `json:"updatedAt"`
 
 	// Waiting: queued with a NotBefore in the future; the reaper bumps the
 	// queue-state version when it passes (a gated factory must see it).
@@ -108,6 +115,23 @@ func (j *Job) record(insights json.RawMessage) {
 	j.Spent.TokensOut += in.TokensOut
 	j.Spent.Turns += in.Turns
 	j.Spent.WallMS += in.WallMS
+}
+
+// ended records how the job's run ended as the previous attempt the next
+// claim carries: the reason and detail the factory reported, and from its
+// insights the failed verify and the rounds (bounded: job.Previous.Bounded).
+func (j *Job) ended(reason, detail string, insights json.RawMessage) {
+	if reason == "" {
+		return
+	}
+	var in *job.Insights
+	if len(insights) > 0 && string(insights) != "null" {
+		var x job.Insights
+		if json.Unmarshal(insights, &x) == nil {
+			in = &x
+		}
+	}
+	j.Previous = job.PreviousOf(j.Attempts, job.Reason(reason), detail, in)
 }
 
 // LastReport identifies the last accepted holder report.
@@ -234,6 +258,10 @@ const (
 	RouteJob        = "GET /fleet/jobs/{id}"
 	RouteEvents     = "GET /fleet/jobs/{id}/events"
 	RouteAction     = "POST /fleet/jobs/{id}/actions/{action}"
-	RouteGetStats   = "GET /fleet/_stats"
-	RouteFaults     = "POST /fleet/_faults"
+	// RouteReplace and RouteRemove undo an operator's mistake (aq submit
+	// --replace, aq job rm) on a job that is not running.
+	RouteReplace  = "PUT /fleet/jobs/{id}"
+	RouteRemove   = "DELETE /fleet/jobs/{id}"
+	RouteGetStats = "GET /fleet/_stats"
+	RouteFaults   = "POST /fleet/_faults"
 )

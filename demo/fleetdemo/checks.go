@@ -12,6 +12,7 @@ import (
 	"github.com/aqfleet/aq/agent/daemon"
 	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // submitted is the order the demo submits its jobs in.
@@ -211,7 +212,7 @@ func (r *run) checks(sum *Summary) []Check {
 		}
 		add(ob.cp1 != "" && ob.originAfter1 == ob.cp1 && ob.step1Files && first.Stage == coord.StageQueued,
 			"api-resume's first attempt pushed its WIP checkpoint (step 1) while holding the lease, and was requeued at once",
-			fmt.Sprintf("checkpoint %s, origin aq/wip/api-resume %s → %s", short(ob.cp1), short(ob.originAfter1), first.Stage))
+			fmt.Sprintf("checkpoint %s, origin aq/wip/api-resume %s → %s", brief.SHA(ob.cp1), brief.SHA(ob.originAfter1), first.Stage))
 	}
 
 	// kill -9.
@@ -259,7 +260,7 @@ func (r *run) checks(sum *Summary) []Check {
 		}
 		add(ob.zombieUp && len(refusals) > 0 && reported == 0 && ob.wipAfter != "" && ob.wipAfter == ob.wipBefore && strings.Contains(ob.zombieRecord, "fenced=true"),
 			"the killed factory came back as a zombie and was fenced: 409, nothing pushed, nothing reported",
-			fmt.Sprintf("%s refused; origin aq/wip/api-resume unchanged (%s); its record: %s", strings.Join(calls, ", "), short(ob.wipAfter), ob.zombieRecord))
+			fmt.Sprintf("%s refused; origin aq/wip/api-resume unchanged (%s); its record: %s", strings.Join(calls, ", "), brief.SHA(ob.wipAfter), ob.zombieRecord))
 	}
 	add(slices.Contains(ob.zombieLocal, "step-2-partial.txt") && len(ob.zombieEngines) == 0 && ob.zombieUp,
 		"no work lost: the zombie stopped its old engine and kept its half-done step 2 on its local aq/wip/api-resume", "")

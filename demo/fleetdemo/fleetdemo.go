@@ -28,7 +28,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -176,9 +175,7 @@ type run struct {
 	env   []string // the children's base environment
 	start time.Time
 
-	stub   *coord.Server
-	srv    *http.Server
-	srvErr chan error
+	stub   *coord.Served
 	api    string
 	pub    *coord.Publisher
 	peer   *sbpeerproc.Peer
@@ -374,20 +371,16 @@ func (r *run) setup(ctx context.Context) (err error) {
 	}
 
 	// The coordinator stub, in this process.
-	stub, err := coord.New(coord.Options{LeaseTTL: leaseTTL, StaleAfter: staleAfter, ReapEvery: reapEvery, Publisher: r.pub, Log: r.log, Routes: r.routes()})
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	r.stub = stub
-	r.srv = &http.Server{Handler: stub, ReadHeaderTimeout: 10 * time.Second}
-	r.srvErr = make(chan error, 1)
-	go func() { r.srvErr <- r.srv.Serve(ln) }()
-	stub.Start(context.WithoutCancel(ctx)) // stopped by teardown, after the daemons
-	r.api = "http://" + ln.Addr().String() + "/api"
+	stub, err := coord.ServeOn(ctx, ln, coord.Options{LeaseTTL: leaseTTL, StaleAfter: staleAfter, ReapEvery: reapEvery, Publisher: r.pub, Log: r.log, Routes: r.routes()}, nil)
+	if err != nil {
+		return err
+	}
+	r.stub = stub // stopped by teardown, after the daemons
+	r.api = stub.API
 	r.say("   coordinator stub  %s (in this process; lease TTL %s, reaper every %s, a factory is stale after %s)", r.api, leaseTTL, reapEvery, staleAfter)
 	if r.broker {
 		r.say("   Service Bus peer  node %s on 127.0.0.1:%d (AMQP 1.0); topic %s, one subscription per factory with the rule targetFactoryId = '<id>'",
@@ -397,7 +390,7 @@ func (r *run) setup(ctx context.Context) (err error) {
 		r.say("   no Service Bus:   %s — the factories take jobs over the gated poll path (AQ_FLEET_GATE=1) instead", r.why)
 	}
 	if r.legacy() {
-		r.say("   route set legacy: the stub serves exactly the coordinator in service today (GIGAFACTORY_SYSTEM_OVERVIEW §9): no %s",
+		r.say("   route set legacy: the stub serves exactly the coordinator in service today: no %s",
 			strings.Join(coord.ProposedRoutes, ", "))
 		if r.refuse {
 			r.say("                     each factory is still given the Service Bus peer (AQ_SB_CONNECTION_STRING) and must refuse it at start")
@@ -530,12 +523,8 @@ func (r *run) teardown(ctx context.Context) {
 		}
 	}
 	r.peer.Stop()
-	if r.srv != nil {
-		_ = r.srv.Shutdown(cctx)
-		<-r.srvErr
-	}
 	if r.stub != nil {
-		r.stub.Close()
+		_ = r.stub.Shutdown(cctx)
 	}
 	if r.logFile != nil {
 		r.logFile.Close()

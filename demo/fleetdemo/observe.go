@@ -397,10 +397,3 @@ func (r *run) waitStage(ctx context.Context, id string, stages ...string) error 
 		return slices.Contains(stages, r.job(id).Stage)
 	})
 }
-
-func short(sha string) string {
-	if len(sha) > 10 {
-		return sha[:10]
-	}
-	return sha
-}

@@ -14,6 +14,7 @@ import (
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -130,7 +131,7 @@ func (r *run) outcome(ctx context.Context, id string) string {
 	switch j.Stage {
 	case coord.StageShipped, coord.StageReview, coord.StageTesting:
 		ref := r.originRef(ctx, j.Repo, "aq/job/"+id)
-		return fmt.Sprintf("%s by %s: branch %s pushed to origin (%s)", j.Stage, ev.Factory, j.Branch, short(ref))
+		return fmt.Sprintf("%s by %s: branch %s pushed to origin (%s)", j.Stage, ev.Factory, j.Branch, brief.SHA(ref))
 	}
 	return fmt.Sprintf("%s (%s) — reported by %s", j.Stage, j.Reason, ev.Factory)
 }
@@ -331,11 +332,11 @@ func (r *run) killAndResume(ctx context.Context) error {
 	r.ob.step1Files = slices.Contains(r.files(ctx, filepath.Join(r.ws, "origins", "api.git"), r.ob.originAfter1), "step-1.txt")
 	r.say("   attempt 1: %s", r.took(id, fail.Epoch, fail.Factory))
 	r.say("      the engine wrote step-1.txt and failed; %s checkpointed the worktree and pushed it to origin as aq/wip/%s (%s) while it held the lease",
-		fail.Factory, id, short(r.ob.originAfter1))
+		fail.Factory, id, brief.SHA(r.ob.originAfter1))
 	if r.legacy() {
-		r.say("      → %s → %s at once (aq applied the retry policy: a retry is left)", r.failCall(id, fail, ", checkpoint: "+short(j.Checkpoint)), fail.Stage)
+		r.say("      → %s → %s at once (aq applied the retry policy: a retry is left)", r.failCall(id, fail, ", checkpoint: "+brief.SHA(j.Checkpoint)), fail.Stage)
 	} else {
-		r.say("      → POST /fleet/fail {reason: %s, retryable: true, checkpoint: %s} → %s at once; retry in 3s (retry.backoff)", fail.Detail, short(j.Checkpoint), fail.Stage)
+		r.say("      → POST /fleet/fail {reason: %s, retryable: true, checkpoint: %s} → %s at once; retry in 3s (retry.backoff)", fail.Detail, brief.SHA(j.Checkpoint), fail.Stage)
 	}
 
 	// Attempt 2: resumes, does part of step 2, hangs.
@@ -401,7 +402,7 @@ func (r *run) killAndResume(ctx context.Context) error {
 	}
 	r.ob.reapedAfter = reaped.At.Sub(r.ob.killedAt)
 	r.say("   the reaper: %s's lease expired %s after the kill (TTL %s, renewed every %ds until then) → epoch %d, %s, checkpoint %s kept",
-		hangOn, r.ob.reapedAfter.Round(100*time.Millisecond), leaseTTL, renewEvery, reaped.Epoch, reaped.Stage, short(r.job(id).Checkpoint))
+		hangOn, r.ob.reapedAfter.Round(100*time.Millisecond), leaseTTL, renewEvery, reaped.Epoch, reaped.Stage, brief.SHA(r.job(id).Checkpoint))
 
 	// Attempt 3, on the other factory, from the pushed checkpoint.
 	holder, epoch3, err := r.waitTaken(ctx, id, reaped.Epoch)
@@ -450,7 +451,7 @@ func (r *run) killAndResume(ctx context.Context) error {
 		r.say("      %s %s → 409 Conflict: %q", e.Call, fmt.Sprintf("{factoryId: %s, leaseEpoch: %d}", e.Factory, e.Epoch), e.Detail)
 	}
 	r.say("      fenced: it pushes nothing (origin aq/wip/%s still %s) and reports nothing; its half-done step 2 stays on its local aq/wip/%s",
-		id, short(r.ob.wipAfter), id)
+		id, brief.SHA(r.ob.wipAfter), id)
 	return nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
@@ -53,6 +54,9 @@ type Row struct {
 	Attempts int        `json:"attempts"`
 	Branch   string     `json:"branch,omitempty"`
 	CostUSD  float64    `json:"costUsd"`
+	// RepairRounds ran in the job's last attempt (a failed verify handed
+	// back to the engine).
+	RepairRounds int `json:"repairRounds,omitempty"`
 }
 
 // Summary is what the demo saw and checked.
@@ -111,11 +115,13 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 
 	say("")
-	say("2. Submit five jobs (engine: script — a shell script stands in for claude/codex/devin)")
+	say("2. Submit six jobs (engine: script — a shell script stands in for claude/codex/devin)")
 	names, _ := fs.Glob(jobFiles, "jobs/*.md")
 	sort.Strings(names)
 	jobsDir := filepath.Join(dir, "jobs")
-	os.MkdirAll(jobsDir, 0o755)
+	if err := os.MkdirAll(jobsDir, 0o755); err != nil {
+		return nil, err
+	}
 	for _, n := range names {
 		raw, _ := jobFiles.ReadFile(n)
 		p := filepath.Join(jobsDir, filepath.Base(n))
@@ -170,7 +176,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		s := e.State
 		r := Row{ID: s.ID, Repo: s.Repo, Stage: s.Stage, Reason: s.Reason, Attempts: s.Attempts, Branch: s.Branch}
 		if s.Insights != nil {
-			r.CostUSD = s.Insights.CostUSD
+			r.CostUSD, r.RepairRounds = s.Insights.CostUSD, s.Insights.RepairRounds
 		}
 		sum.Rows = append(sum.Rows, r)
 	}
@@ -198,10 +204,15 @@ func narrate(say func(string, ...any), r *agentlocal.Result) {
 		head += ", resuming from its WIP checkpoint"
 	}
 	say("%s", head)
+	for _, run := range in.Runs {
+		if run.Round > 0 {
+			say("     ↻ verify failed (exit %d): repair round %d — the engine ran again with verify's output in its prompt", in.Runs[run.Round-1].VerifyExit, run.Round)
+		}
+	}
 	if o.Failed() {
 		say("     ✗ %s: %s", o.Reason, o.Detail)
 		if o.Checkpoint != "" {
-			say("       work checkpointed to %s (%s)", job.WIPBranch(r.JobID), short(o.Checkpoint))
+			say("       work checkpointed to %s (%s)", job.WIPBranch(r.JobID), brief.SHA(o.Checkpoint))
 		}
 		say("       → %s", r.Stage)
 		return
@@ -269,6 +280,9 @@ func check(ctx context.Context, cfg *config.Config, s *Summary) []Check {
 		"notes-resume failed once, was retried from its checkpoint, and shipped both steps", "")
 	add(row["web-budget"].Reason == job.ReasonBudgetExceeded && fileIn("webapp", "aq/wip/web-budget", "scratch.txt"),
 		"web-budget was stopped at its token budget and its partial work checkpointed", string(row["web-budget"].Stage))
+	todo := row["notes-todo"]
+	add(todo.Stage == job.Shipped && todo.Attempts == 1 && todo.RepairRounds == 1 && fileIn("notes", "aq/job/notes-todo", "todo.md"),
+		"notes-todo failed its verify, got the failure back in a repair round, and shipped in the same attempt", fmt.Sprintf("%d repair round(s)", todo.RepairRounds))
 	pids, err := process.FindScoped("web-budget", runner.Scope(cfg.Home))
 	add(err == nil && len(pids) == 0, "no engine process outlived its job", "")
 	return cs
@@ -313,13 +327,6 @@ func makeRepo(ctx context.Context, base, origins, name string, files map[string]
 		}
 	}
 	return nil
-}
-
-func short(sha string) string {
-	if len(sha) > 10 {
-		return sha[:10]
-	}
-	return sha
 }
 
 func orDash(s string) string {

@@ -5,11 +5,14 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // TestDemoPasses runs the whole local demo: real repos, real queue, real
 // engine processes. Every expected event must happen.
 func TestDemoPasses(t *testing.T) {
+	testenv.Slow(t, "runs the local demo act")
 	var out bytes.Buffer
 	sum, err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out})
 	if err != nil {

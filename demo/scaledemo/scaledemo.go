@@ -24,7 +24,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,8 +107,7 @@ type run struct {
 	// (the benchmarks' big repository).
 	seedHistory func(ctx context.Context, seed string) error
 
-	stub    *coord.Server
-	srv     *http.Server
+	stub    *coord.Served
 	api     string
 	peer    *sbpeerproc.Peer
 	admin   *admin.Client
@@ -230,20 +228,17 @@ func (r *run) setup(ctx context.Context, peerDir string) error {
 	if err != nil {
 		return err
 	}
-	r.stub, err = coord.New(coord.Options{LeaseTTL: leaseTTL, StaleAfter: 4 * time.Second, ReapEvery: 250 * time.Millisecond, MaxBackoff: time.Second,
-		Publisher: pub, Log: log,
-		Pools: []coord.Pool{{Name: pool, Capabilities: []string{"engine:script"}, Repos: []string{repo}, Seats: maxReplicas}}})
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	r.srv = &http.Server{Handler: r.stub, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = r.srv.Serve(ln) }()
-	r.stub.Start(context.WithoutCancel(ctx))
-	r.api = "http://" + ln.Addr().String() + "/api"
+	r.stub, err = coord.ServeOn(ctx, ln, coord.Options{LeaseTTL: leaseTTL, StaleAfter: 4 * time.Second, ReapEvery: 250 * time.Millisecond, MaxBackoff: time.Second,
+		Publisher: pub, Log: log,
+		Pools: []coord.Pool{{Name: pool, Capabilities: []string{"engine:script"}, Repos: []string{repo}, Seats: maxReplicas}}}, nil)
+	if err != nil {
+		return err
+	}
+	r.api = r.stub.API
 
 	r.env = append(r.env, "AQ_FLEET=1", "AQ_FLEET_API="+r.api, "AQ_FLEET_TOKEN="+r.stub.EnrollToken(),
 		"AQ_FACTORY_POOL="+pool, "AQ_SB_CONNECTION_STRING="+r.peer.ConnectionString(), "AQ_SB_TOPIC="+topic,
@@ -363,11 +358,8 @@ func (r *run) live() int {
 func (r *run) teardown(stop context.CancelFunc) {
 	stop()
 	r.stopReplicas()
-	if r.srv != nil {
-		_ = r.srv.Close()
-	}
 	if r.stub != nil {
-		r.stub.Close()
+		r.stub.Kill()
 	}
 	if r.peer != nil {
 		r.peer.Stop()

@@ -1,5 +1,5 @@
 // Package aqerr owns aq's user-facing error type and the mapping from errors to
-// process exit codes (DESIGN §2). Commands and packages return *Error values (or
+// process exit codes (README.md, "Exit codes"). Commands and packages return *Error values (or
 // wrap them); only cmd/aq prints them and turns them into an exit status, once.
 package aqerr
 
@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // Code is a process exit status with a documented meaning.
 type Code int
 
-// Exit codes of aq (DESIGN §2). They are part of the contract: scripts and
+// Exit codes of aq (README.md, "Exit codes"). They are part of the contract: scripts and
 // systemd units depend on them.
 const (
 	OK       Code = 0 // a job ran and succeeded (or the command did its work)
@@ -62,7 +64,7 @@ func (e *Error) Error() string {
 		b.WriteString(e.Fix)
 		b.WriteString(")")
 	}
-	return oneLine(b.String())
+	return brief.OneLine(b.String(), 0)
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -114,13 +116,5 @@ func IsSilent(err error) bool {
 
 // Message renders err as the single line main prints to stderr.
 func Message(err error) string {
-	return oneLine(err.Error())
-}
-
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	if !strings.ContainsAny(s, "\r\n") {
-		return s
-	}
-	return strings.Join(strings.Fields(strings.NewReplacer("\r", " ", "\n", " ").Replace(s)), " ")
+	return brief.OneLine(err.Error(), 0)
 }

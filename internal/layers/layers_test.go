@@ -6,19 +6,67 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 const module = "github.com/aqfleet/aq/"
 
-// leaves are the directories (with everything below them) that must not
-// import upwards.
-var leaves = []string{"job", "engines", "worktree", "profiles", "internal"}
+// layering is the depguard rule "leaves" of .golangci.yml: the leaf
+// directories (its file globs, "**/job/**") and the packages they must not
+// import (its deny list).
+type layering struct {
+	leaves []string // directories, with everything below them
+	above  []string // module-relative package paths
+}
 
-// above are the layers a leaf must never import.
-var above = []string{"agent", "cmd", "demo", "selftest", "chaos"}
+func readLayering(t *testing.T, root string) layering {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, ".golangci.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Linters struct {
+			Settings struct {
+				Depguard struct {
+					Rules map[string]struct {
+						Files []string
+						Deny  []struct{ Pkg string }
+					}
+				}
+			}
+		}
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatalf(".golangci.yml: %v", err)
+	}
+	rule, ok := cfg.Linters.Settings.Depguard.Rules["leaves"]
+	if !ok || len(rule.Files) == 0 || len(rule.Deny) == 0 {
+		t.Fatal(`.golangci.yml has no depguard rule "leaves" with files and a deny list`)
+	}
+	var l layering
+	for _, g := range rule.Files {
+		dir, ok := strings.CutPrefix(g, "**/")
+		dir, ok2 := strings.CutSuffix(dir, "/**")
+		if !ok || !ok2 || strings.Contains(dir, "*") {
+			t.Fatalf(`depguard rule "leaves": file glob %q is not "**/<dir>/**"`, g)
+		}
+		l.leaves = append(l.leaves, dir)
+	}
+	for _, d := range rule.Deny {
+		rest, ok := strings.CutPrefix(d.Pkg, module)
+		if !ok {
+			t.Fatalf(`depguard rule "leaves": %q is not a package of %s`, d.Pkg, module)
+		}
+		l.above = append(l.above, rest)
+	}
+	return l
+}
 
 func moduleRoot(t *testing.T) string {
 	t.Helper()
@@ -40,7 +88,7 @@ func moduleRoot(t *testing.T) string {
 
 // upward returns the imports of the Go files below root/dir (tests
 // included) that reach into a layer above the leaves, as "file: import".
-func upward(t *testing.T, root, dir string) []string {
+func upward(t *testing.T, root, dir string, above []string) []string {
 	t.Helper()
 	var bad []string
 	fset := token.NewFileSet()
@@ -81,8 +129,14 @@ func upward(t *testing.T, root, dir string) []string {
 
 func TestLeavesDoNotImportUpwards(t *testing.T) {
 	root := moduleRoot(t)
-	for _, leaf := range leaves {
-		for _, b := range upward(t, root, leaf) {
+	l := readLayering(t, root)
+	for _, want := range []string{"job", "engines", "worktree", "profiles", "internal"} {
+		if !slices.Contains(l.leaves, want) {
+			t.Errorf("the depguard rule no longer names %s a leaf", want)
+		}
+	}
+	for _, leaf := range l.leaves {
+		for _, b := range upward(t, root, leaf, l.above) {
 			t.Errorf("leaf package imports a layer above it: %s", b)
 		}
 	}
@@ -103,7 +157,7 @@ func TestUpwardFindsAnArrow(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "p.go"), []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got := upward(t, root, "profiles")
+	got := upward(t, root, "profiles", readLayering(t, moduleRoot(t)).above)
 	if len(got) != 1 || !strings.HasSuffix(got[0], "github.com/aqfleet/aq/agent/caps") {
 		t.Fatalf("upward = %q, want one arrow into agent/caps", got)
 	}

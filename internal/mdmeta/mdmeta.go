@@ -20,9 +20,11 @@ import (
 
 	"github.com/adrg/frontmatter"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
-// MaxSize is the largest file accepted (1 MiB, DESIGN §4). Larger files are
+// MaxSize is the largest file accepted (1 MiB, docs/manifest.md). Larger files are
 // refused before any parsing.
 const MaxSize = 1 << 20
 
@@ -53,7 +55,7 @@ func (e *Error) Error() string {
 		b.WriteString(e.Fix)
 		b.WriteString(")")
 	}
-	return oneLine(b.String())
+	return brief.OneLine(b.String(), 0)
 }
 
 // Errors is every problem found in one or more files, in file and line order.
@@ -82,14 +84,6 @@ func (es Errors) Err() error {
 		return out[i].Line < out[j].Line
 	})
 	return out
-}
-
-// oneLine keeps a message on one line whatever a value in it contained.
-func oneLine(s string) string {
-	if !strings.ContainsAny(s, "\r\n") {
-		return s
-	}
-	return strings.NewReplacer("\r\n", " ", "\r", " ", "\n", " ").Replace(s)
 }
 
 // Doc is a markdown file split into its front matter and its body.

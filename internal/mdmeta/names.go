@@ -7,7 +7,7 @@ import (
 )
 
 // NamePattern is the grammar of job ids, repo names, product ids and profile
-// names (DESIGN §4). It admits no path separators, no shell metacharacters
+// names (docs/manifest.md, "Keys"). It admits no path separators, no shell metacharacters
 // and no leading dot or dash; "..", which the pattern alone would allow, is
 // refused by CheckName.
 var NamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)

@@ -30,9 +30,44 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	if mode := os.Getenv(childModeEnv); mode != "" {
+		switch mode {
+		case "disposition", "run-ignoring-int": // they look at an inherited disposition
+		default:
+			defaultSignals()
+		}
 		os.Exit(child(mode, os.Args[1:]))
 	}
 	os.Exit(m.Run())
+}
+
+// stopSignals are the signals the children of these tests are stopped by or
+// send themselves.
+var stopSignals = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT}
+
+// defaultSignals gives a child the default disposition of stopSignals, as
+// an engine started from an interactive shell has them. A process started
+// with one of them ignored — under nohup (SIGHUP), or in the background of a
+// shell without job control (SIGINT, SIGQUIT) — keeps it ignored, and a Go
+// program does too; the child sets its own: it catches the ignored ones,
+// then executes itself again, and exec resets a caught signal to its default
+// (an ignored one would stay ignored). The pid stays the same.
+func defaultSignals() {
+	var ignored []os.Signal
+	for _, s := range stopSignals {
+		if signal.Ignored(s) {
+			ignored = append(ignored, s)
+		}
+	}
+	if len(ignored) == 0 {
+		return
+	}
+	signal.Notify(make(chan os.Signal, 1), ignored...)
+	self, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(self, os.Args, os.Environ())
+	}
+	fmt.Fprintln(os.Stderr, "child: cannot reset the ignored signals", ignored, "by executing itself again:", err)
+	os.Exit(97)
 }
 
 // child runs one mode and returns its exit code. Modes that must be signalled
@@ -147,10 +182,35 @@ func child(mode string, args []string) int {
 		_ = os.WriteFile(arg(0, ""), []byte("cleaned up\n"), 0o644)
 		return 130
 
+	case "disposition": // how it found SIGINT: "ignored" or "default"
+		if signal.Ignored(syscall.SIGINT) {
+			fmt.Println("ignored")
+		} else {
+			fmt.Println("default")
+		}
+		return 0
+
+	case "run-ignoring-int": // started with SIGINT ignored, runs an engine through process.Run
+		self, _ := os.Executable()
+		if !signal.Ignored(syscall.SIGINT) {
+			fmt.Println("SIGINT is not ignored here: the test's set-up failed")
+			return 94
+		}
+		res, err := process.Run(context.Background(), process.Spec{
+			Path: self, Env: append(os.Environ(), childModeEnv+"=disposition"), Tag: "disposition-" + strconv.Itoa(os.Getpid()),
+			Stdout: os.Stdout, Stderr: os.Stderr, Grace: 10 * time.Second,
+		})
+		if err != nil || res.ExitCode != 0 {
+			fmt.Fprintln(os.Stderr, "run:", err, res.ExitCode)
+			return 93
+		}
+		return 0
+
 	case "self-signal": // dies of SIGHUP without anyone stopping it
 		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-		time.Sleep(time.Hour)
-		return 0
+		time.Sleep(time.Minute) // a guard: SIGHUP ends it long before
+		fmt.Fprintln(os.Stderr, "self-signal: still alive a minute after SIGHUP (is it ignored?)")
+		return 95
 	}
 	fmt.Fprintln(os.Stderr, "unknown child mode", mode)
 	return 98

@@ -4,7 +4,7 @@
 // (SIGINT → grace → SIGTERM → grace → SIGKILL, to the whole group), and the
 // clean-up after the engine exits: whatever is left of its group, and any
 // tagged process that escaped the group, is killed before Run returns
-// (DESIGN §6 steps 3–4).
+// (docs/architecture.md, "Running a job").
 //
 // It is a leaf package: the job runner calls Run; engines only build a Spec.
 //

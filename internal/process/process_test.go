@@ -501,6 +501,24 @@ func TestRunSignalledOnItsOwn(t *testing.T) {
 	}
 }
 
+// TestEngineGetsTheLaddersSignals: an aq started with SIGINT ignored (in
+// the background of a shell without job control) still starts its engines
+// with SIGINT's default disposition, so the ladder's first, polite step
+// reaches them. A shell sets the ignore, then executes the test binary.
+func TestEngineGetsTheLaddersSignals(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", "-c", `trap '' INT; exec "$0"`, self)
+	cmd.Env = childEnv("run-ignoring-int")
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "default" {
+		t.Fatalf("the engine of an aq that ignores SIGINT found it %q (%v), want default", out, err)
+	}
+}
+
 func TestRunStartErrors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -5,7 +5,9 @@ package process
 import (
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 )
 
@@ -14,8 +16,38 @@ var ladderSteps = unixLadder
 
 var ladderSignals = [...]syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGKILL}
 
-// inNewGroup makes the child lead a new process group (Setpgid, Pgid 0).
-func inNewGroup(cmd *exec.Cmd) { SetGroup(cmd) }
+// inNewGroup makes the child lead a new process group (Setpgid, Pgid 0),
+// with the default disposition of the ladder's signals.
+func inNewGroup(cmd *exec.Cmd) {
+	defaultLadderSignals()
+	SetGroup(cmd)
+}
+
+var ladderDefaults sync.Once
+
+// defaultLadderSignals makes sure an engine starts with the default
+// disposition of the signals the ladder sends before SIGKILL. A process
+// inherits an ignored signal across exec — an aq started in the background
+// of a shell without job control has SIGINT ignored — and so would its
+// engines: the ladder's polite SIGINT would be lost and every stop would
+// wait out the grace for SIGTERM. Go's exec gives a child the default
+// disposition of every signal this process handles (os/signal), and keeps
+// the others as they are; so aq handles those it found ignored, and drops
+// them — for aq itself nothing changes (a signal it ignored, it still does
+// not act on).
+func defaultLadderSignals() {
+	ladderDefaults.Do(func() {
+		var ignored []os.Signal
+		for _, s := range ladderSignals[:len(ladderSignals)-1] {
+			if signal.Ignored(s) {
+				ignored = append(ignored, s)
+			}
+		}
+		if len(ignored) > 0 {
+			signal.Notify(make(chan os.Signal, 1), ignored...)
+		}
+	})
+}
 
 // pgroup is a POSIX process group, led by the engine.
 type pgroup int

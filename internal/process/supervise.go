@@ -49,7 +49,7 @@ func MaybeSupervise() (int, bool) {
 	}
 	var sv supervision
 	if err := json.Unmarshal([]byte(raw), &sv); err != nil || sv.Pgid < 0 || sv.Tag == "" {
-		os.Stderr.WriteString("aq: " + SuperviseEnv + " is not a valid supervision order: " + strconv.Quote(raw) + "\n")
+		_, _ = os.Stderr.WriteString("aq: " + SuperviseEnv + " is not a valid supervision order: " + strconv.Quote(raw) + "\n")
 		return 2, true
 	}
 	return supervise(sv, os.Stdin), true

@@ -47,7 +47,7 @@ var aqSecretEnv = map[string]bool{
 	"OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": true,
 }
 
-// secretSuffixes mark any environment variable as secret by name (DESIGN §11).
+// secretSuffixes mark any environment variable as secret by name (docs/fleet.md, "Artifacts": what is masked).
 var secretSuffixes = []string{"_TOKEN", "_SECRET", "_KEY", "_PASSWORD", "_CONNECTION_STRING"}
 
 // IsSecretName reports whether an environment variable of this name holds a

@@ -33,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // ScopeName is the instrumentation scope of aq's spans.
@@ -275,9 +276,9 @@ func (e *exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpa
 	e.dropped.Add(int64(len(spans)))
 	if e.failing.CompareAndSwap(false, true) {
 		e.log.Warn("cannot export traces: their spans are dropped (jobs are not affected; said once until an export succeeds)",
-			"endpoint", e.endpoint, "spans", len(spans), "err", oneLine(err))
+			"endpoint", e.endpoint, "spans", len(spans), "err", brief.Clip(brief.Head(err.Error()), 300))
 	} else {
-		e.log.Debug("trace export failed again; spans dropped", "spans", len(spans), "err", oneLine(err))
+		e.log.Debug("trace export failed again; spans dropped", "spans", len(spans), "err", brief.Clip(brief.Head(err.Error()), 300))
 	}
 	return nil
 }
@@ -287,15 +288,4 @@ func (e *exporter) Shutdown(ctx context.Context) error {
 		return err
 	}
 	return nil
-}
-
-func oneLine(err error) string {
-	s := err.Error()
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i] + " …"
-	}
-	if len(s) > 300 {
-		s = s[:300] + "…"
-	}
-	return s
 }

@@ -1,7 +1,8 @@
 // Package testenv is what aq's pipeline tests share: real git repositories
 // (with a bare origin) in temp dirs, the aq binary built once per test
 // binary, an $AQ_HOME to run it against, manifests, and waits that poll for
-// files rather than trusting the clock. Only tests import it.
+// files rather than trusting the clock. Only tests import it; its
+// testing-free core, internal/fixture, is shared with aq selftest.
 //
 // A test package that uses it calls Main from its TestMain, which isolates
 // the tests from the host: git reads no global or system configuration, and
@@ -10,8 +11,7 @@ package testenv
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/internal/fixture"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -37,13 +38,7 @@ var Identity = []string{
 // their AQ_JOB_ID=<id> tag, so two test binaries (go test runs packages in
 // parallel), or two parallel tests, running jobs of the same id would kill
 // each other's engines.
-var Token = func() string {
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b[:])
-}()
+var Token = fixture.RandomHex(4)
 
 // ID is name made unique to this test binary run: name-<Token> (a name that
 // already ends in -<Token> is returned as it is).
@@ -72,26 +67,21 @@ func Main(m *testing.M) int {
 	}
 	scratch = dir
 	defer os.RemoveAll(dir)
-	gitcfg := filepath.Join(dir, "gitconfig")
-	if err := os.WriteFile(gitcfg, nil, 0o644); err != nil {
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); fixture.HostOnly(k) {
+			os.Unsetenv(k)
+		}
+	}
+	gitEnv, err := fixture.IsolatedGit(dir)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "testenv:", err)
 		return 1
 	}
-	os.Setenv("GIT_CONFIG_GLOBAL", gitcfg)
-	os.Setenv("GIT_CONFIG_NOSYSTEM", "1")
-	os.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "xdg"))
 	// aq's git writes its configuration files under the cache directory
 	// (worktree.Git.ConfigDir): the scratch one, not the user's.
-	os.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch {
-		case strings.HasPrefix(k, "AQ_"), k == "POLL_SECONDS",
-			strings.HasPrefix(k, "OTEL_"), k == "TRACEPARENT", k == "TRACESTATE", k == "CLAUDE_CODE_ENABLE_TELEMETRY",
-			strings.HasPrefix(k, "GIT_AUTHOR_"), strings.HasPrefix(k, "GIT_COMMITTER_"), k == "EMAIL",
-			k == "GIT_DIR", k == "GIT_WORK_TREE", k == "GIT_INDEX_FILE":
-			os.Unsetenv(k)
-		}
+	for _, kv := range append(gitEnv, "XDG_CONFIG_HOME="+filepath.Join(dir, "xdg"), "XDG_CACHE_HOME="+filepath.Join(dir, "cache")) {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v)
 	}
 	return m.Run()
 }
@@ -109,7 +99,12 @@ func Git(tb testing.TB, dir string, args ...string) string {
 
 // GitErr is Git that returns the error.
 func GitErr(dir string, args ...string) (string, error) {
-	cmd := exec.Command("git", args...)
+	return git(context.Background(), dir, args...)
+}
+
+// git is the fixture.Git of the tests' own commands: the test identity.
+func git(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), Identity...)
 	var stdout, stderr bytes.Buffer
@@ -123,10 +118,7 @@ func GitErr(dir string, args ...string) (string, error) {
 // WriteFile writes content to path, creating parent directories.
 func WriteFile(tb testing.TB, path, content string) {
 	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+	if err := fixture.WriteFile(path, content); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -142,29 +134,17 @@ func ReadFile(tb testing.TB, path string) string {
 }
 
 // Exists reports whether path exists.
-func Exists(path string) bool {
-	_, err := os.Lstat(path)
-	return err == nil
-}
+func Exists(path string) bool { return fixture.Exists(path) }
 
 // NewRepo makes a git repository base/name on branch main with files (path →
 // content) in one commit, and returns its directory. With no files it gets a
 // README.
 func NewRepo(tb testing.TB, base, name string, files map[string]string) string {
 	tb.Helper()
-	dir := filepath.Join(base, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		tb.Fatal(err)
+	dir, err := fixture.NewRepo(context.Background(), git, base, name, files)
+	if err != nil {
+		tb.Fatalf("new repo %s: %v", name, err)
 	}
-	Git(tb, dir, "init", "-q", "-b", "main")
-	if len(files) == 0 {
-		files = map[string]string{"README.md": "# " + name + "\n"}
-	}
-	for p, c := range files {
-		WriteFile(tb, filepath.Join(dir, p), c)
-	}
-	Git(tb, dir, "add", "-A")
-	Git(tb, dir, "commit", "-q", "-m", "initial")
 	return dir
 }
 
@@ -173,9 +153,9 @@ func NewRepo(tb testing.TB, base, name string, files map[string]string) string {
 func AddOrigin(tb testing.TB, repoDir string) string {
 	tb.Helper()
 	bare := filepath.Join(tb.TempDir(), filepath.Base(repoDir)+".git")
-	Git(tb, filepath.Dir(bare), "init", "-q", "--bare", "-b", "main", bare)
-	Git(tb, repoDir, "remote", "add", "origin", bare)
-	Git(tb, repoDir, "push", "-q", "origin", "main")
+	if err := fixture.AddOrigin(context.Background(), git, repoDir, bare); err != nil {
+		tb.Fatalf("add origin to %s: %v", repoDir, err)
+	}
 	return bare
 }
 
@@ -183,13 +163,9 @@ func AddOrigin(tb testing.TB, repoDir string) string {
 // under prefix, as `git ls-remote` shows them: ref → sha.
 func RemoteRefs(tb testing.TB, dir, prefix string) map[string]string {
 	tb.Helper()
-	out := Git(tb, filepath.Dir(dir), "ls-remote", dir)
-	refs := map[string]string{}
-	for _, line := range strings.Split(out, "\n") {
-		sha, ref, ok := strings.Cut(line, "\t")
-		if ok && strings.HasPrefix(ref, prefix) {
-			refs[ref] = sha
-		}
+	refs, err := fixture.RemoteRefs(context.Background(), git, dir, prefix)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	return refs
 }
@@ -222,12 +198,10 @@ func Manifest(tb testing.TB, dir, id, front string) string {
 // generous one.
 func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if fixture.WaitFor(ctx, what, cond) != nil {
+		tb.Fatalf("timed out after %v waiting for %s", timeout, what)
 	}
 }
 
@@ -251,10 +225,21 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
+// Slow skips the test under -short (`make unit`), saying why it is slow;
+// `make test` runs it. why finishes "skipped under -short: …".
+func Slow(tb testing.TB, why string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("skipped under -short: " + why)
+	}
+}
+
 // BuildAQ builds the aq binary once per test binary (with -race when the
-// tests run with it) and returns its path.
+// tests run with it) and returns its path. A test that runs the binary is
+// slow (a build, then whole processes): it skips under -short.
 func BuildAQ(tb testing.TB) string {
 	tb.Helper()
+	Slow(tb, "builds and runs the aq binary")
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if aqBin == "" && buildErr == nil {
@@ -401,9 +386,9 @@ func Wait(cmd *exec.Cmd, out, errb *bytes.Buffer, timeout time.Duration) (Result
 		return res, nil
 	case <-time.After(timeout):
 		_ = process.KillGroup(cmd.Process.Pid)
-		<-done
+		killed := <-done
 		return Result{Stdout: out.String(), Stderr: errb.String(), Code: -1},
-			fmt.Errorf("aq %v still running after %v (deadlock?)\nstdout:\n%s\nstderr:\n%s", cmd.Args[1:], timeout, out, errb)
+			fmt.Errorf("aq %v still running after %v (deadlock?), then %v\nstdout:\n%s\nstderr:\n%s", cmd.Args[1:], timeout, killed, out, errb)
 	}
 }
 

@@ -19,9 +19,14 @@ type Snapshot struct {
 	// Stages are the jobs per stage, in the order shown.
 	Stages  []Count
 	Running []Row
-	Waiting []Row
-	Review  []Row // review and testing: the ship gate
-	Failed  []Row
+	// Runnable are the jobs this host's aq run would take next, in that
+	// order (local mode).
+	Runnable []Row
+	Waiting  []Row
+	Review   []Row // review and testing: the ship gate
+	Failed   []Row
+	// Shipped are the latest shipped jobs, the most recent first.
+	Shipped []Row
 	Daemon  *Daemon
 	Fleet   *Fleet
 	// Notes are one-line remarks (orphans recovered, a part not readable).

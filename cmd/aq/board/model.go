@@ -235,9 +235,11 @@ func (m *Model) selectable() []Row {
 	}
 	var out []Row
 	out = append(out, m.snap.Running...)
+	out = append(out, m.snap.Runnable...)
 	out = append(out, m.snap.Waiting...)
 	out = append(out, m.snap.Review...)
 	out = append(out, m.snap.Failed...)
+	out = append(out, m.snap.Shipped...)
 	return out
 }
 

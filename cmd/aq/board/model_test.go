@@ -119,14 +119,19 @@ func key(t *testing.T, m *Model, k string) tea.Cmd {
 func screen(m *Model) string { return ansi.Strip(m.View()) }
 
 func TestBoardShowsEverySection(t *testing.T) {
-	m := newModel(t, &source{snaps: []*Snapshot{localSnap()}})
+	snap := localSnap()
+	snap.Runnable = []Row{{ID: "job-next", Stage: "inbox", Repo: "web", Engine: "script", Last: "priority normal"}}
+	snap.Shipped = []Row{{ID: "job-done", Stage: "shipped", Repo: "app", Last: "aq/job/job-done"}}
+	m := newModel(t, &source{snaps: []*Snapshot{snap}})
 	s := screen(m)
 	for _, want := range []string{
 		"aq board · local", "/home/op/.aq", "inbox 1  building 1  review 1  failed 1",
 		"daemon f1 running · slots 1/2 busy · dispatch broker (broker healthy) · heartbeat 4s ago",
 		"RUNNING (1)", "> job-run", "engine", "2m05s", "48.8k tok $0.0396", "→ Edit parse/range.go",
+		"RUNNABLE — next for aq run (1)", "job-next", "priority normal",
 		"WAITING (1)", "job-wait", "waiting for its deps to ship: job-run",
 		"REVIEW / TESTING", "job-rev", "FAILED (1)", "job-bad", "engine_failed: script exited 2",
+		"SHIPPED — latest (1)", "job-done", "aq/job/job-done",
 		"↑/↓ select · enter log · r requeue · x reject · s ship",
 	} {
 		if !strings.Contains(s, want) {
@@ -135,6 +140,14 @@ func TestBoardShowsEverySection(t *testing.T) {
 	}
 	if n := strings.Count(m.View(), "\n") + 1; n != 40 {
 		t.Errorf("%d lines on a 40-line terminal", n)
+	}
+	// Every job listed can be selected: runnable and shipped ones too.
+	var ids []string
+	for _, r := range m.selectable() {
+		ids = append(ids, r.ID)
+	}
+	if got := strings.Join(ids, " "); got != "job-run job-next job-wait job-rev job-bad job-done" {
+		t.Errorf("selectable rows: %s", got)
 	}
 }
 

@@ -245,6 +245,11 @@ func (m *Model) bodyLines(mark bool) []line {
 		}
 		return fmt.Sprintf("%-24s %-12s %-7s %-18s %8s  %-20s %s", r.ID, r.Repo, orDash(r.Engine), where, dur(r.Elapsed), usage, r.Last)
 	})
+	if s.Fleet == nil {
+		section("RUNNABLE — next for aq run", s.Runnable, func(r Row) string {
+			return fmt.Sprintf("%-24s %-12s %-7s %s", r.ID, r.Repo, orDash(r.Engine), r.Last)
+		})
+	}
 	section("WAITING", s.Waiting, func(r Row) string {
 		return fmt.Sprintf("%-24s %-8s %s", r.ID, r.Stage, r.Last)
 	})
@@ -253,6 +258,9 @@ func (m *Model) bodyLines(mark bool) []line {
 	})
 	section("FAILED", s.Failed, func(r Row) string {
 		return fmt.Sprintf("%-24s %-12s attempt %d  %s", r.ID, r.Stage, r.Attempts, r.Last)
+	})
+	section("SHIPPED — latest", s.Shipped, func(r Row) string {
+		return fmt.Sprintf("%-24s %-12s %s", r.ID, r.Repo, r.Last)
 	})
 	for _, n := range s.Notes {
 		add(dimStyle.Render("· " + n))

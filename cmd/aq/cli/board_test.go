@@ -107,9 +107,16 @@ func (x *tmuxSession) waitText(texts ...string) string {
 	})
 }
 
-// selectRow presses Down until the cursor is on id's row.
+// selectRow moves the cursor to the first row (the row may be above it:
+// a shipped job the cursor followed is the last), then presses Down until
+// it is on id's row.
 func (x *tmuxSession) selectRow(id string) {
 	x.t.Helper()
+	if strings.Contains(x.screen(), "> "+id) {
+		return
+	}
+	x.keys("g")
+	time.Sleep(150 * time.Millisecond)
 	for range 30 {
 		if strings.Contains(x.screen(), "> "+id) {
 			return
@@ -128,6 +135,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // job; requeue through r and y, after which the job really is in the inbox;
 // a resize; Ctrl-C exits 0 and gives the terminal back.
 func TestBoardTmuxLocal(t *testing.T) {
+	testenv.Slow(t, "drives the live board in a real tmux")
 	h, mark := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
@@ -143,14 +151,20 @@ echo done > done.txt`, "ship: branch"))
 	h.Submit(t, "tmux-child", scriptJob("other", "true", "deps: ["+testenv.ID("tmux-long")+"]"))
 	aq := start(t, h, "run", "--once")
 	aq.waitMark(mark, "started")
+	// Submitted once long runs: runnable, waiting for the next aq run.
+	h.Submit(t, "tmux-next", scriptJob("other", "true"))
 
-	long, child, broken := testenv.ID("tmux-long"), testenv.ID("tmux-child"), testenv.ID("tmux-broken")
+	long, child, broken, next := testenv.ID("tmux-long"), testenv.ID("tmux-child"), testenv.ID("tmux-broken"), testenv.ID("tmux-next")
 	x := startTmux(t, h.Environ(), shellQuote(h.Bin)+" status --watch --interval 300ms")
-	s := x.waitText("aq board · local", "RUNNING (1)", long, "1.5k tok $0.2500", "editing the parser now", "WAITING (1)", child, "waits for all of: "+long, "FAILED (1)", broken, "engine_failed: script exited 2", "q quit")
+	s := x.waitText("aq board · local", "RUNNING (1)", long, "1.5k tok $0.2500", "editing the parser now", "RUNNABLE — next for aq run (1)", next,
+		"WAITING (1)", child, "waits for all of: "+long, "FAILED (1)", broken, "engine_failed: script exited 2", "q quit")
 	if !regexp.MustCompile(`(?m)^> ` + regexp.QuoteMeta(long) + `\s+app\s+script\s+engine\s+\d+s`).MatchString(s) {
 		t.Fatalf("the running row (cursor, repo, engine, phase, elapsed):\n%s", s)
 	}
-	if !strings.Contains(s, "inbox 0  blocked 1  building 1") {
+	if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(next) + `\s+other\s+script\s+priority normal`).MatchString(s) {
+		t.Fatalf("the runnable row (repo, engine, priority):\n%s", s)
+	}
+	if !strings.Contains(s, "inbox 1  blocked 1  building 1") {
 		t.Fatalf("stage counts:\n%s", s)
 	}
 	t.Logf("local board:\n%s", s)
@@ -275,14 +289,14 @@ func makeFleetScene(t *testing.T, s *coord.Server, base, dir string) fleetScene 
 // coordinator that lacks GET /fleet/factories named; one that goes away
 // shown as unreachable with its last data kept.
 func TestBoardTmuxFleet(t *testing.T) {
+	testenv.Slow(t, "drives the live board in a real tmux")
 	bin := testenv.BuildAQ(t) // first: the scene's heartbeat must be fresh when the board reads it
 	s, dir, _ := fleetEnv(t)
-	hs := stubServer(t, s)
-	sc := makeFleetScene(t, s, hs.URL, dir)
+	sc := makeFleetScene(t, s.Server, "http://"+s.Addr, dir)
 
 	env := append(os.Environ(), "AQ_LOG_LEVEL=debug")
 	x := startTmux(t, env, shellQuote(bin)+" status --watch --interval 300ms")
-	scr := x.waitText("aq board · fleet", "coordinator "+hs.URL+"/api", "queued 1", "building 1", "review 1", "dead_letter 1",
+	scr := x.waitText("aq board · fleet", "coordinator "+"http://"+s.Addr+"/api", "queued 1", "building 1", "review 1", "dead_letter 1",
 		"FACTORIES (2)", "live-1", "1/2 running  load 0.50", "["+sc.running+"]", "gone-2", "stale",
 		"ALERTS", "factory gone-2 is stale", "job "+sc.dead+" is dead-lettered", "job "+sc.unroutable+": no live factory can run it",
 		"RUNNING (1)", sc.running, "on live-1", "REVIEW / TESTING", sc.review, "FAILED (1)", sc.dead)
@@ -317,7 +331,7 @@ func TestBoardTmuxFleet(t *testing.T) {
 	s.SetWithout()
 
 	// The coordinator goes away: the board says since when and keeps the data.
-	hs.Close()
+	s.Kill()
 	scr = x2.waitText("coordinator unreachable since", "showing what it said at", "RUNNING (1)", sc.running, sc.unroutable)
 	if strings.Contains(scr, "panic") || strings.Contains(scr, "goroutine") {
 		t.Fatalf("a stack trace on the board:\n%s", scr)
@@ -333,8 +347,7 @@ func TestBoardTmuxFleet(t *testing.T) {
 // GET /fleet/jobs only when the queue's version moved.
 func TestStatusWatchPlainAndCost(t *testing.T) {
 	s, dir, _ := fleetEnv(t)
-	hs := stubServer(t, s)
-	makeFleetScene(t, s, hs.URL, dir)
+	makeFleetScene(t, s.Server, "http://"+s.Addr, dir)
 	h := &testenv.Home{Dir: os.Getenv("AQ_HOME"), Bin: testenv.BuildAQ(t)}
 	cmd := exec.Command(h.Bin, "status", "--watch", "--interval", "250ms")
 	cmd.Env = os.Environ()

@@ -34,7 +34,7 @@ func newCapsCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "caps",
 		Short: "Show this host's capabilities, engines and local repositories",
-		Long: `Detect what this host offers to jobs, as capability tokens (DESIGN §4):
+		Long: `Detect what this host offers to jobs, as capability tokens (docs/manifest.md):
 
   os:<goos> arch:<goarch>   this build's platform
   engine:<name>             claude, codex, devin when their binary is on PATH

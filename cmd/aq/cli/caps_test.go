@@ -312,7 +312,7 @@ echo "0.2.9 (Claude Code)"`)
 		t.Errorf("tokens %q, refused %q; want claude refused, naming --output-format and saying to upgrade", got.Tokens, refused)
 	}
 	dropped := fmt.Sprint(got.Engines[0]["dropped"])
-	if dropped != "[--session-id --max-budget-usd --append-system-prompt]" {
+	if dropped != "[--session-id --resume --max-budget-usd --append-system-prompt]" {
 		t.Errorf("dropped = %s, want the optional flags the help lacks (--max-turns answers the hidden-flag probe)", dropped)
 	}
 	cache, err := os.ReadFile(filepath.Join(os.Getenv("AQ_HOME"), "engines", "probes.json"))

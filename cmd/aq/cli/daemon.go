@@ -81,7 +81,7 @@ func runDaemon(ctx context.Context, f *Factory, opts *daemonOptions) error {
 	if err != nil {
 		return err
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func superviseDaemon(ctx context.Context, f *Factory, d *daemon.Daemon, sigs <-c
 	}
 }
 
-// daemonError maps the daemon's errors to exit codes (DESIGN §2): the
+// daemonError maps the daemon's errors to exit codes (README.md, "Exit codes"): the
 // fleet's typed errors as in aq run; configuration errors are already usage
 // errors.
 func daemonError(err error) error {

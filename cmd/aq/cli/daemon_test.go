@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/aqfleet/aq/agent/daemon"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -75,21 +75,10 @@ func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...strin
 		}
 		co.Publisher = pub
 	}
-	s, err := coord.New(co)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	e.stub = s
+	s := coordtest.Start(t, co)
+	e.stub = s.Server
 	e.h.Env = append([]string{
-		"AQ_FLEET=1", "AQ_FLEET_API=" + hs.URL + "/api", "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
+		"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
 		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
 	}, env...)
 	if broker {
@@ -233,6 +222,7 @@ func (e *daemonEnv) kinds(id string) []string {
 // One SIGTERM: the running job finishes and is reported, no new claim is
 // made (a job submitted meanwhile stays queued), and aq exits 0.
 func TestDaemonFirstSignalDrains(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, false)
 	p := e.startDaemon()
 	e.waitStage(p, daemon.StageRunning)
@@ -263,6 +253,7 @@ func TestDaemonFirstSignalDrains(t *testing.T) {
 // checkpointed (its WIP ref is on origin), failed through /fleet/fail, and
 // its lease is released at once; aq exits 0.
 func TestDaemonSecondSignalCheckpointsAndFails(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, false)
 	p := e.startDaemon()
 	e.waitStage(p, daemon.StageRunning)
@@ -298,6 +289,7 @@ func TestDaemonSecondSignalCheckpointsAndFails(t *testing.T) {
 // engine that ignores SIGINT and SIGTERM (the ladder's SIGKILL is seconds
 // away): nothing was reported yet, exit 1.
 func TestDaemonThirdSignalExitsAtOnce(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, false, "AQ_KILL_GRACE=30s")
 	p := e.startDaemon()
 	e.waitStage(p, daemon.StageRunning)
@@ -324,6 +316,7 @@ func TestDaemonThirdSignalExitsAtOnce(t *testing.T) {
 // A heartbeat answered 401 (the factory's token revoked) stops the daemon
 // with one clear line and exit 5.
 func TestDaemonHeartbeat401Exits5(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, false)
 	p := e.startDaemon()
 	e.waitStage(p, daemon.StageRunning)
@@ -363,6 +356,7 @@ func readPID(t *testing.T, path string) int {
 // the checkpoint. aq status shows the killed daemon as not running, and the
 // live one with its job, epoch, heartbeat and source.
 func TestDaemonKill9ThenRestartRecovers(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, false)
 	p := e.startDaemon()
 	e.waitStage(p, daemon.StageRunning)
@@ -436,6 +430,7 @@ while :; do sleep 0.05; done
 // On the broker path the real binary receives its job from the stub's
 // targeted message: accepted, never claimed.
 func TestDaemonBrokerPath(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, true, "AQ_FLEET_GATE=1")
 	p := e.startDaemon()
 	e.waitFor(p, "the broker path", func() bool { st := e.status(); return st != nil && st.Source == "broker" })

@@ -67,6 +67,7 @@ func TestDemoWholeBinary(t *testing.T) {
 // TestDemoLocalAndFlags: `aq demo local` runs act 1 alone; --dir keeps the
 // workspace and must be new or empty.
 func TestDemoLocalAndFlags(t *testing.T) {
+	testenv.Slow(t, "runs the local demo act")
 	cleanEnv(t)
 	dir := filepath.Join(t.TempDir(), "ws")
 	out, errOut, code := runAQ(t, "demo", "local", "--dir", dir, "--json")

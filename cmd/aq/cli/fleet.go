@@ -49,7 +49,7 @@ func runFleet(ctx context.Context, f *Factory, cfg *config.Config, opts *runOpti
 	if opts.JobID == "" && (cfg.SBNamespace != "" || cfg.SBConnectionString != "") {
 		return runFleetBroker(ctx, f, cfg, opts)
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 		mu sync.Mutex
 		t  fleetTally
 	)
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -168,7 +168,7 @@ func (t *fleetTally) exit() error {
 	last, failed := t.last, t.failed
 	switch {
 	case last != nil && (last.Fenced || last.Outcome.Reason == job.ReasonLeaseLost):
-		// Lease lost counts as fenced (DESIGN §9): another factory may own it.
+		// Lease lost counts as fenced (docs/contract.md, "Leases and fencing"): another factory may own it.
 		return &aqerr.Silent{Code: aqerr.Fenced}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
@@ -204,7 +204,7 @@ func fleetError(err error) error {
 
 func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	if opts.JSON {
-		writeJSONLine(f.IO.Out, r)
+		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome
@@ -249,6 +249,21 @@ func runFleetSubmit(ctx context.Context, f *Factory, opts *submitOptions) error 
 	}
 	where := func(s job.Stage) string { return "the fleet (" + s.FleetName() + ")" }
 	return submitEach(f, opts, ms, where, func(m manifestFile) (submitted, error) {
+		if opts.Replace {
+			r, err := c.ReplaceJob(ctx, m.j, m.raw)
+			if err == nil {
+				stage := job.StageFromFleet(r.Stage)
+				if r.Stage == "" {
+					stage = job.Inbox
+				}
+				return submitted{ID: r.JobID, Stage: stage, File: m.file, Replaced: orDash(r.Replaced)}, nil
+			}
+			if !errors.Is(err, fleet.ErrGone) {
+				err = jobOpError(m.j.ID, "replace", err)
+				return submitted{}, aqerr.Wrap(aqerr.ExitCode(err), err, m.file+": "+aqerr.Message(err), "")
+			}
+			// The coordinator has no such job: this manifest is a new one.
+		}
 		a, err := c.Submit(ctx, m.j, m.raw)
 		if err != nil {
 			err = fleetError(err)

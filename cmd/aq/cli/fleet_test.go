@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -30,12 +30,12 @@ var (
 
 // fleetEnv starts a coordinator stub on 127.0.0.1 and points aq's
 // environment at it, with a repo (and bare origin) under AQ_REPO_BASE.
-func fleetEnv(t *testing.T) (s *coord.Server, dir, origin string) {
+func fleetEnv(t *testing.T) (s *coord.Served, dir, origin string) {
 	t.Helper()
 	return fleetEnvRoutes(t, coord.RoutesFull)
 }
 
-// eachRouteSet runs fn once per route set of the stub (full: DESIGN §9;
+// eachRouteSet runs fn once per route set of the stub (full: docs/contract.md;
 // legacy: the coordinator in service today).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
 	for _, rs := range coord.RouteSets {
@@ -44,19 +44,14 @@ func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
 }
 
 // fleetEnvRoutes is fleetEnv with the stub serving a route set.
-func fleetEnvRoutes(t *testing.T, routes string) (s *coord.Server, dir, origin string) {
+func fleetEnvRoutes(t *testing.T, routes string) (s *coord.Served, dir, origin string) {
 	t.Helper()
 	dir = cleanEnv(t)
-	s, err := coord.New(coord.Options{Routes: routes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s)
-	t.Cleanup(hs.Close)
+	s = coordtest.Start(t, coord.Options{Routes: routes})
 	base := filepath.Join(dir, "src")
 	origin = testenv.AddOrigin(t, testenv.NewRepo(t, base, "app", nil))
 	for k, v := range map[string]string{
-		"AQ_FLEET": "1", "AQ_FLEET_API": hs.URL + "/api", "AQ_FLEET_TOKEN": s.EnrollToken(), "AQ_FACTORY_ID": "cli-factory",
+		"AQ_FLEET": "1", "AQ_FLEET_API": s.API, "AQ_FLEET_TOKEN": s.EnrollToken(), "AQ_FACTORY_ID": "cli-factory",
 		"AQ_REPO_BASE": base, "AQ_KILL_GRACE": "200ms", "AQ_HEARTBEAT_SEC": "1", "AQ_FLEET_LEASE_RENEW_SEC": "1", "AQ_POLL_SECONDS": "1",
 	} {
 		t.Setenv(k, v)

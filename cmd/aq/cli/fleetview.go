@@ -230,9 +230,7 @@ func buildFleetView(api string, jobs []fleet.JobDoc, factories []fleet.FactoryDo
 		}
 		if !stale {
 			h := caps.FromTokens(f.Capabilities)
-			for _, r := range f.Repos {
-				h.Repos = append(h.Repos, r)
-			}
+			h.Repos = append(h.Repos, f.Repos...)
 			live = append(live, h)
 		}
 	}

@@ -46,6 +46,9 @@ type follower struct {
 	// meta receives what is not the engine's output (stage changes,
 	// notes) when raw keeps stdout to the engine's own lines; nil: emit.
 	meta func(string)
+	// rec, when set, receives every line as a record instead (aq job logs
+	// -f --json): the engine's notes with their kind, the rest as events.
+	rec func(logRecord)
 
 	tr       *engines.Transcript
 	offset   int64
@@ -113,6 +116,10 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 // note emits a line that is not the engine's output: to meta when set
 // (--raw keeps stdout to the engine's lines).
 func (fo *follower) note(emit func(string), l string) {
+	if fo.rec != nil {
+		fo.rec(logRecord{Job: fo.id, Kind: "event", Text: l})
+		return
+	}
 	if fo.meta != nil {
 		fo.meta(l)
 		return
@@ -168,6 +175,10 @@ func (fo *follower) line(l []byte, emit func(string)) {
 		return
 	}
 	for _, n := range fo.tr.Line(l) {
+		if fo.rec != nil {
+			fo.rec(logRecord{Job: fo.id, Kind: n.Kind, Text: n.Text, Usage: n.Usage})
+			continue
+		}
 		emit(n.String())
 	}
 }

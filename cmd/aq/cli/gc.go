@@ -17,13 +17,13 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/gc"
+	"github.com/aqfleet/aq/agent/gc/plan"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/profiles"
-	"github.com/aqfleet/aq/worktree"
 )
 
 func init() { register(newGCCmd) }
@@ -122,7 +122,7 @@ func newGC(f *Factory, cfg *config.Config, opts *gcOptions) (*gc.GC, error) {
 			RepoBase:     cfg.RepoBase,
 			WorktreesDir: cfg.WorktreesDir(),
 			LocksDir:     cfg.LocksDir(),
-			Policy: worktree.Policy{
+			Policy: plan.Policy{
 				WIPRetention: cfg.GCWIPRetention,
 				PoolMaxAge:   cfg.WorktreePoolMaxAge,
 				PoolSize:     max(cfg.WorktreePool, 0),

@@ -8,11 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/queue"
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
 )
@@ -22,12 +24,14 @@ func init() { register(newJobCmd) }
 func newJobCmd(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "job",
-		Short: "Inspect or move one job: show, logs, requeue, ship, reject (fleet mode: through the coordinator)",
+		Short: "Inspect, move or remove one job: show, logs, requeue, ship, reject, rm (fleet mode: through the coordinator)",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f))
-	config.AddFlags(cmd.PersistentFlags(), config.GroupRepo)
+	cmd.AddCommand(newJobShowCmd(f), newJobLogsCmd(f), newJobRequeueCmd(f), newJobShipCmd(f), newJobRejectCmd(f), newJobRmCmd(f))
+	// What every job command reads besides the global keys: in fleet mode,
+	// the coordinator.
+	config.AddKeyFlags(cmd.PersistentFlags(), config.OperatorKeys...)
 	return cmd
 }
 
@@ -125,7 +129,9 @@ func printJob(w io.Writer, v JobView) error {
 		row("insights", fmt.Sprintf("engine %s %s, model %s, tokens in/out/cached %d/%d/%d, cost $%.4f%s, turns %d, wall %dms, files %d +%d/-%d",
 			in.Engine, in.EngineVersion, in.Model, in.TokensIn, in.TokensOut, in.TokensCached, in.CostUSD, map[bool]string{true: " (estimated)"}[in.CostEstimated], in.Turns, in.WallMS, in.FilesChanged, in.LinesAdded, in.LinesDeleted))
 	}
+	row("previous", previousText(s.Previous))
 	tw.Flush()
+	printRounds(w, s.Insights)
 	if len(s.History) > 0 {
 		fmt.Fprintln(w, "\nhistory:")
 		for _, h := range s.History {
@@ -144,8 +150,8 @@ func printJob(w io.Writer, v JobView) error {
 
 func newJobLogsCmd(f *Factory) *cobra.Command {
 	var (
-		stream      string
-		follow, raw bool
+		stream              string
+		follow, raw, asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "logs ID",
@@ -157,6 +163,11 @@ log, as they were written.
 (what it says, the tools it calls and on what, usage and cost as they accrue)
 and the job's stage changes. With --raw, -f prints the engine's own
 stream-json/JSONL lines on stdout instead (stage changes go to stderr).
+
+--json prints one JSON object per line: {job, stream, text} for each line
+of a log as written; with -f, {job, kind, text, usage?} for each engine
+event (kind: attempt, system, text, tool, tool-error, usage, result,
+error) and {job, kind: "event", text} for each stage change or note.
 
 In fleet mode a job that ran (or runs) on another factory is read from the
 coordinator: its events while it runs, and its logs from the artifacts its
@@ -171,8 +182,11 @@ factory uploaded when it ended.`,
 			if names == nil {
 				return aqerr.Usagef("use stdout, stderr, verify or all", "--stream %q is not a log", stream)
 			}
-			if raw && !follow {
+			switch {
+			case raw && !follow:
 				return aqerr.Usagef("--raw goes with -f (without -f the logs are printed as written)", "--raw without -f")
+			case raw && asJSON:
+				return aqerr.Usagef("use one of them: --raw prints the engine's own JSON lines, --json aq's records", "--raw and --json cannot be combined")
 			}
 			if follow {
 				fo, err := newFollower(cmd.Context(), f, args[0], raw)
@@ -182,40 +196,80 @@ factory uploaded when it ended.`,
 				if raw {
 					fo.meta = func(l string) { fmt.Fprintln(f.IO.Err, l) }
 				}
+				if asJSON {
+					fo.rec = func(r logRecord) { _ = writeJSONLine(f.IO.Out, r) }
+				}
 				return fo.run(cmd.Context(), func(l string) { fmt.Fprintln(f.IO.Out, l) })
 			}
+			out := &logPrinter{f: f, id: args[0], many: len(names) > 1, json: asJSON}
 			if useFleet(cfg) {
-				return fleetJobLogs(cmd.Context(), f, args[0], names)
+				return fleetJobLogs(cmd.Context(), f, out, names)
 			}
 			if _, err := jobEntry(f, args[0]); err != nil {
 				return err
 			}
-			printLocalLogs(f, filepath.Join(cfg.LogsDir(), args[0]), args[0], names)
+			printLocalLogs(f, out, filepath.Join(cfg.LogsDir(), args[0]), names)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&stream, "stream", "all", "which log: stdout|stderr|verify|all")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the job until it ends: its engine events rendered for a person, and its stage changes")
 	cmd.Flags().BoolVar(&raw, "raw", false, "with -f: the engine's own stream-json/JSONL lines, as written")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line: {job, stream, text} per log line; with -f {job, kind, text, usage?} per event")
 	return cmd
 }
 
+// logRecord is one line of `aq job logs --json`. Field names are stable.
+type logRecord struct {
+	Job string `json:"job"`
+	// Stream names the log a line was read from as written (stdout,
+	// stderr, verify); empty with -f.
+	Stream string `json:"stream,omitempty"`
+	// Kind is, with -f, the engine event's kind (engines.Note) or "event"
+	// for a stage change or a note of aq's.
+	Kind  string         `json:"kind,omitempty"`
+	Text  string         `json:"text"`
+	Usage *engines.Usage `json:"usage,omitempty"`
+}
+
+// logPrinter prints a job's logs as written, or as JSON records.
+type logPrinter struct {
+	f     *Factory
+	id    string
+	many  bool // headed by "--- NAME.log ---" per log (text only)
+	json  bool
+	shown int
+}
+
+// log prints one log's content; head is its heading's text.
+func (p *logPrinter) log(name, head string, b []byte) {
+	p.shown++
+	if !p.json {
+		if p.many {
+			fmt.Fprintf(p.f.IO.Out, "--- %s ---\n", head)
+		}
+		_, _ = p.f.IO.Out.Write(b)
+		return
+	}
+	if len(b) == 0 {
+		return
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		_ = writeJSONLine(p.f.IO.Out, logRecord{Job: p.id, Stream: name, Text: strings.TrimSuffix(l, "\r")})
+	}
+}
+
 // printLocalLogs prints the job's log files under dir.
-func printLocalLogs(f *Factory, dir, id string, names []string) {
-	shown := 0
+func printLocalLogs(f *Factory, out *logPrinter, dir string, names []string) {
 	for _, n := range names {
 		b, err := os.ReadFile(filepath.Join(dir, n+".log"))
 		if err != nil {
 			continue
 		}
-		if len(names) > 1 {
-			fmt.Fprintf(f.IO.Out, "--- %s.log ---\n", n)
-		}
-		f.IO.Out.Write(b)
-		shown++
+		out.log(n, n+".log", b)
 	}
-	if shown == 0 {
-		fmt.Fprintf(f.IO.Err, "aq: job %s has no %s log yet (it has not run)\n", id, strings.Join(names, ", "))
+	if out.shown == 0 {
+		fmt.Fprintf(f.IO.Err, "aq: job %s has no %s log yet (it has not run)\n", out.id, strings.Join(names, ", "))
 	}
 }
 
@@ -253,6 +307,71 @@ func newJobRejectCmd(f *Factory) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&why, "why", "rejected by an operator", "the reason recorded on the job")
 	return cmd
+}
+
+func newJobRmCmd(f *Factory) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm ID",
+		Short: "Remove a job that is not running (its worktree and branches are left to aq gc)",
+		Long: `Remove a job from the queue — in fleet mode from the coordinator (DELETE
+/fleet/jobs/:id) — so that a mistake need not live on under its id: a job
+in any stage but building. A running job is refused and left as it is.
+
+Nothing of its work is deleted: its worktree, its checkpoint aq/wip/<id> and
+its branch aq/job/<id> are left to aq gc, which never deletes unmerged work
+(docs/gc.md), and its logs stay under $AQ_HOME/logs/<id>. A job submitted
+later under the same id starts afresh, but resumes from that checkpoint if it
+is still there (delete the ref for a clean start). Jobs that name it in their
+deps are listed on stderr: they wait until a job with its id ships.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runJobRm(cmd.Context(), f, args[0])
+		},
+	}
+}
+
+// runJobRm is `aq job rm ID`. An unknown job gives the line and exit code
+// aq job show gives.
+func runJobRm(ctx context.Context, f *Factory, id string) error {
+	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	var (
+		was        string
+		dependents []string
+		where      string
+	)
+	if useFleet(cfg) {
+		if err := checkJobID(id); err != nil {
+			return err
+		}
+		c, err := operatorClient(ctx, f)
+		if err != nil {
+			return err
+		}
+		a, err := c.RemoveJob(ctx, id)
+		if err != nil {
+			return jobOpError(id, "remove", err)
+		}
+		was, dependents, where = "the coordinator had it in "+orDash(a.Stage), a.Dependents, "the coordinator"
+	} else {
+		if _, err := jobEntry(f, id); err != nil {
+			return err
+		}
+		a, _ := f.Local()
+		st, deps, err := a.Queue.Remove(id)
+		if err != nil {
+			return err
+		}
+		was, dependents, where = "it was in "+string(st.Stage), deps, "the queue"
+	}
+	fmt.Fprintf(f.IO.Out, "removed %s from %s (%s); its worktree and branches are left to aq gc, which never deletes unmerged work\n", id, where, was)
+	if len(dependents) > 0 {
+		fmt.Fprintf(f.IO.Err, "aq: warning: %s name %s in their deps: they wait until a job %s ships (`aq job rm` them, or give them new deps with `aq submit --replace`)\n",
+			strings.Join(dependents, ", "), id, id)
+	}
+	return nil
 }
 
 // jobAction is `aq job requeue|ship|reject`: on the local queue, or in
@@ -325,4 +444,58 @@ func stageErr(err error) error {
 		return aqerr.Wrap(aqerr.Usage, err, err.Error(), "`aq job show` says where the job is")
 	}
 	return err
+}
+
+// previousText is how a job's previous attempt ended, on one line ("" when
+// none is known).
+func previousText(p *job.Previous) string {
+	if p == nil {
+		return ""
+	}
+	t := fmt.Sprintf("attempt %d ended %s", p.Attempt, p.Reason)
+	if p.Attempt <= 0 {
+		t = "the last run ended " + string(p.Reason)
+	}
+	if p.Detail != "" {
+		t += ": " + strings.Join(strings.Fields(p.Detail), " ")
+	}
+	if p.RepairRounds > 0 {
+		t += fmt.Sprintf(" (after %d repair round%s)", p.RepairRounds, map[bool]string{true: "s"}[p.RepairRounds != 1])
+	}
+	return t
+}
+
+// printRounds lists the engine's runs of a job's last attempt — the first
+// and each repair round after a failed verify — with what each spent and
+// what verify said after it, and the tail of a verify that failed.
+func printRounds(w io.Writer, in *job.Insights) {
+	if in == nil || len(in.Runs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nruns (%d repair round%s):\n", in.RepairRounds, map[bool]string{true: "s"}[in.RepairRounds != 1])
+	for _, r := range in.Runs {
+		name := "first"
+		if r.Round > 0 {
+			name = fmt.Sprintf("repair %d", r.Round)
+		}
+		sess := ""
+		if r.Session != "" {
+			sess = ", continued session " + r.Session
+		}
+		after := "passed"
+		switch {
+		case r.VerifyExit < 0:
+			after = "not run"
+		case !r.VerifyPassed:
+			after = fmt.Sprintf("exited %d", r.VerifyExit)
+		}
+		fmt.Fprintf(w, "  %-9s tokens in/out %d/%d, $%.4f, %d turns, %s%s; verify %s\n", name, r.TokensIn, r.TokensOut, r.CostUSD, r.Turns,
+			time.Duration(r.EngineMS*int64(time.Millisecond)).Round(time.Millisecond), sess, after)
+	}
+	if v := in.Verify; v != nil && !v.Passed && v.Tail != "" {
+		fmt.Fprintf(w, "\nlast verify (%s, exit %d), its output's end:\n", v.Command, v.ExitCode)
+		for _, l := range strings.Split(v.Tail, "\n") {
+			fmt.Fprintln(w, "  "+l)
+		}
+	}
 }

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -46,6 +48,37 @@ func TestJobCommands(t *testing.T) {
 	}
 	if r := h.Run(t, "job", "logs", "--stream", "bogus", built); r.Code != 2 {
 		t.Errorf("bad stream: %s", r)
+	}
+	// --json: one record per log line, each naming its stream; with -f,
+	// one per engine event and stage change.
+	recs := logRecords(t, h.Run(t, "job", "logs", "--json", built))
+	if !hasRecord(recs, func(r logRecord) bool { return r.Stream == "stdout" && r.Text == "hello from built" }) ||
+		!hasRecord(recs, func(r logRecord) bool { return r.Stream == "stderr" && r.Text == "warn" }) ||
+		!hasRecord(recs, func(r logRecord) bool {
+			return r.Job == built && strings.HasPrefix(r.Text, "=== aq job "+built+" attempt 1")
+		}) {
+		t.Errorf("job logs --json: %+v", recs)
+	}
+	recs = logRecords(t, h.Run(t, "job", "logs", "-f", "--json", built))
+	if !hasRecord(recs, func(r logRecord) bool { return r.Kind == "event" && strings.Contains(r.Text, "inbox → building") }) ||
+		!hasRecord(recs, func(r logRecord) bool { return r.Kind == "text" && r.Text == "hello from built" }) {
+		t.Errorf("job logs -f --json: %+v", recs)
+	}
+	if r := h.Run(t, "job", "logs", "-f", "--raw", "--json", built); r.Code != 2 {
+		t.Errorf("--raw with --json: %s", r)
+	}
+	// The help lists the flags logs reads: its own, the coordinator's
+	// (fleet mode) and the global ones — no repository flags.
+	help := h.Run(t, "job", "logs", "--help").Stdout
+	for _, want := range []string{"--json", "--stream", "--fleet-api", "--home"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("job logs --help lacks %s:\n%s", want, help)
+		}
+	}
+	for _, unread := range []string{"Repository flags", "--repo-base", "--heartbeat-sec", "--worktree-pool"} {
+		if strings.Contains(help, unread) {
+			t.Errorf("job logs --help lists %s, which it does not read:\n%s", unread, help)
+		}
 	}
 
 	// ship: testing → shipped, once.
@@ -95,4 +128,25 @@ func TestJobCommands(t *testing.T) {
 			t.Errorf("aq %v: want exit 2 and one line: %s", args, r)
 		}
 	}
+}
+
+// logRecords decodes `aq job logs --json`: one JSON object per line.
+func logRecords(t *testing.T, r testenv.Result) []logRecord {
+	t.Helper()
+	if r.Code != 0 {
+		t.Fatalf("job logs --json: %s", r)
+	}
+	var out []logRecord
+	for _, l := range strings.Split(strings.TrimRight(r.Stdout, "\n"), "\n") {
+		var rec logRecord
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("not one JSON object per line: %q: %v", l, err)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+func hasRecord(recs []logRecord, ok func(logRecord) bool) bool {
+	return slices.ContainsFunc(recs, ok)
 }

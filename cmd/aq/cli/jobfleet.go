@@ -150,7 +150,9 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 		row("insights", fmt.Sprintf("engine %s, model %s, tokens in/out %d/%d, cost $%.4f, turns %d, wall %dms, files %d +%d/-%d",
 			in.Engine, in.Model, in.TokensIn, in.TokensOut, in.CostUSD, in.Turns, in.WallMS, in.FilesChanged, in.LinesAdded, in.LinesDeleted))
 	}
+	row("previous", previousText(j.Previous))
 	tw.Flush()
+	printRounds(w, j.Insights)
 	if len(v.Events) > 0 {
 		fmt.Fprintln(w, "\nevents:")
 		for _, e := range v.Events {
@@ -180,16 +182,6 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 	for _, m := range v.Missing {
 		fmt.Fprintf(w, "\n(the coordinator has no %s: not shown)\n", m)
 	}
-	return nil
-}
-
-// fleetJobAction is requeue, reject or ship through the coordinator.
-func fleetJobAction(ctx context.Context, f *Factory, id, action, detail string) error {
-	msg, err := fleetAct(ctx, f, id, action, detail)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(f.IO.Out, msg)
 	return nil
 }
 
@@ -223,7 +215,8 @@ func pastTense(action string) string {
 
 // fleetJobLogs prints a fleet job's logs: this host's files when it ran
 // here, else the artifacts the coordinator holds (the latest of each).
-func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) error {
+func fleetJobLogs(ctx context.Context, f *Factory, out *logPrinter, names []string) error {
+	id := out.id
 	if err := checkJobID(id); err != nil {
 		return err
 	}
@@ -232,7 +225,7 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 		return err
 	}
 	if dir := filepath.Join(cfg.LogsDir(), id); exists(dir) {
-		printLocalLogs(f, dir, id, names)
+		printLocalLogs(f, out, dir, names)
 		return nil
 	}
 	c, err := operatorClient(ctx, f)
@@ -253,7 +246,6 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 			latest[a.Name] = a
 		}
 	}
-	shown := 0
 	for _, n := range names {
 		a, ok := latest[want[n]]
 		if !ok {
@@ -263,13 +255,9 @@ func fleetJobLogs(ctx context.Context, f *Factory, id string, names []string) er
 		if err != nil {
 			return jobOpError(id, "read the logs of", err)
 		}
-		if len(names) > 1 {
-			fmt.Fprintf(f.IO.Out, "--- %s.log (artifact %s from %s, attempt %d) ---\n", n, a.ID, orDash(a.FactoryID), a.Attempt)
-		}
-		f.IO.Out.Write(b)
-		shown++
+		out.log(n, fmt.Sprintf("%s.log (artifact %s from %s, attempt %d)", n, a.ID, orDash(a.FactoryID), a.Attempt), b)
 	}
-	if shown == 0 {
+	if out.shown == 0 {
 		fmt.Fprintf(f.IO.Err, "aq: the coordinator holds no log of job %s yet (it has not ended on a factory that uploads its logs)\n", id)
 	}
 	return nil

@@ -2,12 +2,9 @@ package cli
 
 import (
 	"encoding/json"
-	"net"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/testenv"
@@ -37,8 +34,8 @@ func oneErrLine(t *testing.T, stderr, want string) {
 // (409 with its reason), a route it lacks and a coordinator that is down
 // each give one line and their exit code.
 func TestFleetJobCommands(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against the stub end to end")
 	s, dir, _ := fleetEnv(t)
-	hs := stubServer(t, s)
 	m := writeManifest(t, dir, idFleetShow, "script: echo shown > s.txt\nship: branch")
 	q := writeManifest(t, dir, idFleetQueued, "script: true\ncapabilities: [has:no-such-tool-anywhere]")
 	if _, errOut, code := runAQ(t, "submit", m, q); code != 0 {
@@ -113,7 +110,7 @@ func TestFleetJobCommands(t *testing.T) {
 	s.SetWithout()
 
 	// A coordinator that is down.
-	hs.Close()
+	s.Kill()
 	_, errOut, code = runAQ(t, "job", "requeue", idFleetQueued)
 	if code != 1 {
 		t.Fatalf("coordinator down: exit %d %q", code, errOut)
@@ -121,21 +118,12 @@ func TestFleetJobCommands(t *testing.T) {
 	oneErrLine(t, errOut, "cannot requeue job "+idFleetQueued+": coordinator unavailable")
 }
 
-// stubServer serves s on 127.0.0.1 and points AQ_FLEET_API at it (fleetEnv
-// already serves one; this one the test may close).
-func stubServer(t *testing.T, s *coord.Server) *stubHTTP {
-	t.Helper()
-	h := newStubHTTP(t, s)
-	t.Setenv("AQ_FLEET_API", h.URL+"/api")
-	return h
-}
-
 // TestFleetStatusJSONCoordinator: aq status --json in fleet mode carries
 // the coordinator's view — counts, jobs, factories with health and load,
 // alerts — names a route the coordinator lacks, and says when it is down.
 func TestFleetStatusJSONCoordinator(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against the stub end to end")
 	s, dir, _ := fleetEnv(t)
-	hs := stubServer(t, s)
 	q := writeManifest(t, dir, idFleetQueued, "script: true\ncapabilities: [has:no-such-tool-anywhere]")
 	if _, errOut, code := runAQ(t, "submit", q); code != 0 {
 		t.Fatal(errOut)
@@ -166,7 +154,7 @@ func TestFleetStatusJSONCoordinator(t *testing.T) {
 	if !strings.Contains(out, "(the coordinator has no GET /fleet/factories)") {
 		t.Fatalf("text status: %q", out)
 	}
-	hs.Close()
+	s.Kill()
 	if c := statusJSON(t).Coordinator; c.Reachable || c.Error == "" || c.UnreachableSince.IsZero() {
 		t.Fatalf("down: %+v", c)
 	}
@@ -187,7 +175,6 @@ func statusJSON(t *testing.T) Board {
 // factory uploaded as an artifact, rendered for a person (or raw).
 func TestJobLogsFollowFleetFromAnotherHost(t *testing.T) {
 	s, dir, _ := fleetEnv(t)
-	stubServer(t, s)
 	stream := `{"type":"system","subtype":"init","model":"claude-x","session_id":"s-1","claude_code_version":"2.1.0"}
 {"type":"assistant","message":{"id":"m1","model":"claude-x","content":[{"type":"tool_use","name":"Edit","input":{"file_path":"src/main.go"}}],"usage":{"input_tokens":100,"output_tokens":20}}}
 {"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"done","total_cost_usd":0.5,"usage":{"input_tokens":100,"output_tokens":20}}`
@@ -222,25 +209,3 @@ func TestJobLogsFollowFleetFromAnotherHost(t *testing.T) {
 		t.Fatal("no artifacts")
 	}
 }
-
-// stubHTTP is the stub on a 127.0.0.1 listener a test can close.
-type stubHTTP struct {
-	URL string
-	srv *http.Server
-}
-
-func newStubHTTP(t *testing.T, s *coord.Server) *stubHTTP {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	h := &stubHTTP{URL: "http://" + ln.Addr().String(), srv: srv}
-	t.Cleanup(h.Close)
-	return h
-}
-
-// Close stops the server and its connections at once.
-func (h *stubHTTP) Close() { _ = h.srv.Close() }

@@ -33,9 +33,9 @@ type observeState struct {
 	err  error
 }
 
-// Observe builds the command's tracing and notifier. A bad OTEL_* value, or
+// observed builds the command's tracing and notifier. A bad OTEL_* value, or
 // AQ_CLAUDE_TELEMETRY without an endpoint, is a usage error (exit 2).
-func (f *Factory) Observe() (*observe, error) {
+func (f *Factory) observed() (*observe, error) {
 	f.obs.once.Do(func() {
 		cfg, err := f.Config()
 		if err != nil {

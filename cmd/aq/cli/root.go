@@ -1,7 +1,7 @@
 // Package cli is aq's command line: one cobra command per file, each an
 // options struct, a constructor that binds flags, and a run function that calls
 // into the packages that do the work. Only Main prints errors and maps them to
-// exit codes (DESIGN §2).
+// exit codes (README.md, "Exit codes").
 package cli
 
 import (
@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -170,6 +169,7 @@ func run(ctx context.Context, args []string, io IO, supervisor string) int {
 
 // NewRoot builds the command tree.
 func NewRoot(f *Factory) *cobra.Command {
+	var showVersion bool
 	root := &cobra.Command{
 		Use:   "aq",
 		Short: "aq: the factory agent that runs coding engines on jobs in isolated git worktrees",
@@ -188,13 +188,21 @@ Fleet mode (AQ_FLEET=1) takes them from the coordinator.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if showVersion {
+				return runVersion(f, &versionOptions{})
+			}
+			return cmd.Help()
+		},
 	}
+	// --version and -v are the root's own (a local flag): `aq gc -v` stays
+	// gc's --verbose.
+	root.Flags().BoolVarP(&showVersion, "version", "v", false, "print the version, commit and Go version, as aq version does")
 	config.AddFlags(root.PersistentFlags(), config.GroupGlobal)
 	root.SetUsageTemplate(usageTemplate)
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { f.active = cmd }
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return aqerr.Usagef(fmt.Sprintf("run 'aq %s --help'", strings.TrimPrefix(c.CommandPath(), "aq ")), "%v", err)
+		return aqerr.Usagef(fmt.Sprintf("run '%s --help'", c.CommandPath()), "%v", err)
 	})
 	root.AddCommand(
 		newVersionCmd(f),

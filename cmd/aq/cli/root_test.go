@@ -61,6 +61,51 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestVersionFlag: `aq --version` and `aq -v` print what `aq version`
+// prints; -v is the root's only (`aq gc -v` is gc's --verbose).
+func TestVersionFlag(t *testing.T) {
+	cleanEnv(t)
+	want, _, code := runAQ(t, "version")
+	if code != 0 {
+		t.Fatalf("aq version: exit %d", code)
+	}
+	for _, args := range [][]string{{"--version"}, {"-v"}} {
+		out, errOut, code := runAQ(t, args...)
+		if code != 0 || out != want || errOut != "" {
+			t.Errorf("aq %v: exit %d, stdout %q (want %q), stderr %q", args, code, out, want, errOut)
+		}
+	}
+	// On a subcommand -v is not the version: gc's is --verbose, and the
+	// others have none.
+	out, _, _ := runAQ(t, "gc", "--help")
+	if !strings.Contains(out, "-v, --verbose") {
+		t.Errorf("aq gc --help lost -v, --verbose:\n%s", out)
+	}
+	if _, errOut, code := runAQ(t, "status", "-v"); code != 2 || !strings.Contains(errOut, "unknown shorthand flag: 'v'") {
+		t.Errorf("aq status -v: exit %d stderr %q", code, errOut)
+	}
+}
+
+// TestFlagErrorSuggestsTheCommandsHelp: a flag error names the help of the
+// command it was given to — `aq --help` at the top, never `aq aq --help`.
+func TestFlagErrorSuggestsTheCommandsHelp(t *testing.T) {
+	cleanEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "(run 'aq --help')"},
+		{[]string{"-x"}, "(run 'aq --help')"},
+		{[]string{"gc", "--bogus"}, "(run 'aq gc --help')"},
+		{[]string{"job", "show", "--bogus", "x"}, "(run 'aq job show --help')"},
+	} {
+		_, errOut, code := runAQ(t, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Contains(errOut, "aq aq") {
+			t.Errorf("aq %v: exit %d stderr %q, want %s", c.args, code, errOut, c.want)
+		}
+	}
+}
+
 func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 	cleanEnv(t)
 	for _, args := range [][]string{

@@ -83,7 +83,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	if err != nil {
 		return err
 	}
-	obs, err := f.Observe()
+	obs, err := f.observed()
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 		if errors.Is(err, queue.ErrNoJob) {
 			switch {
 			case opts.Once || (opts.Drain && ran == 0):
-				return aqerr.New(aqerr.NoJob, "no runnable job", "`aq status` shows what is queued and why it waits")
+				return noRunnable(ctx, a, time.Now())
 			case opts.Drain:
 				return exitFor(last, failed)
 			}
@@ -150,7 +150,7 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	}
 }
 
-// exitFor maps the run's results to DESIGN §2's exit codes.
+// exitFor maps the run's results to the exit codes (README.md, "Exit codes").
 func exitFor(last *local.Result, failed int) error {
 	switch {
 	case last != nil && last.Outcome.Reason == job.ReasonFenced:
@@ -167,7 +167,7 @@ func exitFor(last *local.Result, failed int) error {
 
 func printResult(f *Factory, opts *runOptions, r *local.Result) {
 	if opts.JSON {
-		writeJSONLine(f.IO.Out, r)
+		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome
@@ -195,4 +195,40 @@ func shippedText(o runner.Outcome) string {
 		what += ", PR " + o.PRURL
 	}
 	return fmt.Sprintf("%s; engine %s, %s", what, in.Engine, time.Duration(in.WallMS)*time.Millisecond)
+}
+
+// noRunnable is exit 3's line when nothing ran: the first queued job, in
+// the order aq run takes them, and why it waits — or that nothing is
+// queued at all.
+func noRunnable(ctx context.Context, a *local.Agent, now time.Time) error {
+	const fix = "`aq status` shows what is queued and why it waits"
+	entries, err := a.Queue.List()
+	if err != nil {
+		return aqerr.New(aqerr.NoJob, "no runnable job", fix)
+	}
+	host, hostErr := a.HostCaps(ctx)
+	active, _ := a.Runner.Holds.Active()
+	var waiting []WaitingJob
+	taken := ""
+	for _, e := range entries {
+		if s := e.State; s.Stage == job.Inbox || s.Stage == job.Blocked {
+			if w, waits := standing(a, host, hostErr, active, s, now); waits {
+				waiting = append(waiting, w)
+			} else if taken == "" {
+				taken = s.ID
+			}
+		}
+	}
+	switch {
+	case len(waiting) > 0:
+		w := waiting[0]
+		more := fix
+		if n := len(waiting) - 1; n > 0 {
+			more = fmt.Sprintf("%d more job(s) wait; %s", n, fix)
+		}
+		return aqerr.New(aqerr.NoJob, fmt.Sprintf("no runnable job: %s (%s) waits: %s", w.ID, w.Stage, w.Why), more)
+	case taken != "":
+		return aqerr.New(aqerr.NoJob, fmt.Sprintf("no runnable job: %s is runnable, but another aq took it first", taken), fix)
+	}
+	return aqerr.New(aqerr.NoJob, "no runnable job: nothing is queued (the inbox is empty and no job is blocked)", "`aq submit FILE.md` queues a job; `aq status` shows the others")
 }

@@ -21,6 +21,7 @@ import (
 // leaves the fleet and exits 0 — without waiting out --wait, and without a
 // claim: the job came from the subscription.
 func TestRunOnceFromBroker(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, true)
 	id := testenv.ID("once-broker")
 	e.submit(id, "echo hi > hi.txt\n")
@@ -54,6 +55,7 @@ func TestRunOnceFromBroker(t *testing.T) {
 // subscription empty: exit 3 once --wait has passed, having accepted
 // nothing, and leaves the fleet cleanly.
 func TestRunOnceNoMessageExits3(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, true)
 	r := e.h.Run(t, "run", "--once", "--wait", "1s")
 	if r.Code != 3 {
@@ -71,6 +73,7 @@ func TestRunOnceNoMessageExits3(t *testing.T) {
 // `aq run --drain` with a broker takes messages until none arrives within
 // --wait; a failed job makes the exit 1 and the others still run.
 func TestRunDrainFromBroker(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, true)
 	ok1, ok2, bad := testenv.ID("drain-a"), testenv.ID("drain-b"), testenv.ID("drain-bad")
 	e.submit(ok1, "echo a > a.txt\n")
@@ -97,6 +100,7 @@ func TestRunDrainFromBroker(t *testing.T) {
 // a job another factory holds is exit 4, one the coordinator does not have
 // exit 3 — each with one line, nothing run.
 func TestRunJobByID(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, false)
 	id := testenv.ID("by-id")
 	e.submit(id, "echo x > x.txt\n")
@@ -168,6 +172,7 @@ func assertLeft(t *testing.T, s *coord.Server, id string) {
 // is live is published to the pool's subscription, and a new replica — its
 // own id, a fresh AQ_HOME — takes it from there and runs it.
 func TestPoolReplicas(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnvSubs(t, []string{"fleet-dispatch/builders"}, "AQ_FACTORY_POOL=builders", "AQ_FACTORY_ID=replica-1")
 	if r := e.h.Run(t, "run", "--once", "--wait", "1s"); r.Code != 3 {
 		t.Fatalf("the first replica, with nothing to do: %s", r)
@@ -208,6 +213,7 @@ func TestPoolReplicas(t *testing.T) {
 // mistake: one clear line naming the subscription and the command that
 // makes it, exit 2 at once (not after --wait), nothing accepted or claimed.
 func TestRunOnceMissingPoolSubscription(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnvSubs(t, []string{"fleet-dispatch/builders"}, "AQ_FACTORY_POOL=nosuch", "AQ_FACTORY_ID=replica-1")
 	r := e.h.Run(t, "run", "--once", "--wait", "2m")
 	if r.Code != 2 {
@@ -229,6 +235,7 @@ func TestRunOnceMissingPoolSubscription(t *testing.T) {
 // clones it (blobless) under AQ_REPO_BASE and ships. A repo whose clone
 // fails is the job failed repo_unavailable (retryable), nothing left behind.
 func TestRunOnceClonesOnDemand(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnv(t, true)
 	testenv.Git(t, e.origin, "config", "uploadpack.allowFilter", "true")
 	replica := testenv.NewHome(t) // nothing under its repo base
@@ -277,6 +284,7 @@ func TestRunOnceClonesOnDemand(t *testing.T) {
 // exits 3 saying the poll path ran; `aq run --job` cannot accept a named
 // job there — exit 2, one line, nothing run.
 func TestRunWithBrokerAgainstLegacyCoordinator(t *testing.T) {
+	t.Parallel() // its own stub, peer, home and job ids: it runs beside the others
 	e := newDaemonEnvRoutes(t, coord.RoutesLegacy, []string{"fleet-dispatch/fa"})
 	id := testenv.ID("legacy-once")
 	e.submit(id, "echo hi > hi.txt\n")

@@ -5,6 +5,7 @@ package cli
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -37,6 +38,7 @@ func noTagged(t *testing.T, name string) {
 // processes on one AQ_HOME, each looping until the queue is empty (exit 3),
 // run every job exactly once.
 func TestRunConcurrentProcessesTakeEachJobOnce(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, mark := binHome(t)
 	const jobs, procs = 20, 4
 	for r := range 5 {
@@ -97,6 +99,7 @@ echo "$AQ_JOB_ID" > out.txt`, "ship: branch"))
 // TestRunSameRepoSerially: jobs on one repo never overlap, even with as many
 // aq processes as jobs taking them at once (they wait for the repo lock).
 func TestRunSameRepoSerially(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, mark := binHome(t)
 	h.Repo(t, "one", nil)
 	const jobs = 4
@@ -131,6 +134,7 @@ rmdir "$MARK/inside" 2>/dev/null || true`
 // time. Each waits for the other to start: run one after the other, both
 // would wait in vain until their own deadline and fail.
 func TestRunDifferentReposInParallel(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, _ := binHome(t)
 	for _, r := range []string{"left", "right"} {
 		h.Repo(t, r, nil)
@@ -161,8 +165,9 @@ echo done > %s.txt`, me, other, me)
 
 // k9Script is an engine that, on its first run, writes files and then keeps
 // writing (atomically, logging each write to $MARK/written) until it is
-// killed; a later run that finds its progress copies it to $MARK/seen.
-const k9Script = `if [ -f progress ]; then cp progress "$MARK/seen"; echo final > final.txt; exit 0; fi
+// killed; a later run that finds its progress copies it to $MARK/seen and
+// its prompt to $MARK/prompt.
+const k9Script = `if [ -f progress ]; then cp progress "$MARK/seen"; cat > "$MARK/prompt"; echo final > final.txt; exit 0; fi
 echo first > first.txt
 rm README.md
 i=0
@@ -260,6 +265,15 @@ func TestRunKill9MidJob(t *testing.T) {
 			if _, ok := files["README.md"]; ok {
 				t.Error("the first run's deletion was lost")
 			}
+			// The re-run was told why the killed attempt ended and that it
+			// resumes from that attempt's checkpoint.
+			prompt := testenv.ReadFile(t, filepath.Join(mark, "prompt"))
+			for _, want := range []string{"This job ran before. Its attempt 1 ended: crash (recovered: the process running it", "is gone; checkpoint ",
+				"cut off by the machine running it", "resumes from a checkpoint of the earlier work"} {
+				if !strings.Contains(prompt, want) {
+					t.Errorf("the retry's prompt lacks %q:\n%s", want, prompt)
+				}
+			}
 		})
 	}
 }
@@ -332,7 +346,9 @@ func TestRunFailureReasons(t *testing.T) {
 		{"timeout", scriptJob("app", wait, "budget: {wall: 1s}"), job.ReasonTimeout, "wall", false},
 		{"budget_tokens", scriptJob("app", "echo ::aq-usage tokens_in=600 tokens_out=600\n"+wait, "budget: {tokens: 1000}"), job.ReasonBudgetExceeded, "tokens", false},
 		{"budget_usd", scriptJob("app", "echo ::aq-usage cost_usd=1.25 turns=1\n"+wait, "budget: {usd: 1}"), job.ReasonBudgetExceeded, "$1.25", false},
-		{"verify_failed", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt"), job.ReasonVerifyFailed, "test -f y.txt", false},
+		// AQ_VERIFY_ROUNDS's default: two repair rounds before verify_failed.
+		{"verify_failed", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt"), job.ReasonVerifyFailed, "after 2 repair rounds", false},
+		{"verify_failed_no_rounds", scriptJob("app", "echo x > x.txt", "verify: test -f y.txt", "verify_rounds: 0"), job.ReasonVerifyFailed, "test -f y.txt", false},
 		{"no_engine_path", scriptJob("app", "no-such-tool-xyz --fix"), job.ReasonNoEngine, "no-such-tool-xyz", true},
 		{"no_engine_127", scriptJob("app", "./tools/missing.sh"), job.ReasonNoEngine, "127", false},
 		{"engine_failed", scriptJob("app", "exit 2"), job.ReasonEngineFailed, "exited 2", false},
@@ -385,6 +401,7 @@ func TestRunFailureReasons(t *testing.T) {
 // with invalid_manifest when taken; a corrupt sidecar sends its job to failed
 // and is kept as .corrupt.
 func TestRunInvalidManifestInQueue(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, _ := binHome(t)
 	h.Repo(t, "app", nil)
 	edited, garbled := testenv.ID("edited"), testenv.ID("garbled")
@@ -417,6 +434,7 @@ func TestRunInvalidManifestInQueue(t *testing.T) {
 // in the inbox until NotBefore (aq run --once: exit 3, aq status says why),
 // runs once more, then goes to dead_letter.
 func TestRunRetriesWithBackoff(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, mark := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "retry", scriptJob("app", `echo "$AQ_JOB_ID" >> "$MARK/runs"; exit 4`, "retry: {max: 1, backoff: 2s}"))
@@ -430,16 +448,26 @@ func TestRunRetriesWithBackoff(t *testing.T) {
 	if d := v.NotBefore.Sub(v.EndedAt); d != 2*time.Second {
 		t.Errorf("backoff %v, want 2s", d)
 	}
-	if r := h.Run(t, "run", "--once"); r.Code != 3 && time.Now().Before(v.NotBefore) {
-		t.Fatalf("during the backoff: %s", r)
-	}
-	b := board(t, h)
-	if time.Now().Before(v.NotBefore) && (len(b.Waiting) != 1 || !strings.Contains(b.Waiting[0].Why, "retry backoff")) {
-		t.Errorf("status during the backoff: %+v", b.Waiting)
-	}
-	time.Sleep(time.Until(v.NotBefore)) // the backoff is the behaviour under test
-	if r := h.Run(t, "run", "--once"); r.Code != 1 {
-		t.Fatalf("attempt 2: %s", r)
+	// A run during the backoff takes nothing. On a loaded machine the
+	// backoff may be over before that aq looks at the queue: then it is
+	// attempt 2, and it must have started after the backoff.
+	during := h.Run(t, "run", "--once")
+	switch after := show(t, h, "retry"); {
+	case during.Code == 3 && after.Attempts == 1:
+		b := board(t, h)
+		if time.Now().Before(v.NotBefore) && (len(b.Waiting) != 1 || !strings.Contains(b.Waiting[0].Why, "retry backoff")) {
+			t.Errorf("status during the backoff: %+v", b.Waiting)
+		}
+		time.Sleep(time.Until(v.NotBefore)) // the backoff is the behaviour under test
+		if r := h.Run(t, "run", "--once"); r.Code != 1 {
+			t.Fatalf("attempt 2: %s", r)
+		}
+	case during.Code == 1 && after.Attempts == 2:
+		if after.StartedAt.Before(v.NotBefore) {
+			t.Fatalf("attempt 2 started at %v, before the backoff ended at %v", after.StartedAt, v.NotBefore)
+		}
+	default:
+		t.Fatalf("during the backoff (attempts now %d): %s", after.Attempts, during)
 	}
 	v = show(t, h, "retry")
 	if v.Stage != job.DeadLetter || v.Attempts != 2 || v.Reason != job.ReasonEngineFailed {
@@ -456,6 +484,7 @@ func TestRunRetriesWithBackoff(t *testing.T) {
 // TestRunSecretsMasked: secrets the engine prints are *** in the job logs and
 // in aq's own output; AQ_FLEET_TOKEN is not in the engine's environment.
 func TestRunSecretsMasked(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, mark := binHome(t)
 	h.Repo(t, "app", nil)
 	const gh, fleet = "ghp_abcdefghijklmnop0123456789", "aqft_0123456789abcdef"
@@ -493,6 +522,7 @@ echo x > x.txt`, "verify: echo verify token=$GITHUB_TOKEN"))
 // TestRunHomeNotWritable: an AQ_HOME that cannot be created is a usage error
 // (exit 2) in one line that names it.
 func TestRunHomeNotWritable(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, _ := binHome(t)
 	file := filepath.Join(t.TempDir(), "plain-file")
 	testenv.WriteFile(t, file, "not a directory")
@@ -507,8 +537,50 @@ func TestRunHomeNotWritable(t *testing.T) {
 	}
 }
 
+// TestRunOnceSaysWhyNothingRuns: exit 3's line names the first job aq run
+// would take and why it waits (here: its engine is not installed), how many
+// more wait, and says so when nothing is queued at all.
+func TestRunOnceSaysWhyNothingRuns(t *testing.T) {
+	h, _ := binHome(t)
+	h.Repo(t, "app", nil)
+	bin := t.TempDir()
+	for _, tool := range []string{"git", "sh"} { // a PATH without claude, whatever this host has
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skip(tool + " is not installed")
+		}
+		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Env = append(h.Env, "PATH="+bin)
+	oneLine := func(r testenv.Result, want ...string) {
+		t.Helper()
+		lines := strings.Split(strings.TrimRight(r.Stderr, "\n"), "\n")
+		if r.Code != 3 || len(lines) != 1 {
+			t.Fatalf("want exit 3 and one line: %s", r)
+		}
+		for _, w := range want {
+			if !strings.Contains(lines[0], w) {
+				t.Errorf("the line lacks %q: %s", w, lines[0])
+			}
+		}
+	}
+	oneLine(h.Run(t, "run", "--once"), "aq: no runnable job: nothing is queued", "`aq submit FILE.md` queues a job")
+
+	claude := testenv.ID("needs-claude")
+	h.Submit(t, "needs-claude", "repo: app\nengine: claude\nship: branch")
+	oneLine(h.Run(t, "run", "--once"),
+		"aq: no runnable job: "+claude+" (inbox) waits: this host cannot run it: missing capability: engine:claude (not installed)",
+		"(`aq status` shows what is queued and why it waits)")
+
+	h.Submit(t, "after", scriptJob("app", "true", "deps: ["+claude+"]"))
+	oneLine(h.Run(t, "run", "--drain"), "no runnable job: "+claude+" (inbox) waits:", "(1 more job(s) wait; `aq status` shows")
+}
+
 // TestRunExitCodes: 3 with nothing to run, 0 on success, 1 on failure.
 func TestRunExitCodes(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, _ := binHome(t)
 	h.Repo(t, "app", nil)
 	if r := h.Run(t, "run", "--once"); r.Code != 3 || !strings.Contains(r.Stderr, "no runnable job") {
@@ -539,6 +611,7 @@ func sortedKeys(m map[string]string) []string {
 // directory where a sidecar should be) is reported, and the other jobs still
 // run.
 func TestRunQueueProblemDoesNotStopRun(t *testing.T) {
+	t.Parallel() // its own home and job ids: it runs beside the others
 	h, _ := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "fine", scriptJob("app", "echo ok > ok.txt"))

@@ -62,7 +62,7 @@ func newEnsureSubscriptionCmd(f *Factory) *cobra.Command {
 		Short: "Create this factory's subscription and its routing rule, idempotently",
 		Long: `Make sure this factory's Service Bus subscription exists on the dispatch
 topic with exactly one rule: the correlation filter targetFactoryId = '<factoryId>'
-(DESIGN §10). Safe to run again and again:
+(docs/servicebus.md). Safe to run again and again:
 
   - a missing subscription is created with that rule as its default rule (so
     no catch-all $Default rule ever exists on it);

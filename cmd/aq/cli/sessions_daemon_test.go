@@ -3,11 +3,9 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/aqfleet/aq/agent/daemon"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/testenv"
 )
@@ -47,19 +46,8 @@ func newSessionFleet(t *testing.T, slots int, factories ...string) *sessionFleet
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := coord.New(coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, Publisher: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.Start(ctx)
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		s.Close()
-	})
-	f.stub = s
+	s := coordtest.Start(t, coord.Options{MaxBackoff: 50 * time.Millisecond, ReapEvery: 100 * time.Millisecond, Publisher: pub})
+	f.stub = s.Server
 	origins := map[string]string{}
 	bin := testenv.BuildAQ(t)
 	for i, id := range factories {
@@ -73,7 +61,7 @@ func newSessionFleet(t *testing.T, slots int, factories ...string) *sessionFleet
 			}
 		}
 		h.Env = []string{
-			"AQ_FLEET=1", "AQ_FLEET_API=" + hs.URL + "/api", "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=" + id,
+			"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=" + id,
 			"AQ_FACTORY_POOL=" + sessionPool, "AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
 			"AQ_SB_CONNECTION_STRING=" + f.peer.ConnectionString(), "AQ_SB_SESSIONS=1", "AQ_SLOTS=" + strconv.Itoa(slots),
 			"AQ_METRICS_ADDR=127.0.0.1:0",

@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
@@ -28,13 +31,19 @@ type statusOptions struct {
 
 // Board is `aq status --json`. Field names are stable.
 type Board struct {
-	Home      string            `json:"home"`
-	Counts    map[job.Stage]int `json:"counts"`
-	Running   []RunningJob      `json:"running"`
-	Waiting   []WaitingJob      `json:"waiting"` // queued or blocked jobs that cannot run now, and why
-	Failed    []FailedJob       `json:"failed"`
-	Gate      []GateJob         `json:"gate"`                // jobs in review or testing: the ship gate
-	Recovered []string          `json:"recovered,omitempty"` // orphans this call returned to the queue
+	Home    string            `json:"home"`
+	Counts  map[job.Stage]int `json:"counts"`
+	Running []RunningJob      `json:"running"`
+	// Runnable are the inbox jobs this host can run now, in the order aq
+	// run takes them.
+	Runnable []QueuedJob  `json:"runnable"`
+	Waiting  []WaitingJob `json:"waiting"` // queued or blocked jobs that cannot run now, and why
+	Failed   []FailedJob  `json:"failed"`
+	Gate     []GateJob    `json:"gate"` // jobs in review or testing: the ship gate
+	// Shipped are the latest shipped jobs, the most recent first (at most
+	// shippedShown; Counts has them all).
+	Shipped   []ShippedJob `json:"shipped"`
+	Recovered []string     `json:"recovered,omitempty"` // orphans this call returned to the queue
 	// Pools are the warm worktrees kept per repository for its next job.
 	Pools []PoolStatus `json:"pools,omitempty"`
 	// Holds are the engines held until their rate or usage limit resets:
@@ -75,6 +84,28 @@ type RunningJob struct {
 	LastEvent     string  `json:"lastEvent,omitempty"`
 }
 
+// QueuedJob is an inbox job this host can run now.
+type QueuedJob struct {
+	ID       string    `json:"id"`
+	Repo     string    `json:"repo"`
+	Engine   string    `json:"engine"`
+	Priority int       `json:"priority"`
+	Attempts int       `json:"attempts"`
+	Since    time.Time `json:"since"` // when it was submitted
+}
+
+// ShippedJob is a job that shipped.
+type ShippedJob struct {
+	ID      string    `json:"id"`
+	Repo    string    `json:"repo"`
+	Branch  string    `json:"branch,omitempty"`
+	PR      string    `json:"pr,omitempty"`
+	EndedAt time.Time `json:"endedAt,omitzero"`
+}
+
+// shippedShown bounds the shipped jobs the board lists.
+const shippedShown = 10
+
 // PoolStatus is one repository's pool of warm worktrees.
 type PoolStatus struct {
 	Repo      string `json:"repo"`
@@ -106,10 +137,11 @@ func newStatusCmd(f *Factory) *cobra.Command {
 		Use:   "status",
 		Short: "Board: jobs per stage, running jobs, and why waiting jobs wait",
 		Long: `Show the board: jobs per stage, running jobs with their age, pid, phase,
-usage and the engine's last event, jobs that wait (deps not shipped, a
-capability this host lacks, a retry backoff, parked until an engine's rate or
-usage limit resets, an engine held) and why, and failed jobs with their
-reasons. Orphans of a dead aq are recovered first (their worktrees
+usage and the engine's last event, the jobs aq run would take next, jobs
+that wait (deps not shipped, a capability this host lacks, a retry backoff,
+parked until an engine's rate or usage limit resets, an engine held) and
+why, the ship gate, failed jobs with their reasons and the latest shipped
+jobs. Orphans of a dead aq are recovered first (their worktrees
 checkpointed, the jobs requeued). In fleet mode the coordinator's view is
 added: jobs per stage, factories with health and load, alerts.
 
@@ -122,7 +154,7 @@ a job after a y/n confirmation, and quit (q, Ctrl-C). Without a terminal,
 			return runStatus(cmd.Context(), f, opts, cmd.Flags().Changed("interval"))
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, waiting, failed, gate, recovered, holds, pools, fleet, daemon, coordinator}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, runnable, waiting, failed, gate, shipped, recovered, holds, pools, fleet, daemon, coordinator}")
 	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "the live board: full screen on a terminal, else the plain board every --interval")
 	cmd.Flags().DurationVar(&opts.Interval, "interval", 2*time.Second, "with --watch: how often the board is refreshed (at least 200ms)")
 	return configFlags(cmd, config.GroupFleet)
@@ -173,8 +205,8 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 	}
 	host, hostErr := a.HostCaps(ctx)
 	active, _ := a.Runner.Holds.Active()
-	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{}, Gate: []GateJob{}, Recovered: recovered,
-		Holds: a.Runner.Holds.List()}
+	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Runnable: []QueuedJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{},
+		Gate: []GateJob{}, Shipped: []ShippedJob{}, Recovered: recovered, Holds: a.Runner.Holds.List()}
 	for _, st := range job.Stages {
 		b.Counts[st] = 0
 	}
@@ -184,40 +216,66 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 		switch s.Stage {
 		case job.Building:
 			b.Running = append(b.Running, RunningJob{ID: s.ID, Repo: s.Repo, Engine: s.Engine, Attempt: s.Attempts, Host: s.Host, PID: s.PID, StartedAt: s.StartedAt, AgeSec: int64(now.Sub(s.StartedAt).Seconds())})
-		case job.Blocked:
-			why := "waiting for its deps to ship"
-			if w, err := a.Queue.Waiting(s.ID); err == nil && w.Why != "" {
-				why = w.Why
-			}
-			b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: why})
-		case job.Inbox:
-			if s.NotBefore.After(now) && s.Parked != "" {
-				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: s.NotBefore,
-					Why: fmt.Sprintf("parked: %s until %s (not a failure; parked %d time(s))", s.Parked, clockText(s.NotBefore, now), s.Parks)})
-				continue
-			}
-			if s.NotBefore.After(now) {
-				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: s.NotBefore, Why: fmt.Sprintf("retry backoff until %s (attempt %d failed: %s)", s.NotBefore.Local().Format(time.TimeOnly), s.Attempts, s.Reason)})
-				continue
-			}
-			if hostErr != nil {
-				continue
-			}
-			if ok, why := local.Runnable(host, s); !ok {
-				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Why: "this host cannot run it: " + why})
-				continue
-			}
-			if h, held := local.HeldFor(host, active, s); held {
-				b.Waiting = append(b.Waiting, WaitingJob{ID: s.ID, Stage: s.Stage, Until: h.Until,
-					Why: fmt.Sprintf("held: %s %s until %s (met by job %s)", h.Engine, h.Why, clockText(h.Until, now), h.Job)})
+		case job.Blocked, job.Inbox:
+			if w, waits := standing(a, host, hostErr, active, s, now); waits {
+				b.Waiting = append(b.Waiting, w)
+			} else {
+				b.Runnable = append(b.Runnable, QueuedJob{ID: s.ID, Repo: s.Repo, Engine: s.Engine, Priority: s.Priority, Attempts: s.Attempts, Since: s.CreatedAt})
 			}
 		case job.Failed, job.DeadLetter:
 			b.Failed = append(b.Failed, FailedJob{ID: s.ID, Stage: s.Stage, Reason: s.Reason, Detail: s.Detail, Attempts: s.Attempts})
 		case job.Review, job.Testing:
 			b.Gate = append(b.Gate, GateJob{ID: s.ID, Stage: s.Stage, Repo: s.Repo, Branch: s.Branch, PR: s.PR})
+		case job.Shipped:
+			b.Shipped = append(b.Shipped, ShippedJob{ID: s.ID, Repo: s.Repo, Branch: s.Branch, PR: s.PR, EndedAt: shippedAt(s)})
 		}
 	}
+	slices.SortStableFunc(b.Shipped, func(x, y ShippedJob) int { return y.EndedAt.Compare(x.EndedAt) })
+	if len(b.Shipped) > shippedShown {
+		b.Shipped = b.Shipped[:shippedShown]
+	}
 	return b, nil
+}
+
+// standing says why a queued (inbox) or blocked job does not run now on
+// this host, or (waits false) that aq run would take it.
+func standing(a *local.Agent, host *caps.Host, hostErr error, active map[string]holds.Hold, s queue.State, now time.Time) (w WaitingJob, waits bool) {
+	w = WaitingJob{ID: s.ID, Stage: s.Stage}
+	switch {
+	case s.Stage == job.Blocked:
+		w.Why = "waiting for its deps to ship"
+		if x, err := a.Queue.Waiting(s.ID); err == nil && x.Why != "" {
+			w.Why = x.Why
+		}
+	case s.NotBefore.After(now) && s.Parked != "":
+		w.Until = s.NotBefore
+		w.Why = fmt.Sprintf("parked: %s until %s (not a failure; parked %d time(s))", s.Parked, clockText(s.NotBefore, now), s.Parks)
+	case s.NotBefore.After(now):
+		w.Until = s.NotBefore
+		w.Why = fmt.Sprintf("retry backoff until %s (attempt %d failed: %s)", s.NotBefore.Local().Format(time.TimeOnly), s.Attempts, s.Reason)
+	case hostErr != nil:
+		w.Why = "cannot tell whether this host can run it: " + aqerr.Message(hostErr)
+	default:
+		if ok, why := local.Runnable(host, s); !ok {
+			w.Why = "this host cannot run it: " + why
+			break
+		}
+		h, held := local.HeldFor(host, active, s)
+		if !held {
+			return w, false
+		}
+		w.Until = h.Until
+		w.Why = fmt.Sprintf("held: %s %s until %s (met by job %s)", h.Engine, h.Why, clockText(h.Until, now), h.Job)
+	}
+	return w, true
+}
+
+// shippedAt is when a shipped job shipped: its last stage change.
+func shippedAt(s queue.State) time.Time {
+	if n := len(s.History); n > 0 {
+		return s.History[n-1].At
+	}
+	return s.UpdatedAt
 }
 
 // poolStatus counts the warm worktrees in each repository's pool.
@@ -270,6 +328,12 @@ func printBoard(f *Factory, b *Board) error {
 		}
 		tw.Flush()
 	}
+	if len(b.Runnable) > 0 {
+		fmt.Fprintln(w, "\nrunnable (`aq run` takes them in this order):")
+		for _, x := range b.Runnable {
+			fmt.Fprintf(w, "  %s (inbox): repo %s, engine %s, priority %s\n", x.ID, x.Repo, orDash(x.Engine), job.PriorityName(x.Priority))
+		}
+	}
 	if len(b.Holds) > 0 {
 		fmt.Fprintln(w, "\nheld engines (their jobs wait until the limit resets):")
 		for _, h := range b.Holds {
@@ -292,6 +356,16 @@ func printBoard(f *Factory, b *Board) error {
 		fmt.Fprintln(w, "\nfailed:")
 		for _, x := range b.Failed {
 			fmt.Fprintf(w, "  %s (%s, %s after %d attempts): %s\n", x.ID, x.Stage, x.Reason, x.Attempts, x.Detail)
+		}
+	}
+	if len(b.Shipped) > 0 {
+		head := "\nshipped:"
+		if n := b.Counts[job.Shipped]; n > len(b.Shipped) {
+			head = fmt.Sprintf("\nshipped (the latest %d of %d):", len(b.Shipped), n)
+		}
+		fmt.Fprintln(w, head)
+		for _, x := range b.Shipped {
+			fmt.Fprintf(w, "  %s %s\n", x.ID, strings.TrimSpace(x.Branch+" "+x.PR))
 		}
 	}
 	if len(b.Pools) > 0 {

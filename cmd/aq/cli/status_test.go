@@ -59,6 +59,10 @@ echo done > done.txt`, "ship: branch", "priority: critical"))
 	if len(b.Failed) != 1 || b.Failed[0].ID != testenv.ID("broken") || b.Failed[0].Reason != job.ReasonEngineFailed || b.Failed[0].Attempts != 1 {
 		t.Errorf("failed: %+v", b.Failed)
 	}
+	if len(b.Runnable) != 0 {
+		t.Errorf("runnable while nothing can run: %+v", b.Runnable)
+	}
+	everyQueuedJobListed(t, b)
 	if b.Home != h.Dir {
 		t.Errorf("home %q", b.Home)
 	}
@@ -92,10 +96,40 @@ echo done > done.txt`, "ship: branch", "priority: critical"))
 	if len(b.Waiting) != 1 || b.Waiting[0].ID != testenv.ID("picky") {
 		t.Errorf("waiting after long shipped: %+v", b.Waiting)
 	}
+	// The board hides no job a person looks for: child, runnable now, is
+	// listed (it used to be only a count), and so is long, shipped.
+	if len(b.Runnable) != 1 || b.Runnable[0].ID != testenv.ID("child") || b.Runnable[0].Repo != "other" || b.Runnable[0].Engine != "script" {
+		t.Errorf("runnable after long shipped: %+v", b.Runnable)
+	}
+	if len(b.Shipped) != 1 || b.Shipped[0].ID != testenv.ID("long") || b.Shipped[0].Branch != "aq/job/"+testenv.ID("long") || b.Shipped[0].EndedAt.IsZero() {
+		t.Errorf("shipped: %+v", b.Shipped)
+	}
+	everyQueuedJobListed(t, b)
+	text = h.Run(t, "status")
+	for _, want := range []string{"runnable (`aq run` takes them in this order):\n  " + testenv.ID("child") + " (inbox): repo other, engine script",
+		"shipped:\n  " + testenv.ID("long") + " aq/job/" + testenv.ID("long")} {
+		if !strings.Contains(text.Stdout, want) {
+			t.Errorf("aq status lacks %q:\n%s", want, text.Stdout)
+		}
+	}
 	if r := h.Run(t, "run", "--once"); r.Code != 0 || !strings.Contains(r.Stdout, "child") {
 		t.Errorf("child: %s", r)
 	}
 	if r := h.Run(t, "run", "--once"); r.Code != 3 {
 		t.Errorf("picky must not run here: %s", r)
+	}
+}
+
+// everyQueuedJobListed: each job in the inbox or blocked is on the board,
+// as runnable or as waiting with a reason.
+func everyQueuedJobListed(t *testing.T, b Board) {
+	t.Helper()
+	if got, want := len(b.Runnable)+len(b.Waiting), b.Counts[job.Inbox]+b.Counts[job.Blocked]; got != want {
+		t.Errorf("%d inbox and blocked jobs, %d listed (runnable %+v, waiting %+v)", want, got, b.Runnable, b.Waiting)
+	}
+	for _, w := range b.Waiting {
+		if w.Why == "" {
+			t.Errorf("waiting job %s without a reason", w.ID)
+		}
 	}
 }

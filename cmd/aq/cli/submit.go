@@ -18,6 +18,9 @@ func init() { register(newSubmitCmd) }
 type submitOptions struct {
 	Files []string
 	JSON  bool
+	// Replace gives an existing job that is not running the new manifest
+	// (a new job when there is none).
+	Replace bool
 }
 
 // submitted is one accepted job, as `aq submit --json` prints it.
@@ -25,6 +28,10 @@ type submitted struct {
 	ID    string    `json:"id"`
 	Stage job.Stage `json:"stage"`
 	File  string    `json:"file"`
+	// Replaced is the stage the job was in when --replace gave it this
+	// manifest (the coordinator's stage name in fleet mode); empty for a
+	// new job.
+	Replaced string `json:"replaced,omitempty"`
 }
 
 func newSubmitCmd(f *Factory) *cobra.Command {
@@ -35,7 +42,16 @@ func newSubmitCmd(f *Factory) *cobra.Command {
 		Long: `Validate each manifest, then enqueue it: into $AQ_HOME/queue/inbox (or blocked/,
 until its deps ship) in local mode. Nothing is enqueued if any manifest is
 invalid. A job whose idempotencyKey matches an existing job is refused with
-that job's id.`,
+that job's id. A job this host could not run or ship (its engine not
+installed, its repository not found, gh missing for ship: pr or merge) is
+queued with a "FILE: warning:" line on stderr saying what is missing.
+
+--replace undoes a mistake: a job with the manifest's id that is not
+running (inbox, blocked, failed or dead_letter) takes the new manifest and
+goes back to the inbox (or blocked), keeping its history and attempts; a job
+that runs, or whose work is done (review, testing, shipped), is refused and
+left as it is. Without such a job the manifest is submitted as new. In fleet
+mode through the coordinator (PUT /fleet/jobs/:id).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Files = args
@@ -45,7 +61,8 @@ that job's id.`,
 			return runSubmit(f, opts)
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the accepted jobs as JSON: [{id, stage, file}]")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the accepted jobs as JSON: [{id, stage, file, replaced?}]")
+	cmd.Flags().BoolVar(&opts.Replace, "replace", false, "give an existing job that is not running this manifest, keeping its history (a new job when there is none)")
 	return configFlags(cmd, config.GroupRepo, config.GroupFleet)
 }
 
@@ -59,16 +76,31 @@ func runSubmit(f *Factory, opts *submitOptions) error {
 		return err
 	}
 	return submitEach(f, opts, ms, func(s job.Stage) string { return string(s) }, func(m manifestFile) (submitted, error) {
+		if opts.Replace {
+			st, from, err := a.Queue.Replace(m.j, m.raw)
+			if err == nil {
+				return submitted{ID: st.ID, Stage: st.Stage, File: m.file, Replaced: string(from)}, nil
+			}
+			if !errors.Is(err, queue.ErrNotFound) {
+				return submitted{}, duplicateOf(m, err)
+			}
+			// No such job: this manifest is a new one.
+		}
 		st, err := a.Queue.Submit(m.j, m.raw)
 		if err != nil {
-			var dup *queue.DuplicateError
-			if errors.As(err, &dup) {
-				err = aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("%s: job %s duplicates job %s (idempotencyKey %q, in %s)", m.file, m.j.ID, dup.ExistingID, dup.Key, dup.Stage), "see `aq job show "+dup.ExistingID+"`")
-			}
-			return submitted{}, err
+			return submitted{}, duplicateOf(m, err)
 		}
 		return submitted{ID: st.ID, Stage: st.Stage, File: m.file}, nil
 	})
+}
+
+// duplicateOf names the file and the job whose idempotencyKey m's job has.
+func duplicateOf(m manifestFile, err error) error {
+	var dup *queue.DuplicateError
+	if errors.As(err, &dup) {
+		return aqerr.Wrap(aqerr.Usage, err, fmt.Sprintf("%s: job %s duplicates job %s (idempotencyKey %q, in %s)", m.file, m.j.ID, dup.ExistingID, dup.Key, dup.Stage), "see `aq job show "+dup.ExistingID+"`")
+	}
+	return err
 }
 
 // manifestFile is one manifest read and validated for submission.
@@ -122,6 +154,7 @@ func submitEach(f *Factory, opts *submitOptions, ms []manifestFile, where func(j
 			continue
 		}
 		out = append(out, s)
+		warnHost(f, m.file, m.j, fleetRouted(f))
 	}
 	if opts.JSON {
 		if err := writeJSON(f.IO.Out, out); err != nil {
@@ -129,6 +162,10 @@ func submitEach(f *Factory, opts *submitOptions, ms []manifestFile, where func(j
 		}
 	} else {
 		for _, s := range out {
+			if s.Replaced != "" {
+				fmt.Fprintf(f.IO.Out, "replaced %s (it was in %s): now in %s\n", s.ID, s.Replaced, where(s.Stage))
+				continue
+			}
 			fmt.Fprintf(f.IO.Out, "submitted %s to %s\n", s.ID, where(s.Stage))
 		}
 	}

@@ -8,7 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/agent/preflight"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
@@ -26,17 +28,21 @@ func newValidateCmd(f *Factory) *cobra.Command {
 	opts := &validateOptions{}
 	cmd := &cobra.Command{
 		Use:   "validate FILE.md...",
-		Short: "Check job manifests: print each normalised job, or every error as FILE:LINE",
+		Short: "Check job manifests: an ok line per valid file (--json: the normalised jobs), or every error as FILE:LINE",
 		Long: `Parse each job manifest (YAML front matter + markdown prompt), merge its
 profile (embedded, or $AQ_HOME/profiles/NAME.md) and apply the defaults.
 
 Each valid file prints "ok FILE id=... repo=... engine=..." on stdout; every
 problem prints one "FILE:LINE: what is wrong (how to fix)" line on stderr,
-all problems of a file at once. With --json, stdout is a JSON array of the
+all problems of a file at once. A valid job that this host could not run or
+ship — its engine not installed, its repository not under AQ_REPO_BASE nor
+in AQ_REPO_URLS, gh missing for ship: pr or merge — gets a "FILE: warning:"
+line on stderr; it stays valid (another host may have what this one lacks). With --json, stdout is a JSON array of the
 valid jobs, normalised (the fields of 'aq validate --json' are stable).
 
-Exit status: 0 all files are valid, 1 any file is invalid or unreadable,
-2 usage or configuration error (such as a broken $AQ_HOME/profiles file).`,
+Exit status: 0 all files are valid, 1 any file is invalid, 2 usage or
+configuration error: a file that does not exist or cannot be read, or a
+broken $AQ_HOME/profiles file.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return aqerr.Usagef("name one or more manifests, e.g. aq validate jobs/*.md", "no manifest files given")
@@ -49,7 +55,27 @@ Exit status: 0 all files are valid, 1 any file is invalid or unreadable,
 		},
 	}
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the valid jobs as a JSON array of normalised jobs")
+	// Where the warnings look for the job's repository.
+	config.AddKeyFlags(cmd.Flags(), "repo_base", "repo_urls")
 	return cmd
+}
+
+// warnHost prints, for a valid job, what this host lacks to run and ship
+// it (agent/preflight): one "FILE: warning: ..." line each on stderr. They
+// are warnings: the job is valid and, with submit, queued. fleet adds that
+// another factory may have what this host lacks.
+func warnHost(f *Factory, file string, j *job.Job, fleet bool) {
+	cfg, err := f.Config()
+	if err != nil {
+		return
+	}
+	red := f.Redactor()
+	for _, w := range preflight.Check(j, preflight.Host{RepoBase: cfg.RepoBase, RepoURLs: cfg.RepoURLs}) {
+		if fleet {
+			w += " — in fleet mode the coordinator may give it to a factory that has it"
+		}
+		fmt.Fprintln(f.IO.Err, red.String(file+": warning: "+w))
+	}
 }
 
 func runValidate(f *Factory, opts *validateOptions) error {
@@ -58,11 +84,15 @@ func runValidate(f *Factory, opts *validateOptions) error {
 		return err
 	}
 	jobs := []*job.Job{}
-	bad := 0
+	bad, unreadable := 0, 0
 	for _, file := range opts.Files {
 		j, err := manifest.ParseFile(file, cat)
 		if err != nil {
 			bad++
+			var ue *manifest.UnreadableError
+			if errors.As(err, &ue) {
+				unreadable++
+			}
 			printProblems(f, err)
 			continue
 		}
@@ -70,13 +100,18 @@ func runValidate(f *Factory, opts *validateOptions) error {
 		if !opts.JSON {
 			fmt.Fprintf(f.IO.Out, "ok %s id=%s repo=%s engine=%s\n", file, j.ID, j.Repo, j.Engine)
 		}
+		warnHost(f, file, j, false)
 	}
 	if opts.JSON {
 		if err := writeJSON(f.IO.Out, jobs); err != nil {
 			return err
 		}
 	}
-	if bad > 0 {
+	switch {
+	case unreadable > 0:
+		// A path that names no readable file is the command line's mistake.
+		return &aqerr.Silent{Code: aqerr.Usage}
+	case bad > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
 	}
 	return nil
@@ -107,6 +142,6 @@ func printProblems(f *Factory, err error) {
 	}
 	red := f.Redactor()
 	for _, e := range es {
-		io.WriteString(f.IO.Err, red.String(e.Error())+"\n")
+		_, _ = io.WriteString(f.IO.Err, red.String(e.Error())+"\n")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
@@ -32,10 +33,29 @@ func writeFile(t *testing.T, path, content string) string {
 	return path
 }
 
+// readyHost gives this test a host with what goodManifest needs, so that
+// aq validate has nothing to warn about whatever the machine has: claude
+// and gh on PATH (stand-ins that are never run) and repo svc under
+// AQ_REPO_BASE.
+func readyHost(t *testing.T) {
+	t.Helper()
+	bin := t.TempDir()
+	for _, name := range []string{"claude", "gh"} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	base := t.TempDir()
+	testenv.NewRepo(t, base, "svc", nil)
+	t.Setenv("AQ_REPO_BASE", base)
+}
+
 const goodManifest = "---\nrepo: svc\nprofile: backend-dev\nengine: claude\n---\n# Fix it\n\nFix the bug.\n\n## Acceptance\n- fixed\n"
 
 func TestValidateOK(t *testing.T) {
 	_, jobs := manifestEnv(t)
+	readyHost(t)
 	a := writeFile(t, filepath.Join(jobs, "fix-a.md"), goodManifest)
 	b := writeFile(t, filepath.Join(jobs, "fix-b.md"), "---\nid: other\nrepo: git@github.com:org/web.git\n---\nDo it.\n")
 
@@ -51,13 +71,14 @@ func TestValidateOK(t *testing.T) {
 
 func TestValidateReportsEveryProblem(t *testing.T) {
 	_, jobs := manifestEnv(t)
+	readyHost(t)
 	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
 	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: svc\ntitel: x\nengine: gpt\n---\nx\n")
 	missing := filepath.Join(jobs, "missing.md")
 
 	out, errOut, code := runAQ(t, "validate", good, bad, missing)
-	if code != 1 {
-		t.Errorf("exit %d, want 1", code)
+	if code != 2 {
+		t.Errorf("exit %d, want 2 (a file that cannot be read is a usage error)", code)
 	}
 	if out != "ok "+good+" id=good repo=svc engine=claude\n" {
 		t.Errorf("stdout %q", out)
@@ -74,6 +95,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 
 func TestValidateJSON(t *testing.T) {
 	_, jobs := manifestEnv(t)
+	readyHost(t)
 	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
 	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: ../x\n---\nx\n")
 
@@ -104,6 +126,105 @@ func TestValidateJSON(t *testing.T) {
 	out, errOut, code = runAQ(t, "validate", "--json", bad)
 	if code != 1 || strings.TrimSpace(out) != "[]" || !strings.HasPrefix(errOut, bad+":2: ") {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+}
+
+// TestValidateUnreadableIsUsage: a file that does not exist, is a
+// directory or cannot be read is the command line's mistake — exit 2, as
+// aq submit gives — while a file that was read and is invalid is exit 1.
+func TestValidateUnreadableIsUsage(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
+	bad := writeFile(t, filepath.Join(jobs, "bad.md"), "---\nrepo: svc\ntitel: x\n---\nx\n")
+	locked := writeFile(t, filepath.Join(jobs, "locked.md"), goodManifest)
+	if err := os.Chmod(locked, 0); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := []string{filepath.Join(jobs, "missing.md"), jobs}
+	if f, err := os.Open(locked); err == nil {
+		f.Close() // root reads it anyway: nothing to test with it
+	} else {
+		unreadable = append(unreadable, locked)
+	}
+	for _, path := range unreadable {
+		for _, cmd := range []string{"validate", "submit"} {
+			_, errOut, code := runAQ(t, cmd, good, path)
+			if code != 2 || !strings.Contains(errOut, path+": ") {
+				t.Errorf("aq %s %s: exit %d, want 2; stderr %q", cmd, path, code, errOut)
+			}
+		}
+		if _, _, code := runAQ(t, "validate", bad, path); code != 2 {
+			t.Errorf("validate of an invalid and an unreadable file: exit %d, want 2", code)
+		}
+	}
+	if _, _, code := runAQ(t, "validate", good, bad); code != 1 {
+		t.Errorf("an invalid file alone: exit %d, want 1", code)
+	}
+}
+
+// TestValidateShowsTheRetryBackoffApplied: a manifest without
+// retry.backoff shows the 30s the runner waits before a retry (docs/manifest.md).
+func TestValidateShowsTheRetryBackoffApplied(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	plain := writeFile(t, filepath.Join(jobs, "plain.md"), goodManifest)
+	set := writeFile(t, filepath.Join(jobs, "set.md"), "---\nrepo: svc\nretry: { max: 1, backoff: 2m }\n---\nx\n")
+	out, errOut, code := runAQ(t, "validate", "--json", plain, set)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 2 {
+		t.Fatalf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+	if !strings.Contains(out, `"backoff": "30s"`) || got[0].Retry.Backoff.D() != job.DefaultBackoff {
+		t.Errorf("unset backoff shows %s, want 30s:\n%s", got[0].Retry.Backoff, out)
+	}
+	if got[1].Retry.Backoff.D() != 2*time.Minute {
+		t.Errorf("a set backoff shows %s, want 2m", got[1].Retry.Backoff)
+	}
+}
+
+// TestValidateAndSubmitWarnWhatThisHostLacks: a valid job this host could
+// not run or ship — its engine not installed, its repository misspelt, gh
+// missing for ship: pr — passes validate and is submitted, with one
+// "FILE: warning:" line on stderr for each, saying what happens and how to
+// fix it; a job the host can run gets none.
+func TestValidateAndSubmitWarnWhatThisHostLacks(t *testing.T) {
+	home, jobs := manifestEnv(t)
+	base := filepath.Join(home, "..", "src")
+	testenv.NewRepo(t, base, "webapp", nil)
+	t.Setenv("AQ_REPO_BASE", base)
+	t.Setenv("PATH", t.TempDir()) // no claude, no gh
+	typo := writeFile(t, filepath.Join(jobs, "norepo.md"), "---\nrepo: webap\nengine: claude\nship: pr\n---\n# Fix the title\n")
+	fine := writeFile(t, filepath.Join(jobs, "fine.md"), "---\nrepo: webapp\nengine: script\nscript: echo hi > hi.txt\n---\n# Say hi\n")
+	wants := []string{
+		typo + `: warning: engine claude is not installed on this host (no "claude" on PATH): aq run leaves the job in the inbox until it is`,
+		typo + ": warning: repo webap is not a git repository under AQ_REPO_BASE",
+		"(did you mean repo: webapp?",
+		typo + ": warning: ship: pr needs the GitHub CLI gh, which is not installed on this host",
+	}
+	for _, cmd := range []string{"validate", "submit"} {
+		out, errOut, code := runAQ(t, cmd, typo)
+		if code != 0 {
+			t.Fatalf("aq %s: exit %d (warnings do not refuse); stderr %q", cmd, code, errOut)
+		}
+		for _, w := range wants {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("aq %s: stderr lacks %q:\n%s", cmd, w, errOut)
+			}
+		}
+		if n := strings.Count(errOut, "\n"); n != 3 {
+			t.Errorf("aq %s: %d lines on stderr, want 3 warnings:\n%s", cmd, n, errOut)
+		}
+		if cmd == "submit" && out != "submitted norepo to inbox\n" {
+			t.Errorf("aq submit: stdout %q", out)
+		}
+		if _, errOut, code := runAQ(t, cmd, fine); code != 0 || errOut != "" {
+			t.Errorf("aq %s of a job this host can run: exit %d stderr %q", cmd, code, errOut)
+		}
+	}
+	// validate --json keeps stdout JSON; the warnings are on stderr.
+	out, errOut, code := runAQ(t, "validate", "--json", typo)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 1 || !strings.Contains(errOut, "warning: repo webap") {
+		t.Errorf("validate --json: exit %d stdout %q stderr %q", code, out, errOut)
 	}
 }
 
@@ -143,6 +264,26 @@ func TestValidateUsesProfileOverrides(t *testing.T) {
 	broken := writeFile(t, filepath.Join(home, "profiles", "broken.md"), "---\nengine: claude\nbudgt: {}\n---\nx\n")
 	out, errOut, code = runAQ(t, "validate", a)
 	if code != 2 || out != "" || !strings.HasPrefix(errOut, broken+`:3: unknown key "budgt" (did you mean "budget"?)`) {
+		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+}
+
+// TestValidateVerifyRounds: verify_rounds negative or not a number is one
+// FILE:LINE line each and exit 1; a good one is in the normalised job.
+func TestValidateVerifyRounds(t *testing.T) {
+	_, jobs := manifestEnv(t)
+	neg := writeFile(t, filepath.Join(jobs, "neg.md"), "---\nrepo: svc\nverify: make test\nverify_rounds: -2\n---\nx\n")
+	word := writeFile(t, filepath.Join(jobs, "word.md"), "---\nrepo: svc\nverify_rounds: twice\n---\nx\n")
+	out, errOut, code := runAQ(t, "validate", neg, word)
+	want := neg + ":4: verify_rounds -2 is out of range (use a whole number from 0 to 10)\n" +
+		word + `:3: verify_rounds must be a whole number, not "twice" (write a whole number, e.g. verify_rounds: 2)` + "\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("exit %d stdout %q stderr\n%s\nwant\n%s", code, out, errOut, want)
+	}
+	good := writeFile(t, filepath.Join(jobs, "good.md"), "---\nrepo: svc\nverify: make test\nverify_rounds: 1\n---\nx\n")
+	out, errOut, code = runAQ(t, "validate", "--json", good)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 1 || got[0].VerifyRounds == nil || *got[0].VerifyRounds != 1 {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}
 }

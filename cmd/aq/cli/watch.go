@@ -93,6 +93,9 @@ func (r *statusReader) enrich(id string, attempt int, phase *string, tokens *int
 		return false
 	}
 	*phase = "engine"
+	if r, n := tr.Round(); r > 0 {
+		*phase = fmt.Sprintf("repair %d/%d", r, n) // a repair round after a failed verify
+	}
 	if tr.Ended() {
 		*phase = "finishing"
 	}
@@ -352,8 +355,19 @@ func toSnapshot(b *Board, cfg *config.Config, now time.Time, r *statusReader) *b
 			Elapsed: time.Duration(x.AgeSec) * time.Second, HasUsage: x.Tokens > 0 || x.CostUSD > 0, Tokens: x.Tokens, Cost: x.CostUSD,
 			CostEstimated: x.CostEstimated, Last: x.LastEvent, Attempts: x.Attempt})
 	}
+	for _, x := range b.Runnable {
+		last := "priority " + job.PriorityName(x.Priority)
+		if x.Attempts > 0 {
+			last += fmt.Sprintf(", %d attempt(s) so far", x.Attempts)
+		}
+		s.Runnable = append(s.Runnable, boardui.Row{ID: x.ID, Stage: string(job.Inbox), Repo: x.Repo, Engine: x.Engine, Last: last, Attempts: x.Attempts})
+	}
 	for _, x := range b.Waiting {
 		s.Waiting = append(s.Waiting, boardui.Row{ID: x.ID, Stage: string(x.Stage), Last: x.Why})
+	}
+	for _, x := range b.Shipped {
+		s.Shipped = append(s.Shipped, boardui.Row{ID: x.ID, Stage: string(job.Shipped), Repo: x.Repo, Last: strings.TrimSpace(x.Branch + " " + x.PR),
+			Elapsed: now.Sub(x.EndedAt)})
 	}
 	for _, x := range b.Gate {
 		s.Review = append(s.Review, boardui.Row{ID: x.ID, Stage: string(x.Stage), Repo: x.Repo, Last: strings.TrimSpace(x.Branch + " " + x.PR)})
@@ -412,6 +426,8 @@ func fleetSnapshot(s *boardui.Snapshot, b *Board, v *FleetView, cfg *config.Conf
 			s.Waiting = append(s.Waiting, row)
 		case "review", "testing":
 			s.Review = append(s.Review, row)
+		case "shipped":
+			s.Shipped = append(s.Shipped, row)
 		case "failed", "dead_letter":
 			row.Last = j.Reason
 			if j.Detail != "" {
@@ -421,6 +437,10 @@ func fleetSnapshot(s *boardui.Snapshot, b *Board, v *FleetView, cfg *config.Conf
 		}
 	}
 	sort.SliceStable(s.Failed, func(a, c int) bool { return s.Failed[a].Elapsed < s.Failed[c].Elapsed }) // recent first
+	sort.SliceStable(s.Shipped, func(a, c int) bool { return s.Shipped[a].Elapsed < s.Shipped[c].Elapsed })
+	if len(s.Shipped) > shippedShown {
+		s.Shipped = s.Shipped[:shippedShown]
+	}
 	_ = cfg
 	return s
 }

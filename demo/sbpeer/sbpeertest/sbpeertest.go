@@ -37,6 +37,9 @@ var (
 // node or the peer's node_modules are missing, and fails it on anything else.
 func Start(tb testing.TB, opts Options) *Peer {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("skipped under -short: starts the Node AMQP peer (make test runs it)")
+	}
 	if reason := Missing(); reason != "" {
 		tb.Skip(reason)
 	}

@@ -1,14 +1,13 @@
-package worktree
-
-// The garbage-collection plan (DESIGN §8): a pure function from what is on
-// disk (refs, worktrees, locks, what aq knows of each job), a policy and the
-// time to one decision — delete or keep, with a reason — for every candidate.
-// Gathering that state and carrying out the plan is agent/gc's job; nothing
-// here runs git, reads a file or looks at a clock.
+// Package plan is garbage collection's plan (docs/gc.md): a pure function
+// from what is on disk (refs, worktrees, locks, what aq knows of each job),
+// a policy and the time to one decision — delete or keep, with a reason —
+// for every candidate. Gathering that state and carrying out the plan is
+// agent/gc's job, beside it; nothing here runs git, reads a file or looks
+// at a clock, so every rule is tested with tables and golden files.
 //
 // The plan knows jobs only as plain values (JobState: a status, an end time,
-// whether a live process holds it), so this package still imports nothing of
-// aq's job model.
+// whether a live process holds it), so it imports nothing of aq's job model.
+package plan
 
 import (
 	"cmp"
@@ -18,6 +17,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/aqfleet/aq/internal/brief"
 )
 
 // GC ref namespaces. Only refs under refs/heads/aq/ are ever candidates.
@@ -618,14 +619,14 @@ func (pl *planner) ref(r RefState, where string) Decision {
 	return d.keep(RuleNotJobRef, "not an aq/job/<id> or aq/wip/<id> ref")
 }
 
-func (d Decision) keep(rule Rule, format string, args ...any) Decision {
-	d.Action, d.Rule, d.Reason = Keep, rule, fmt.Sprintf(format, args...)
-	return d
+func (x Decision) keep(rule Rule, format string, args ...any) Decision {
+	x.Action, x.Rule, x.Reason = Keep, rule, fmt.Sprintf(format, args...)
+	return x
 }
 
-func (d Decision) del(rule Rule, format string, args ...any) Decision {
-	d.Action, d.Rule, d.Reason = Delete, rule, fmt.Sprintf(format, args...)
-	return d
+func (x Decision) del(rule Rule, format string, args ...any) Decision {
+	x.Action, x.Rule, x.Reason = Delete, rule, fmt.Sprintf(format, args...)
+	return x
 }
 
 func (pl *planner) jobBranch(d Decision, r RefState) Decision {
@@ -636,7 +637,7 @@ func (pl *planner) jobBranch(d Decision, r RefState) Decision {
 	case known && j.InFlight:
 		return d.keep(RuleInFlight, "job %s is running", d.Job)
 	case r.Absent:
-		return d.keep(RuleAbsent, "origin's tip %s is not in this clone: its commits cannot be checked", short(r.SHA))
+		return d.keep(RuleAbsent, "origin's tip %s is not in this clone: its commits cannot be checked", brief.SHA(r.SHA))
 	case r.Merged:
 		return d.del(RuleMerged, "merged into %s", baseName(r))
 	case r.Squashed != "":
@@ -651,7 +652,7 @@ func (pl *planner) wipRef(d Decision, r RefState) Decision {
 	case known && j.InFlight:
 		return d.keep(RuleInFlight, "job %s is running", d.Job)
 	case r.Absent:
-		return d.keep(RuleAbsent, "origin's checkpoint %s is not in this clone: it holds work this host never saw", short(r.SHA))
+		return d.keep(RuleAbsent, "origin's checkpoint %s is not in this clone: it holds work this host never saw", brief.SHA(r.SHA))
 	case r.Merged:
 		return d.del(RuleMerged, "every commit is in %s", baseName(r))
 	case !known:

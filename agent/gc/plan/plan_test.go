@@ -1,4 +1,4 @@
-package worktree
+package plan
 
 import (
 	"bytes"
@@ -12,6 +12,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/worktree"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite testdata/gc/*.plan.{json,txt} from Plan's current output")
@@ -80,7 +83,7 @@ func TestPlanRules(t *testing.T) {
 			jobs: job(JobShipped, day, nil), target: "refs/heads/aq/job/j", action: Delete, rule: RuleMerged},
 		{name: "merged, job unknown", repo: RepoState{Refs: []RefState{ref("job", "j", func(r *RefState) { r.Merged = true })}},
 			target: "refs/heads/aq/job/j", action: Delete, rule: RuleMerged},
-		{name: "squash-merged", repo: RepoState{Refs: []RefState{ref("job", "j", func(r *RefState) { r.Squashed = SquashPatchID })}},
+		{name: "squash-merged", repo: RepoState{Refs: []RefState{ref("job", "j", func(r *RefState) { r.Squashed = worktree.SquashPatchID })}},
 			jobs: job(JobAwaiting, day, nil), target: "refs/heads/aq/job/j", action: Delete, rule: RuleSquashed},
 		{name: "unmerged", repo: RepoState{Refs: []RefState{ref("job", "j", nil)}},
 			jobs: job(JobShipped, 90*day, nil), target: "refs/heads/aq/job/j", action: Keep, rule: RuleNotMerged},
@@ -125,13 +128,13 @@ func TestPlanRules(t *testing.T) {
 		{name: "wip of job in review", repo: RepoState{Refs: []RefState{ref("wip", "j", nil), ref("job", "j", nil)}},
 			jobs: job(JobAwaiting, 90*day, nil), target: "refs/heads/aq/wip/j", action: Keep, rule: RuleUnshipped},
 		{name: "wip of job in review whose branch was squash-merged", repo: RepoState{Refs: []RefState{ref("wip", "j", nil)},
-			Remote: []RefState{ref("job", "j", func(r *RefState) { r.Squashed = SquashMergeTree })}},
+			Remote: []RefState{ref("job", "j", func(r *RefState) { r.Squashed = worktree.SquashMergeTree })}},
 			jobs: job(JobAwaiting, day, nil), target: "refs/heads/aq/wip/j", action: Delete, rule: RuleShipped},
 		{name: "wip of unknown job", repo: RepoState{Refs: []RefState{ref("wip", "j", nil)}},
 			target: "refs/heads/aq/wip/j", action: Keep, rule: RuleUnknownJob},
 		{name: "wip of unknown job, all in base", repo: RepoState{Refs: []RefState{ref("wip", "j", func(r *RefState) { r.Merged = true })}},
 			target: "refs/heads/aq/wip/j", action: Delete, rule: RuleMerged},
-		{name: "wip squashed is not merged", repo: RepoState{Refs: []RefState{ref("wip", "j", func(r *RefState) { r.Squashed = SquashPatchID })}},
+		{name: "wip squashed is not merged", repo: RepoState{Refs: []RefState{ref("wip", "j", func(r *RefState) { r.Squashed = worktree.SquashPatchID })}},
 			jobs: job(JobQueued, day, nil), target: "refs/heads/aq/wip/j", action: Keep, rule: RulePending},
 		{name: "origin wip of shipped job", repo: RepoState{Remote: []RefState{ref("wip", "j", nil)}},
 			jobs: job(JobShipped, day, nil), where: WhereOrigin, target: "refs/heads/aq/wip/j", action: Delete, rule: RuleShipped},
@@ -270,7 +273,7 @@ func randomState(r *rand.Rand) State {
 				rs := RefState{Name: "refs/heads/aq/" + kind + "/" + id, SHA: fmt.Sprintf("%040x", r.Uint64()), Base: "main",
 					Time: t0.Add(-time.Duration(r.IntN(40)) * day), Merged: r.IntN(3) == 0, Absent: r.IntN(8) == 0}
 				if r.IntN(3) == 0 {
-					rs.Squashed = SquashPatchID
+					rs.Squashed = worktree.SquashPatchID
 				}
 				return rs
 			}
@@ -310,13 +313,14 @@ func randomState(r *rand.Rand) State {
 	return st
 }
 
-// The invariants of DESIGN §8 hold for any state: nothing outside aq/ is
+// The rules of docs/gc.md ("Never") hold for any state: nothing outside aq/ is
 // ever deleted; no worktree of a job in flight (or in a locked repository);
 // no job branch whose commits or change are not in base; no WIP ref of a
 // job that is running, unknown (unless merged) or failed within retention;
 // every candidate gets exactly one decision with a reason; Plan is
 // deterministic and leaves its input alone.
 func TestPlanInvariants(t *testing.T) {
+	testenv.Slow(t, "a property test over many random states")
 	t.Parallel()
 	r := rand.New(rand.NewPCG(8, 8))
 	for iter := range 2000 {
@@ -406,6 +410,7 @@ func TestPlanInvariants(t *testing.T) {
 // if the ceiling is met without them; a repository never keeps more than
 // PoolSize pooled worktrees, and the ones it keeps are its newest.
 func TestPlanPoolInvariants(t *testing.T) {
+	testenv.Slow(t, "a property test over many random states")
 	t.Parallel()
 	r := rand.New(rand.NewPCG(9, 9))
 	for iter := range 2000 {

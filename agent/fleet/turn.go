@@ -1,0 +1,133 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+)
+
+// wireTurn orders one lease's renewals and its job's terminal report on the
+// wire: one at a time, and no renewal after a report attempt the
+// coordinator may have taken. Without it a renewal could cross the report —
+// sent while /fleet/fail freed the lease, or after it — and the coordinator
+// would refuse it ("nobody holds its lease") and log a fenced write of a
+// factory that did nothing wrong. While the coordinator answers the report's
+// attempts with 429 or 5xx (it took nothing), renewals go between them, so
+// the lease is still held when the report finally lands. docs/fleet.md
+// ("Leases") describes the order.
+type wireTurn struct {
+	jobID string
+	epoch int64
+	waits func() // a report attempt waits for a renewal (a seam for tests)
+
+	mu       sync.Mutex
+	renewing bool          // a renewal is on the wire
+	sending  bool          // a report attempt is on the wire
+	taken    bool          // an attempt may have been taken: no more renewals
+	changed  chan struct{} // closed (and replaced) at each change
+}
+
+func newWireTurn(jobID string, epoch int64, waits func()) *wireTurn {
+	return &wireTurn{jobID: jobID, epoch: epoch, waits: waits, changed: make(chan struct{})}
+}
+
+// renewal takes the wire for a renewal, waiting while a report attempt is on
+// it; false when ctx ended or the report may have ended the lease.
+func (w *wireTurn) renewal(ctx context.Context) bool {
+	for {
+		w.mu.Lock()
+		if w.taken {
+			w.mu.Unlock()
+			return false
+		}
+		if !w.sending {
+			w.renewing = true
+			w.mu.Unlock()
+			return true
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// renewed gives the wire back after a renewal.
+func (w *wireTurn) renewed() {
+	w.mu.Lock()
+	w.renewing = false
+	w.signal()
+	w.mu.Unlock()
+}
+
+// send takes the wire for one attempt of the report, waiting while a
+// renewal is on it; false when ctx ended first (the attempt then fails on
+// ctx without being sent).
+func (w *wireTurn) send(ctx context.Context) bool {
+	said := false
+	for {
+		w.mu.Lock()
+		if !w.renewing && !w.sending {
+			w.sending = true
+			w.mu.Unlock()
+			return true
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		if !said && w.waits != nil {
+			said = true
+			w.waits()
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// sent gives the wire back after a report attempt; taken says the
+// coordinator may have acted on it (then no renewal follows, ever).
+func (w *wireTurn) sent(taken bool) {
+	w.mu.Lock()
+	w.sending = false
+	w.taken = w.taken || taken
+	w.signal()
+	w.mu.Unlock()
+}
+
+func (w *wireTurn) signal() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// turnKey carries a lease's wireTurn in its terminal report's context
+// (JobLease.Reporting).
+type turnKey struct{}
+
+// turnFor is the wire turn call cl must take, attempt by attempt: the
+// lease's when cl is a report of its job sent on the context Reporting
+// returned, else nil.
+func turnFor(ctx context.Context, cl call) *wireTurn {
+	w, _ := ctx.Value(turnKey{}).(*wireTurn)
+	if w == nil || cl.name == RouteRenew || cl.jobID != w.jobID || cl.epoch != w.epoch {
+		return nil
+	}
+	return w
+}
+
+// untaken reports whether an attempt's answer shows the coordinator did not
+// act on it: it answered 429 or 5xx, or no connection was made. Anything
+// else — an answer, a connection lost mid-request — may have been taken.
+func untaken(resp *http.Response, err error) bool {
+	if err == nil {
+		return resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500)
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
