@@ -530,6 +530,9 @@ func (r *harness) newFactory(i int) (*factory, error) {
 		"AQ_LOG_FORMAT=json", "AQ_LOG_LEVEL=info",
 		"AQ_SB_CONNECTION_STRING=Endpoint=sb://"+r.net.FactoryBroker(i)+";SharedAccessKeyName=sbpeer;SharedAccessKey="+sbKey+";UseDevelopmentEmulator=true",
 		"CHAOS_FACTORY="+id, "CHAOS_RUNS="+r.sb.runsDir(),
+		// The scripted engine records its runs in CHAOS_RUNS, a folder
+		// outside its worktree that a sandbox keeps from the host.
+		"AQ_SANDBOX=off",
 	)
 	if r.cfg.AQRace {
 		env = append(env, "GORACE=atexit_sleep_ms=50 halt_on_error=0")

@@ -74,19 +74,29 @@ const (
 	// resets (ParkUntil), and the attempt does not count against its
 	// retries. Expired or missing logins stay engine_unavailable.
 	ReasonRateLimited Reason = "rate_limited"
+	// ReasonSandboxUnavailable: the job's sandbox could not be made — the
+	// host cannot sandbox under AQ_SANDBOX=on, or the sandbox failed to
+	// start. Not the task's fault: retried, elsewhere in a fleet; the
+	// worktree and branch are intact (docs/sandbox.md).
+	ReasonSandboxUnavailable Reason = "sandbox_unavailable"
+	// ReasonOutOfMemory: the kernel killed the engine or verify for
+	// memory at the job's sandbox limit (AQ_SANDBOX_MEMORY). Counted
+	// against the job's retries, like a timeout.
+	ReasonOutOfMemory Reason = "out_of_memory"
 )
 
 // Reasons is every failure reason.
 var Reasons = []Reason{ReasonTimeout, ReasonBudgetExceeded, ReasonCrash, ReasonVerifyFailed, ReasonCapabilityMismatch,
 	ReasonNoEngine, ReasonEngineFailed, ReasonEngineUnavailable, ReasonRepoUnavailable, ReasonFenced, ReasonLeaseLost,
-	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited}
+	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited,
+	ReasonSandboxUnavailable, ReasonOutOfMemory}
 
 // Infrastructure reports whether r is not the task's fault (auth expired,
 // usage limit, aq stopped, lease lost, aq crashed): such failures are retried
 // even when the job's retry budget is spent, up to InfraRetries more times.
 func (r Reason) Infrastructure() bool {
 	switch r {
-	case ReasonEngineUnavailable, ReasonInterrupted, ReasonLeaseLost, ReasonCrash, ReasonShipFailed:
+	case ReasonEngineUnavailable, ReasonInterrupted, ReasonLeaseLost, ReasonCrash, ReasonShipFailed, ReasonSandboxUnavailable:
 		return true
 	}
 	return false

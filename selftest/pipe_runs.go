@@ -315,6 +315,11 @@ func recoverScenario() *scenario {
 			cmd.Env = append(append([]string(nil), w.engineEnv...),
 				"AQ_HOME="+l.home, "AQ_REPO_BASE="+l.base, "AQ_FLEET=0", "AQ_KILL_GRACE="+killGrace.String(),
 				"AQ_LOG_LEVEL=warn", "XDG_CONFIG_HOME="+filepath.Join(w.root, "xdg"), "GORACE=atexit_sleep_ms=0",
+				// Unsandboxed: the engine marks its start outside its
+				// worktree, and these checks are of the supervisor's
+				// recovery (a sandboxed engine ends with its aq by
+				// construction: internal/sandbox's tests).
+				"AQ_SANDBOX=off",
 				process.TagEnv+"="+childTag, process.ScopeEnv+"="+l.scope)
 			cmd.Dir = l.dir
 			logf, err := os.Create(filepath.Join(l.dir, "aq-child.log"))

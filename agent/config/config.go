@@ -22,6 +22,7 @@ import (
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/egress"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -88,7 +89,16 @@ type Config struct {
 	// worktrees may use before aq gc trims the pool; 0: no ceiling.
 	WorktreeDiskMax int64
 
+	// Sandbox (AQ_SANDBOX) is whether engines run in a per-job sandbox;
+	// SandboxMemory and SandboxPids are its cgroup limits (0: none).
+	Sandbox       sandbox.Mode
+	SandboxMemory int64
+	SandboxPids   int
+
+	// ClaudePermissionMode and CodexSandbox are the engines' own autonomy
+	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).
 	ClaudePermissionMode string
+	CodexSandbox         string
 	// SandboxNet (AQ_SANDBOX_NET) is what a sandboxed engine may reach
 	// through its job's egress proxy besides its own API endpoints.
 	SandboxNet egress.Rules

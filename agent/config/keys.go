@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/internal/egress"
+	"github.com/aqfleet/aq/internal/sandbox"
 )
 
 // Key is one configuration setting: its file key, its environment names (the
@@ -117,10 +118,18 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
 	{Name: "checkpoint_interval", Group: GroupEngine, Type: "duration", Env: []string{"AQ_CHECKPOINT_INTERVAL"}, Flag: "checkpoint-interval", Default: "5m", Usage: "while an engine runs, checkpoint its worktree this often (pushed to origin's aq/wip/<id> while the lease is held; 0: only when it stops)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
+	{Name: "sandbox", Group: GroupEngine, Env: []string{"AQ_SANDBOX"}, Flag: "sandbox", Default: "auto", Usage: "run each job's engine and verify in a sandbox of its own: auto (the best this host offers, said once at start), on (refuse jobs, retryable elsewhere, where the full sandbox cannot run), off (docs/sandbox.md)",
+		set: setSandbox},
+	{Name: "sandbox_memory", Group: GroupEngine, Env: []string{"AQ_SANDBOX_MEMORY"}, Flag: "sandbox-memory", Usage: "memory a job's sandbox may use, e.g. 8GiB; reaching it is reason out_of_memory (needs cgroup v2 delegated to aq; unset or 0: no limit)",
+		set: setSandboxMemory},
+	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Usage: "processes a job's sandbox may run at once (needs cgroup v2 delegated to aq; unset or 0: no limit)",
+		set: setSandboxPids},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
 		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
-	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
-		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk (unset: bypassPermissions inside aq's sandbox, acceptEdits outside it); devin follows it (bypass or normal)",
+		set: setOptionalEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "codex_sandbox", Group: GroupEngine, Env: []string{"AQ_CODEX_SANDBOX"}, Flag: "codex-sandbox", Usage: "codex --sandbox: read-only|workspace-write|danger-full-access (unset: danger-full-access inside aq's sandbox, which stands in for codex's own, workspace-write outside it)",
+		set: setOptionalEnum(func(c *Config) *string { return &c.CodexSandbox }, "read-only", "workspace-write", "danger-full-access")},
 	{Name: "sandbox_net", Group: GroupEngine, Env: []string{"AQ_SANDBOX_NET"}, Flag: "sandbox-net", Usage: "what a sandboxed engine may reach besides its own API, through the job's egress proxy: comma list of host, *.domain, host:port, an address or range, * (any public host), or a set such as @registries (docs/sandbox.md)",
 		set: func(c *Config, raw string) error {
 			r, err := egress.ParseRules(raw)
@@ -301,6 +310,60 @@ func setEnum(field func(*Config) *string, allowed ...string) func(*Config, strin
 		}
 		return fmt.Errorf("is not one of %s", strings.Join(allowed, "|"))
 	}
+}
+
+// setOptionalEnum is setEnum that also takes "" (unset: a default the
+// runner derives).
+func setOptionalEnum(field func(*Config) *string, allowed ...string) func(*Config, string) error {
+	set := setEnum(field, allowed...)
+	return func(c *Config, raw string) error {
+		if strings.TrimSpace(raw) == "" {
+			*field(c) = ""
+			return nil
+		}
+		return set(c, raw)
+	}
+}
+
+func setSandbox(c *Config, raw string) error {
+	m, err := sandbox.ParseMode(raw)
+	if err != nil {
+		return err
+	}
+	c.Sandbox = m
+	return nil
+}
+
+// minSandboxMemory keeps a typo (8M for 8G) from killing every engine at
+// start.
+const minSandboxMemory = 64 << 20
+
+func setSandboxMemory(c *Config, raw string) error {
+	if err := setBytes(func(c *Config) *int64 { return &c.SandboxMemory })(c, raw); err != nil {
+		return fmt.Errorf("is not a size (use bytes or a unit: 8GiB, 512MiB; 0 or unset: no limit)")
+	}
+	if c.SandboxMemory > 0 && c.SandboxMemory < minSandboxMemory {
+		return fmt.Errorf("is too small for an engine (use at least 64MiB, e.g. 8GiB; 0 or unset: no limit)")
+	}
+	return nil
+}
+
+func setSandboxPids(c *Config, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		c.SandboxPids = 0
+		return nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(raw))
+	switch {
+	case err != nil:
+		return fmt.Errorf("is not a whole number (use e.g. 4096; 0 or unset: no limit)")
+	case n < 0:
+		return fmt.Errorf("is negative (use e.g. 4096; 0 or unset: no limit)")
+	case n > 0 && n < 32:
+		return fmt.Errorf("is too few for an engine and its tools (use at least 32, e.g. 4096; 0 or unset: no limit)")
+	}
+	c.SandboxPids = n
+	return nil
 }
 
 // idPattern is the id rule of docs/manifest.md ("Keys": id); config ids (factory, product, topic) obey

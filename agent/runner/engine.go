@@ -28,9 +28,13 @@ func (ru *run) spec() engines.Spec {
 	if ru.eng != nil && ru.eng.Name() == "claude" {
 		withPersona = false // claude takes it through --append-system-prompt
 	}
-	env := secrets.EngineEnv(ru.r.env())
+	env := ru.sandboxEnv(secrets.EngineEnv(ru.r.env()))
 	if ru.r.Cfg.ClaudeTelemetry && ru.eng != nil && ru.eng.Name() == "claude" {
 		env = telemetry.ClaudeEnv(env, j.ID)
+	}
+	var stateDir string
+	if ru.jail != nil {
+		stateDir = ru.jail.Policy().StateDir()
 	}
 	spec := engines.Spec{
 		JobID:          j.ID,
@@ -41,12 +45,15 @@ func (ru *run) spec() engines.Spec {
 		Model:          j.Model,
 		Script:         j.Script,
 		Budget:         ru.budgetLeft(),
-		PermissionMode: ru.r.Cfg.PermissionMode,
+		PermissionMode: ru.permissionMode(),
+		CodexSandbox:   ru.codexSandbox(),
 		LogDir:         ru.logDir,
 		Attempt:        ru.o.Attempt,
 		Env:            env,
 		Grace:          ru.r.Cfg.Grace,
 		Supervisor:     ru.r.Cfg.Supervisor,
+		Jail:           ru.jailed(),
+		StateDir:       stateDir,
 		Redactor:       ru.r.Redactor,
 		Prices:         ru.r.Cfg.Prices,
 		Flags:          ru.info.Flags,
@@ -113,13 +120,14 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("%d tokens over budget %d%s", total.Tokens(), j.Budget.Tokens, ru.acrossRounds())))
 		}
 	})
-	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath)
+	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath, "sandbox", ru.sandboxLevel())
 	stopPeriodic := ru.startPeriodic(trace.ContextWithSpan(runCtx, jobSpan))
 	started := time.Now()
 	res, err = ru.eng.Run(runCtx, spec)
 	ru.runTime = time.Since(started)
 	ru.engineTime += ru.runTime
 	stopPeriodic()
+	ru.afterSandboxed()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {
 		res.Usage = last
@@ -205,6 +213,9 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 	in.ExitCode = res.ExitCode
 
 	if ru.out.Reason != "" { // stopped by its own budget
+		return false
+	}
+	if ru.sandboxFailure("the engine", err, res.Process.OOM && res.Outcome != engines.Succeeded) {
 		return false
 	}
 	if err != nil {

@@ -18,13 +18,25 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+// TestMain lets the test binary stand in for aq in the sandboxed tests
+// (sandbox_linux_test.go): re-executed, it is the sandbox's init or the
+// engine's supervisor.
+func TestMain(m *testing.M) {
+	if code, ok := sandbox.MaybeInit(); ok {
+		os.Exit(code)
+	}
+	if code, ok := process.MaybeSupervise(); ok {
+		os.Exit(code)
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // The runner's tests use real parts: git repositories in temp dirs, the
 // script engine running /bin/sh, the process layer's kill ladder. Scripts

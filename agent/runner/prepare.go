@@ -21,6 +21,9 @@ import (
 
 func (ru *run) preflight(ctx context.Context) bool {
 	j := ru.j
+	if !ru.refuseUnsandboxed() {
+		return false
+	}
 	eng, info, reason, detail := ru.pickEngine(ctx)
 	if reason.Parks() {
 		return false // pickEngine parked the run: its engine is held

@@ -31,6 +31,7 @@ import (
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
@@ -42,7 +43,7 @@ type Config struct {
 	Home           string
 	RepoBase       string
 	Grace          time.Duration // kill ladder step
-	PermissionMode string        // claude --permission-mode
+	PermissionMode string        // claude --permission-mode; "": chosen by the sandbox
 	Prices         *engines.PriceTable
 	// FetchBase: start from origin/<base> (fetched) rather than the local
 	// branch. Fleet mode sets it: a factory's checkouts may be stale.
@@ -69,6 +70,9 @@ type Config struct {
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
 	ClaudeTelemetry bool
+	// CodexSandbox is codex's --sandbox (AQ_CODEX_SANDBOX); "" chooses by
+	// the job's sandbox, as "" PermissionMode does (sandbox.go).
+	CodexSandbox string
 	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job whose
 	// manifest and profile set no verify_rounds gets after a failed verify
 	// (rounds.go). 0: none.
@@ -206,6 +210,12 @@ type Runner struct {
 	// engine hits a limit holds it, and a run for a held engine parks at
 	// once. nil: nothing is held across runs.
 	Holds *holds.Store
+	// Sandbox runs each job's engine and verify in a sandbox of the job's
+	// own (sandbox.go). nil: unsandboxed.
+	Sandbox *sandbox.Host
+	// Egress starts each sandboxed job's egress proxy. nil: sandboxed
+	// engines have no network at all.
+	Egress Egress
 }
 
 func (r *Runner) now() time.Time {
@@ -274,6 +284,14 @@ type run struct {
 	// noOutcome: the engine's success is only its exit status
 	// (engines.Result.NoStructuredOutcome).
 	noOutcome bool
+
+	// The job's sandbox (nil: none), its egress proxy, the engine's login
+	// copied into the job's home, and the variables that point the engine
+	// at it.
+	jail     *sandbox.Jail
+	proxy    EgressProxy
+	logins   *sandbox.Logins
+	loginEnv []string
 }
 
 // Run runs j once. It never panics: a panic inside is recovered, the work is
@@ -418,6 +436,11 @@ func (ru *run) do(ctx context.Context) {
 	// Last of all (after the checkpoint deferred below), the worktree goes
 	// back to the pool for the next job on the repository.
 	defer ru.release(ctx)
+	// The job's sandbox, gone before the worktree is pooled.
+	if !ru.openSandbox(ctx) {
+		return
+	}
+	defer ru.closeSandbox()
 	ru.event(EngineStarted{Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.

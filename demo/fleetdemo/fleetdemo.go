@@ -409,7 +409,11 @@ func (r *run) setup(ctx context.Context) (err error) {
 			"AQ_FLEET=1", "AQ_FLEET_API="+r.api, "AQ_FLEET_TOKEN="+stub.EnrollToken(),
 			fmt.Sprintf("AQ_SLOTS=%d", slots), fmt.Sprintf("AQ_HEARTBEAT_SEC=%d", heartbeat),
 			fmt.Sprintf("AQ_FLEET_LEASE_RENEW_SEC=%d", renewEvery), "AQ_POLL_SECONDS=1", "AQ_FLEET_GATE=1",
-			"AQ_KILL_GRACE=500ms", "AQ_DEMO_SIGNALS="+r.sig)
+			"AQ_KILL_GRACE=500ms", "AQ_DEMO_SIGNALS="+r.sig,
+			// The jobs' engines signal the demo through AQ_DEMO_SIGNALS, a
+			// folder outside their worktrees that a sandbox keeps from the
+			// host.
+			"AQ_SANDBOX=off")
 		if r.broker || r.refuse {
 			f.env = append(f.env, "AQ_SB_CONNECTION_STRING="+r.peer.ConnectionString())
 		}

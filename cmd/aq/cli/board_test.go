@@ -136,7 +136,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // a resize; Ctrl-C exits 0 and gives the terminal back.
 func TestBoardTmuxLocal(t *testing.T) {
 	testenv.Slow(t, "drives the live board in a real tmux")
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
 	h.Submit(t, "tmux-broken", scriptJob("app", "exit 2", "retry: {max: 0}"))
@@ -419,7 +419,7 @@ func TestStatusIntervalBadInput(t *testing.T) {
 // a person (claude's stream-json here), ending when the job ends; --raw
 // gives the engine's own lines; an unknown job is one line and exit 2.
 func TestJobLogsFollowLocal(t *testing.T) {
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	stream := filepath.Join(mark, "stream.jsonl")
 	testenv.WriteFile(t, stream, `{"type":"system","subtype":"init","model":"claude-x","session_id":"s-9","claude_code_version":"2.1.0"}

@@ -77,9 +77,11 @@ func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...strin
 	}
 	s := coordtest.Start(t, co)
 	e.stub = s.Server
+	// AQ_SANDBOX=off: the jobs' engines (blocking) signal the test through
+	// files outside their worktrees, which a sandbox keeps from the host.
 	e.h.Env = append([]string{
 		"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
-		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
+		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_SANDBOX=off",
 	}, env...)
 	if broker {
 		e.h.Env = append(e.h.Env, "AQ_SB_CONNECTION_STRING="+e.peer.ConnectionString())

@@ -13,7 +13,7 @@ import (
 	"github.com/aqfleet/aq/job"
 )
 
-// TestJobsRunNothingPlanted (#23 item 3, end to end): a job's engine
+// TestJobsRunNothingPlanted (#23 item 3, end to end, AQ_SANDBOX=off): a job's engine
 // plants in its repository's git configuration and git directory
 // everything that makes git run a program or send a push elsewhere — in
 // the shared config, in its worktree's own config, through an include and
@@ -25,7 +25,10 @@ import (
 // origin's own hooks are origin's business: they run for aq's pushes, as
 // for anyone's.
 func TestJobsRunNothingPlanted(t *testing.T) {
-	h, _ := binHome(t)
+	h := binHome(t)
+	// The engine plants in the repository's .git, which a sandbox keeps
+	// read-only to it: this is the guarantee that holds without one.
+	h.Env = append(h.Env, "AQ_SANDBOX=off")
 	repo := h.Repo(t, "app", map[string]string{"README.md": "# app\n"})
 	origin := testenv.AddOrigin(t, repo)
 	evil := filepath.Join(t.TempDir(), "evil.git")

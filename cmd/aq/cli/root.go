@@ -23,6 +23,7 @@ import (
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -121,8 +122,12 @@ func (f *Factory) Logger() *slog.Logger {
 // Main runs aq with the process's arguments and standard streams under a
 // context that is cancelled on SIGINT/SIGTERM, and returns the exit code.
 func Main() int {
-	// An engine's supervisor is aq re-executed: it must not parse a command
-	// line or start anything else (internal/process, supervise.go).
+	// A sandbox's init and an engine's supervisor are aq re-executed: they
+	// must not parse a command line or start anything else
+	// (internal/sandbox, init_linux.go; internal/process, supervise.go).
+	if code, ok := sandbox.MaybeInit(); ok {
+		return code
+	}
 	if code, ok := process.MaybeSupervise(); ok {
 		return code
 	}

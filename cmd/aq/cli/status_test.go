@@ -13,7 +13,7 @@ import (
 // job with its pid and age (not mistaken for an orphan), blocked jobs and
 // why, inbox jobs this host cannot run and why, and failed jobs.
 func TestStatusBoard(t *testing.T) {
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
 	h.Submit(t, "broken", scriptJob("app", "exit 2"))

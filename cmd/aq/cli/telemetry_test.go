@@ -20,7 +20,7 @@ import (
 // the engine saw TRACEPARENT naming its own span in the job's trace, and
 // never the exporter's credentials (which the collector did get).
 func TestRunTracesLocalJob(t *testing.T) {
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	rcv := otlptest.Start(t)
 	h.Env = append(h.Env, "OTEL_EXPORTER_OTLP_ENDPOINT="+rcv.URL(), "OTEL_SERVICE_NAME=aq-test",
@@ -110,7 +110,7 @@ echo '::aq-usage tokens_in=1200 tokens_out=300 tokens_cached=7 cost_usd=0.125 tu
 
 // Bad OTEL_* input is one clear line and exit 2, before any job is taken.
 func TestRunBadOTELEndpoint(t *testing.T) {
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "untouched", scriptJob("app", "echo x > x.txt", "ship: branch"))
 	for _, c := range []struct{ env, want string }{
@@ -138,7 +138,7 @@ func TestRunBadOTELEndpoint(t *testing.T) {
 // A collector that is down: the job runs and ships as without tracing; the
 // log says once that spans are dropped.
 func TestRunOTLPEndpointDown(t *testing.T) {
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "untraced", scriptJob("app", "echo x > x.txt", "ship: branch"))
 	h.Env = append(h.Env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1") // nothing listens on port 1

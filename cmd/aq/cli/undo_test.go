@@ -19,7 +19,7 @@ import (
 // line aq job show gives for an unknown id). aq job rm removes a finished
 // job and names the jobs that wait for it.
 func TestUndoAMistakeLocal(t *testing.T) {
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "webapp", nil)
 	dir := t.TempDir()
 	id := testenv.ID("norepo")
