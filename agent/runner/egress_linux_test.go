@@ -1,0 +1,88 @@
+package runner_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/egress"
+	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
+)
+
+// TestSandboxedRunEgress: a sandboxed engine, through the job's real
+// egress proxy, reaches the host AQ_SANDBOX_NET names and is refused the
+// rest — a host not named, the metadata service — with the reason in the
+// answer; the first refusal of each destination is an event of the job,
+// and the job's insights count them all.
+func TestSandboxedRunEgress(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+		t.Skipf("this host sandboxes at level %s", lvl)
+	}
+	var served atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		w.Write([]byte("allowed and served\n"))
+	}))
+	defer up.Close()
+	_, port, _ := net.SplitHostPort(up.Listener.Addr().String())
+	// The upstream lives on the host's loopback: its address and port are
+	// named, as an operator names an internal registry's.
+	rules, err := egress.ParseRules("127.0.0.1:" + port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r.Egress = runner.EgressProxies{Rules: rules, Env: f.r.Env}
+	var mu sync.Mutex
+	var events []job.EgressRefusal
+	o := runner.Options{Attempt: 1, OnEvent: func(e runner.Event) {
+		if r, ok := e.(runner.EgressRefused); ok {
+			mu.Lock()
+			events = append(events, r.Refusal)
+			mu.Unlock()
+		}
+	}}
+	// The engine talks to its proxy itself (bash, no curl needed), through
+	// the variables the sandbox gives it.
+	j := f.job("egress", `bash <<'SH'
+hp=${http_proxy#http://}
+req() { exec 3<>/dev/tcp/${hp%:*}/${hp##*:} && printf "$1" >&3 && cat <&3; exec 3<&-; }
+req "GET http://127.0.0.1:`+port+`/ok HTTP/1.0\r\n\r\n" > allowed.txt
+req "CONNECT evil.example:443 HTTP/1.0\r\n\r\n" > refused.txt
+req "CONNECT evil.example:443 HTTP/1.0\r\n\r\n" >> refused.txt
+req "GET http://169.254.169.254/latest/meta-data/ HTTP/1.0\r\n\r\n" > metadata.txt
+SH`)
+	out := f.run(context.Background(), j, o)
+	if out.Failed() {
+		t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
+	}
+	files := testenv.TreeFiles(t, f.repo, out.Commit)
+	if !strings.Contains(files["allowed.txt"], "allowed and served") || served.Load() != 1 {
+		t.Errorf("the allowed host: %q (served %d)", files["allowed.txt"], served.Load())
+	}
+	if got := files["refused.txt"]; strings.Count(got, "403 Forbidden") != 2 || !strings.Contains(got, "evil.example is not allowed: add it to AQ_SANDBOX_NET") {
+		t.Errorf("a host not named: %q", got)
+	}
+	if got := files["metadata.txt"]; !strings.Contains(got, "403 Forbidden") || !strings.Contains(got, "169.254.169.254 is a link-local address") {
+		t.Errorf("the metadata service: %q", got)
+	}
+	in := out.Insights.EgressRefused
+	if len(in) != 2 || in[0].Host != "evil.example" || in[0].Port != 443 || in[0].Count != 2 ||
+		in[1].Host != "169.254.169.254" || in[1].Port != 80 || in[1].Count != 1 || in[1].Why == "" {
+		t.Errorf("insights: %+v, want evil.example:443 twice then 169.254.169.254:80 once", in)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 2 || events[0].Count != 1 || events[1].Count != 1 {
+		t.Errorf("events: %+v, want the first refusal of each destination", events)
+	}
+}
