@@ -154,7 +154,7 @@ func Start(ctx context.Context, o Options) (*Proxy, error) {
 	if o.TCP {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			p.closeListeners()
+			_ = p.closeListeners()
 			p.cancel()
 			return nil, fmt.Errorf("egress proxy: %w", err)
 		}
@@ -165,12 +165,15 @@ func Start(ctx context.Context, o Options) (*Proxy, error) {
 		p.wg.Add(1)
 		go p.serve(l)
 	}
-	p.stop = context.AfterFunc(ctx, func() { p.Close() })
+	p.stop = context.AfterFunc(ctx, func() { _ = p.Close() })
 	return p, nil
 }
 
 // listenUnix listens on path, replacing a stale socket left there (by a
-// killed aq) but nothing else, and makes it private to the user.
+// killed aq) but nothing else, and makes it private to the user. A path
+// longer than a socket address holds (about 107 bytes: a job's directory
+// under a deep $AQ_HOME) is bound through a handle on its folder where the
+// platform has one (bindLong). The socket file is removed by Close.
 func listenUnix(path string) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != fs.ModeSocket {
@@ -180,17 +183,29 @@ func listenUnix(path string) (net.Listener, error) {
 			return nil, err
 		}
 	}
-	l, err := net.Listen("unix", path)
+	var l net.Listener
+	var err error
+	if len(path) < maxSocketPath {
+		l, err = net.Listen("unix", path)
+	} else {
+		l, err = bindLong(path)
+	}
 	if err != nil {
 		return nil, err
 	}
-	l.(*net.UnixListener).SetUnlinkOnClose(true)
+	l.(*net.UnixListener).SetUnlinkOnClose(false) // Close removes it, by its real path
 	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
+		_ = l.Close()
+		_ = os.Remove(path)
 		return nil, err
 	}
 	return l, nil
 }
+
+// maxSocketPath is the longest path a unix socket address holds on every
+// platform aq runs on (sun_path: 108 bytes on Linux, 104 on macOS, with
+// its terminating NUL).
+const maxSocketPath = 104
 
 // Socket is the unix socket's path ("" when the proxy has none).
 func (p *Proxy) Socket() string { return p.socket }
@@ -244,6 +259,13 @@ func (p *Proxy) closeListeners() error {
 	for _, l := range p.listeners {
 		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
+		}
+	}
+	if p.socket != "" {
+		if fi, err := os.Lstat(p.socket); err == nil && fi.Mode().Type() == fs.ModeSocket {
+			if err := os.Remove(p.socket); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -349,7 +371,7 @@ func (p *Proxy) handle(c net.Conn) {
 	br := bufio.NewReaderSize(lim, 16<<10)
 	for {
 		lim.n = maxHeaderBytes
-		c.SetReadDeadline(time.Now().Add(p.o.HeaderTimeout))
+		_ = c.SetReadDeadline(time.Now().Add(p.o.HeaderTimeout))
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			if errors.Is(err, errHeaderTooLarge) {
@@ -360,7 +382,7 @@ func (p *Proxy) handle(c net.Conn) {
 			return
 		}
 		lim.n = -1
-		c.SetReadDeadline(time.Time{})
+		_ = c.SetReadDeadline(time.Time{})
 		switch {
 		case req.Method == http.MethodConnect:
 			p.connect(c, br, req)
@@ -502,7 +524,7 @@ func (p *Proxy) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		if _, err := up.Write(b); err != nil {
 			return
 		}
-		br.Discard(n)
+		_, _ = br.Discard(n)
 	}
 	p.tunnel(c, up)
 }
@@ -572,12 +594,12 @@ type idleConn struct {
 }
 
 func (i *idleConn) Read(b []byte) (int, error) {
-	i.Conn.SetReadDeadline(time.Now().Add(i.d))
+	_ = i.Conn.SetReadDeadline(time.Now().Add(i.d))
 	return i.Conn.Read(b)
 }
 
 func (i *idleConn) Write(b []byte) (int, error) {
-	i.Conn.SetWriteDeadline(time.Now().Add(i.d))
+	_ = i.Conn.SetWriteDeadline(time.Now().Add(i.d))
 	return i.Conn.Write(b)
 }
 
@@ -596,7 +618,7 @@ func writeError(c net.Conn, code int, msg string) {
 // writeResponse writes a short text response that closes the connection.
 func writeResponse(c net.Conn, code int, msg, kind string) {
 	body := msg + "\n"
-	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Aq-Egress: %s\r\n\r\n%s",
 		code, http.StatusText(code), len(body), kind, body)
 }

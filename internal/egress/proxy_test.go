@@ -14,11 +14,14 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // startProxy starts a proxy on TCP (and on a unix socket when sock),
@@ -613,7 +616,52 @@ func TestProxyStartAndStop(t *testing.T) {
 	}
 	cancel()
 	p.wg.Wait() // the context's end closes it
-	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("socket left after the context ended: %v", err)
+	testenv.WaitFor(t, time.Minute, "the socket removed after the context ended", func() bool {
+		_, err := os.Lstat(sock)
+		return errors.Is(err, os.ErrNotExist)
+	})
+
+	// A job's directory under a deep $AQ_HOME: a path longer than a socket
+	// address holds.
+	deep := filepath.Join(dir, strings.Repeat("d", 60), strings.Repeat("e", 60))
+	if err := os.MkdirAll(deep, 0o700); err != nil {
+		t.Fatal(err)
 	}
+	long := filepath.Join(deep, "proxy.sock")
+	p, err = Start(context.Background(), Options{UnixSocket: long, Rules: mustRules(t, "")})
+	if runtime.GOOS != "linux" {
+		if err == nil {
+			p.Close()
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Start on a %d-byte socket path: %v", len(long), err)
+	}
+	c, err := net.Dial("unix", "/proc/self/fd/"+strconv.Itoa(openDir(t, deep))+"/proxy.sock")
+	if err != nil {
+		t.Fatalf("dial the long socket: %v", err)
+	}
+	fmt.Fprintf(c, "CONNECT example.com:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("through the long socket: %v %v", resp, err)
+	}
+	c.Close()
+	if fi, err := os.Stat(long); err != nil || fi.Mode().Perm() != 0o600 || p.Socket() != long {
+		t.Errorf("long socket: %v %v, Socket() %q", fi, err, p.Socket())
+	}
+	p.Close()
+	if _, err := os.Lstat(long); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("long socket left after Close: %v", err)
+	}
+}
+
+// openDir is an O_PATH handle on dir (closed when the test ends).
+func openDir(t *testing.T, dir string) int {
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
 }

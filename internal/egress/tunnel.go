@@ -62,7 +62,7 @@ func (p *Proxy) watchedTunnel(client net.Conn, up *net.TCPConn) {
 			case <-t.C:
 				if d, ok := sinceData(up); ok && d >= p.o.IdleTimeout {
 					client.Close()
-					up.Close()
+					_ = up.Close()
 					return
 				}
 			}
@@ -107,11 +107,11 @@ func (p *Proxy) pipe(dst, src net.Conn, last *atomic.Int64) {
 	buf := *bp
 	idle := p.o.IdleTimeout
 	for {
-		src.SetReadDeadline(time.Now().Add(idle))
+		_ = src.SetReadDeadline(time.Now().Add(idle))
 		n, err := src.Read(buf)
 		if n > 0 {
 			last.Store(time.Now().UnixNano())
-			dst.SetWriteDeadline(time.Now().Add(idle))
+			_ = dst.SetWriteDeadline(time.Now().Add(idle))
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				src.Close()
 				dst.Close()
