@@ -106,6 +106,12 @@ type Config struct {
 	// built-in endpoints.
 	SandboxEngineHosts egress.EngineHostSet
 	PriceTable         string
+	// Engines (AQ_ENGINES) are the engines this factory may run and offer;
+	// nil: the default (RunEngines).
+	Engines []string
+	// EngineEnv (AQ_ENGINE_ENV) are further environment variables an
+	// engine gets beyond its documented base (engines.Environ).
+	EngineEnv []string
 	// ClaudeTelemetry (AQ_CLAUDE_TELEMETRY) switches Claude Code's own
 	// OpenTelemetry export on in its environment.
 	ClaudeTelemetry bool
@@ -463,3 +469,23 @@ func (c *Config) StateDir() string     { return filepath.Join(c.Home, "state") }
 func (c *Config) CredentialsFile() string {
 	return filepath.Join(c.Home, "credentials")
 }
+
+// RunEngines are the engines this factory may run and offer: AQ_ENGINES
+// when set, else every coding engine (claude, codex, devin) and, outside
+// fleet mode, script. In fleet mode script is opt-in: a script job runs
+// whatever command its author wrote, so offering it lets whoever can submit
+// a job run code on this factory (docs/fleet.md).
+func (c *Config) RunEngines(fleet bool) []string {
+	if c.Engines != nil {
+		return append([]string{}, c.Engines...)
+	}
+	out := []string{"claude", "codex", "devin"}
+	if !fleet {
+		out = append(out, "script")
+	}
+	return out
+}
+
+// EnginesExplicit reports whether AQ_ENGINES was set (then an engine it
+// lists but this host lacks is worth a line at start).
+func (c *Config) EnginesExplicit() bool { return c.Engines != nil }

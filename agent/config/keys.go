@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,6 +151,10 @@ var Keys = []Key{
 		}},
 	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",
 		set: setBool(func(c *Config) *bool { return &c.ClaudeTelemetry })},
+	{Name: "engines", Group: GroupEngine, Env: []string{"AQ_ENGINES"}, Flag: "engines", Usage: "the engines this factory may run and offer, of claude, codex, devin, script, or all (default: every coding engine found, and script outside fleet mode; script in fleet mode runs code from whoever can submit a job: docs/fleet.md)",
+		set: setEngines},
+	{Name: "engine_env", Group: GroupEngine, Env: []string{"AQ_ENGINE_ENV"}, Flag: "engine-env", Usage: "names of further environment variables an engine gets, comma-separated (its environment is otherwise built from a documented base: docs/engines.md#the-engines-environment)",
+		set: setEngineEnv},
 	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
 		set: setPath(func(c *Config) *string { return &c.PriceTable })},
 	{Name: "notify_url", Group: GroupObserve, Env: []string{"AQ_NOTIFY_URL"}, Flag: "notify-url-file", Secret: true, FlagIsFile: true, Usage: "file holding the http(s) URL that gets a JSON POST when a job ships, fails for good or needs a person (docs/observability.md)",
@@ -428,6 +433,60 @@ func setNotifyURL(c *Config, raw string) error {
 // against the namespace's throttling, and a scaler (KEDA polls every 30 s)
 // reads the same numbers.
 const minDepthInterval = 10 * time.Second
+
+// EngineNames are the engines AQ_ENGINES may name.
+var EngineNames = []string{"claude", "codex", "devin", "script"}
+
+func setEngines(c *Config, raw string) error {
+	c.Engines = nil
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return nil
+	}
+	seen := map[string]bool{}
+	list := []string{}
+	for _, f := range strings.FieldsFunc(raw, func(r rune) bool { return r == ',' || r == ' ' }) {
+		f = strings.ToLower(f)
+		switch {
+		case f == "all":
+			for _, e := range EngineNames {
+				if !seen[e] {
+					seen[e] = true
+					list = append(list, e)
+				}
+			}
+		case slices.Contains(EngineNames, f):
+			if !seen[f] {
+				seen[f] = true
+				list = append(list, f)
+			}
+		default:
+			return fmt.Errorf("names %q, which is not an engine (use claude, codex, devin, script or all, comma-separated)", clipValue(f))
+		}
+	}
+	c.Engines = list
+	return nil
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func setEngineEnv(c *Config, raw string) error {
+	c.EngineEnv = nil
+	for _, f := range strings.FieldsFunc(raw, func(r rune) bool { return r == ',' || r == ' ' }) {
+		if !envName.MatchString(f) {
+			return fmt.Errorf("names %q, which is not an environment variable name (letters, digits and _, comma-separated)", clipValue(f))
+		}
+		c.EngineEnv = append(c.EngineEnv, f)
+	}
+	return nil
+}
+
+func clipValue(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
 
 func setDepthInterval(c *Config, raw string) error {
 	d, err := time.ParseDuration(strings.TrimSpace(raw))

@@ -33,7 +33,10 @@ func TestMain(m *testing.M) {
 // kill ladder. Its log goes to the test's log (benchmarks: discarded).
 func newAgent(tb testing.TB, h *testenv.Home, parts ...local.Parts) *local.Agent {
 	tb.Helper()
-	cfg := &config.Config{Home: h.Dir, RepoBase: h.RepoBase, KillGrace: 200 * time.Millisecond, Poll: time.Second, WorktreePool: 1}
+	// MARK reaches the engines as an operator passes a variable
+	// (AQ_ENGINE_ENV): an engine's environment is built, not inherited.
+	cfg := &config.Config{Home: h.Dir, RepoBase: h.RepoBase, KillGrace: 200 * time.Millisecond, Poll: time.Second, WorktreePool: 1,
+		EngineEnv: []string{"MARK"}}
 	var p local.Parts
 	if len(parts) > 0 {
 		p = parts[0]

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,21 +18,24 @@ import (
 
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/engines"
-	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
 func (ru *run) spec() engines.Spec {
+	name := ru.j.Engine
+	if ru.eng != nil {
+		name = ru.eng.Name()
+	}
+	return ru.specFor(name)
+}
+
+// specFor is the spec of the job's run on engine name, with that engine's
+// environment (engineEnv).
+func (ru *run) specFor(name string) engines.Spec {
 	j := ru.j
-	withPersona := true
-	if ru.eng != nil && ru.eng.Name() == "claude" {
-		withPersona = false // claude takes it through --append-system-prompt
-	}
-	env := ru.sandboxEnv(secrets.EngineEnv(ru.r.env()))
-	if ru.r.Cfg.ClaudeTelemetry && ru.eng != nil && ru.eng.Name() == "claude" {
-		env = telemetry.ClaudeEnv(env, j.ID)
-	}
+	withPersona := name != "claude" // claude takes it through --append-system-prompt
+	env := ru.engineEnv(name)
 	var stateDir string
 	if ru.jail != nil {
 		stateDir = ru.jail.Policy().StateDir()
@@ -60,6 +64,30 @@ func (ru *run) spec() engines.Spec {
 	}
 	ru.repairSpec(&spec)
 	return spec
+}
+
+// engineEnv is engine name's environment (engines.Environ: a documented
+// base, the engine's own variables, AQ_ENGINE_ENV); "" is a job's verify
+// command's. With AQ_CLAUDE_TELEMETRY, claude also gets the OTLP exporter's
+// settings (never its headers: aq's secrets) and the switches that turn its
+// export on.
+func (ru *run) engineEnv(name string) []string {
+	pass := ru.r.Cfg.EngineEnv
+	telem := ru.r.Cfg.ClaudeTelemetry && name == "claude"
+	if telem {
+		for _, kv := range ru.r.env() {
+			if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "OTEL_") {
+				pass = append(append([]string{}, pass...), k)
+			}
+		}
+	}
+	// The sandbox's own (the job's HOME and TMPDIR, its proxy) go over
+	// the base.
+	env := ru.sandboxEnv(engines.Environ(ru.r.env(), name, pass))
+	if telem {
+		env = telemetry.ClaudeEnv(env, ru.j.ID)
+	}
+	return env
 }
 
 func (r *Runner) env() []string {

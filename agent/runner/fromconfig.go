@@ -23,6 +23,9 @@ type Parts struct {
 	Redactor *secrets.Redactor
 	// FetchBase: fleet mode starts from origin/<base> (see Config).
 	FetchBase bool
+	// Fleet: the runner runs fleet jobs (AQ_ENGINES' default leaves
+	// script out).
+	Fleet bool
 	// Tracer records the runs' steps (nil: none).
 	Tracer trace.Tracer
 	// Egress starts sandboxed jobs' egress proxies (nil: EgressProxies
@@ -61,6 +64,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
 			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
 			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds,
+			Engines: cfg.RunEngines(p.Fleet), EngineEnv: cfg.EngineEnv,
 		},
 		Sandbox:  OpenSandbox(cfg, p.Log),
 		Egress:   p.Egress,

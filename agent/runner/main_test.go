@@ -109,7 +109,9 @@ func newFixture(t *testing.T, extra ...engines.Engine) *fixture {
 	f := &fixture{t: t, home: h, repo: h.Repo(t, "app", baseFiles), mark: t.TempDir()}
 	env := append(os.Environ(), "MARK="+f.mark)
 	f.r = &runner.Runner{
-		Cfg:      runner.Config{Home: h.Dir, RepoBase: h.RepoBase, Grace: 200 * time.Millisecond, PoolSize: 1},
+		// MARK reaches the engines as an operator passes a variable:
+		// AQ_ENGINE_ENV (an engine's environment is built, not inherited).
+		Cfg:      runner.Config{Home: h.Dir, RepoBase: h.RepoBase, Grace: 200 * time.Millisecond, PoolSize: 1, EngineEnv: []string{"MARK"}},
 		Engines:  engines.NewRegistry(append(engineList{&engines.Script{}}, extra...)...),
 		Log:      testLogger(t),
 		Redactor: secrets.NewRedactor(env),

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,6 +71,13 @@ type Config struct {
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
 	ClaudeTelemetry bool
+	// Engines are the engines this runner may run (AQ_ENGINES, resolved);
+	// nil: all. A job for another engine fails capability_mismatch before
+	// anything is prepared.
+	Engines []string
+	// EngineEnv are the further variables an engine gets (AQ_ENGINE_ENV)
+	// beyond its documented base (engines.Environ).
+	EngineEnv []string
 	// CodexSandbox is codex's --sandbox (AQ_CODEX_SANDBOX); "" chooses by
 	// the job's sandbox, as "" PermissionMode does (sandbox.go).
 	CodexSandbox string
@@ -78,6 +86,9 @@ type Config struct {
 	// (rounds.go). 0: none.
 	VerifyRounds int
 }
+
+// allows reports whether the runner may run engine name.
+func (c Config) allows(name string) bool { return c.Engines == nil || slices.Contains(c.Engines, name) }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
 // killing a job's leftover processes never touches another home's job of
@@ -165,7 +176,13 @@ type Outcome struct {
 	PRURL      string       `json:"prUrl,omitempty"`
 	Pushed     bool         `json:"pushed,omitempty"` // job branch pushed to origin
 	WIPPushed  bool         `json:"wipPushed,omitempty"`
-	Fenced     bool         `json:"fenced,omitempty"`
+	// OriginCheckpoint is the WIP commit on origin's aq/wip/<id> when the
+	// run ended, as far as this run knows ("" = none): Checkpoint when it
+	// was pushed (WIPPushed), an earlier one when it was not (a lost
+	// lease's). A report names only this one: another factory resumes from
+	// origin, never from a commit that stayed on this host.
+	OriginCheckpoint string `json:"originCheckpoint,omitempty"`
+	Fenced           bool   `json:"fenced,omitempty"`
 	// Redelivered: an earlier attempt had put the result on origin; this run
 	// reported it without running the engine.
 	Redelivered bool `json:"redelivered,omitempty"`
@@ -308,6 +325,9 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 			ru.fail(job.ReasonCrash, fmt.Sprintf("aq panicked: %v", p))
 		}
 		ru.out.Insights.WallMS = r.now().Sub(start).Milliseconds()
+		ru.cpMu.Lock()
+		ru.out.OriginCheckpoint = ru.wipOnOrigin
+		ru.cpMu.Unlock()
 		if ru.out.Insights.Engine == "" && ru.eng != nil {
 			ru.out.Insights.Engine = ru.eng.Name()
 		}

@@ -240,7 +240,7 @@ func (j *Jail) startFull(cmd *exec.Cmd, probe bool) (process.Jailed, error) {
 		_ = cmd.Wait()
 		_, _ = run.Close()
 		if first.Error != "" {
-			var cause error = errors.New(first.Error)
+			cause := errors.New(first.Error)
 			if first.Errno != 0 {
 				cause = syscall.Errno(first.Errno)
 			}

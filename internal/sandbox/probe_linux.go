@@ -69,7 +69,7 @@ func trialUserNS(init string) string {
 	if err != nil {
 		return "cannot make a directory for the trial sandbox: " + err.Error()
 	}
-	defer removeTree(dir)
+	defer func() { _ = removeTree(dir) }() // a trial's leftovers in the temp dir are harmless
 	h := &Host{opts: Options{Init: init}, report: Report{Level: LevelFull}}
 	j := &Jail{h: h, level: LevelFull, p: Policy{Worktree: dir, JobDir: dir}.Clean()}
 	if err := makeJobDir(j.p); err != nil {

@@ -219,7 +219,9 @@ func markedHome(t *testing.T) (*testenv.Home, string) {
 	t.Helper()
 	h := binHome(t)
 	mark := t.TempDir()
-	h.Env = append(h.Env, "MARK="+mark, "AQ_SANDBOX=off")
+	// MARK reaches the engines as an operator passes a variable
+	// (AQ_ENGINE_ENV): an engine's environment is built, not inherited.
+	h.Env = append(h.Env, "MARK="+mark, "AQ_ENGINE_ENV=MARK", "AQ_SANDBOX=off")
 	return h, mark
 }
 

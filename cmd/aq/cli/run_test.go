@@ -482,17 +482,18 @@ func TestRunRetriesWithBackoff(t *testing.T) {
 }
 
 // TestRunSecretsMasked: secrets the engine prints are *** in the job logs and
-// in aq's own output; AQ_FLEET_TOKEN is not in the engine's environment.
+// in aq's own output; AQ_FLEET_TOKEN and GITHUB_TOKEN are not in the
+// engine's environment (issue #26), a credential AQ_ENGINE_ENV passes is.
 func TestRunSecretsMasked(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
 	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	const gh, fleet = "ghp_abcdefghijklmnop0123456789", "aqft_0123456789abcdef"
-	h.Env = append(h.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet, "MY_SERVICE_PASSWORD=hunter2hunter2")
-	h.Submit(t, "sec", scriptJob("app", `echo "token=$GITHUB_TOKEN pass=$MY_SERVICE_PASSWORD fleet=${AQ_FLEET_TOKEN:-absent}"
-echo "err token=$GITHUB_TOKEN" >&2
+	h.Env = append(h.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet, "MY_SERVICE_PASSWORD=hunter2hunter2", "AQ_ENGINE_ENV=MARK,MY_SERVICE_PASSWORD")
+	h.Submit(t, "sec", scriptJob("app", `echo "token=${GITHUB_TOKEN:-absent} pass=$MY_SERVICE_PASSWORD fleet=${AQ_FLEET_TOKEN:-absent}"
+echo "err pass=$MY_SERVICE_PASSWORD" >&2
 env > "$MARK/env"
-echo x > x.txt`, "verify: echo verify token=$GITHUB_TOKEN"))
+echo x > x.txt`, "verify: echo verify pass=$MY_SERVICE_PASSWORD token=${GITHUB_TOKEN:-absent}"))
 	r := h.Run(t, "run", "--once")
 	if r.Code != 0 {
 		t.Fatalf("%s", r)
@@ -509,13 +510,14 @@ echo x > x.txt`, "verify: echo verify token=$GITHUB_TOKEN"))
 			}
 		}
 	}
-	for _, want := range []string{"token=*** pass=*** fleet=absent", "err token=***", "verify token=***"} {
+	for _, want := range []string{"token=absent pass=*** fleet=absent", "err pass=***", "verify pass=*** token=absent"} {
 		if !strings.Contains(logs.Stdout, want) {
 			t.Errorf("logs lack %q:\n%s", want, logs.Stdout)
 		}
 	}
-	if env := testenv.ReadFile(t, filepath.Join(mark, "env")); strings.Contains(env, "AQ_FLEET_TOKEN") || !strings.Contains(env, "GITHUB_TOKEN=") {
-		t.Errorf("engine environment: AQ_FLEET_TOKEN must be absent, GITHUB_TOKEN present")
+	if env := testenv.ReadFile(t, filepath.Join(mark, "env")); strings.Contains(env, "AQ_FLEET_TOKEN") || strings.Contains(env, "GITHUB_TOKEN=") || strings.Contains(env, "AQ_HOME=") ||
+		!strings.Contains(env, "MY_SERVICE_PASSWORD=") {
+		t.Errorf("engine environment: AQ_FLEET_TOKEN, GITHUB_TOKEN and AQ_HOME must be absent, MY_SERVICE_PASSWORD (AQ_ENGINE_ENV) present")
 	}
 }
 
