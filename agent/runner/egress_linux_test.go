@@ -21,7 +21,10 @@ import (
 // egress proxy, reaches the host AQ_SANDBOX_NET names and is refused the
 // rest — a host not named, the metadata service — with the reason in the
 // answer; the first refusal of each destination is an event of the job,
-// and the job's insights count them all.
+// and the job's insights count them all. The engine's environment is
+// built (engines.Environ: the factory's own proxy and JVM settings do not
+// pass as they are) with the proxy's variables over it: both spellings,
+// NODE_USE_ENV_PROXY, Yarn's, the JVM's.
 func TestSandboxedRunEgress(t *testing.T) {
 	f := newFixture(t)
 	sandboxed(t, f, sandbox.ModeAuto)
@@ -41,6 +44,10 @@ func TestSandboxedRunEgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The factory sits behind a proxy of its own and tunes Node and the JVM:
+	// none of it reaches the sandboxed engine as it is.
+	f.r.Env = append(f.r.Env, "HTTPS_PROXY=http://corp-proxy.invalid:3128", "no_proxy=.corp.invalid",
+		"NODE_USE_ENV_PROXY=0", "JAVA_TOOL_OPTIONS=-Dhttps.proxyHost=corp-proxy.invalid", "GH_TOKEN=gh-secret-egress")
 	f.r.Egress = runner.EgressProxies{Rules: rules, Env: f.r.Env}
 	var mu sync.Mutex
 	var events []job.EgressRefusal
@@ -60,7 +67,8 @@ req "GET http://127.0.0.1:`+port+`/ok HTTP/1.0\r\n\r\n" > allowed.txt
 req "CONNECT evil.example:443 HTTP/1.0\r\n\r\n" > refused.txt
 req "CONNECT evil.example:443 HTTP/1.0\r\n\r\n" >> refused.txt
 req "GET http://169.254.169.254/latest/meta-data/ HTTP/1.0\r\n\r\n" > metadata.txt
-SH`)
+SH
+env | sort > env.txt`)
 	out := f.run(context.Background(), j, o)
 	if out.Failed() {
 		t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
@@ -68,6 +76,31 @@ SH`)
 	files := testenv.TreeFiles(t, f.repo, out.Commit)
 	if !strings.Contains(files["allowed.txt"], "allowed and served") || served.Load() != 1 {
 		t.Errorf("the allowed host: %q (served %d)", files["allowed.txt"], served.Load())
+	}
+	env := map[string]string{}
+	for _, l := range strings.Split(files["env.txt"], "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			env[k] = v
+		}
+	}
+	proxy := env["http_proxy"]
+	if !strings.HasPrefix(proxy, "http://127.0.0.1:") {
+		t.Fatalf("the engine's proxy: %q\n%s", proxy, files["env.txt"])
+	}
+	for k, want := range map[string]string{
+		"HTTPS_PROXY": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy, "ALL_PROXY": proxy, "all_proxy": proxy,
+		"NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1",
+		"NODE_USE_ENV_PROXY": "1", "YARN_HTTPS_PROXY": proxy, "YARN_HTTP_PROXY": proxy,
+	} {
+		if env[k] != want {
+			t.Errorf("the engine's %s=%q, want %q", k, env[k], want)
+		}
+	}
+	if jt := env["JAVA_TOOL_OPTIONS"]; strings.Contains(jt, "corp-proxy") || !strings.Contains(jt, "-Dhttps.proxyHost=127.0.0.1") {
+		t.Errorf("the engine's JAVA_TOOL_OPTIONS=%q, want the job's proxy only", jt)
+	}
+	if _, ok := env["GH_TOKEN"]; ok {
+		t.Error("GH_TOKEN reached the sandboxed engine")
 	}
 	if got := files["refused.txt"]; strings.Count(got, "403 Forbidden") != 2 || !strings.Contains(got, "evil.example is not allowed: add it to AQ_SANDBOX_NET") {
 		t.Errorf("a host not named: %q", got)
