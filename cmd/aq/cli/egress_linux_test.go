@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -53,6 +54,10 @@ SH`, "ship: branch"))
 		t.Fatalf("the job ran under a malformed AQ_SANDBOX_NET: %+v", v.State)
 	}
 	if r := h.Run(t, "run", "--once"); r.Code != 0 {
+		for _, n := range []string{"stdout.log", "stderr.log"} { // the engine's side of it
+			b, _ := os.ReadFile(filepath.Join(h.Dir, "logs", testenv.ID("net"), n))
+			t.Logf("the engine's %s:\n%s", n, b)
+		}
 		t.Fatalf("run: %s", r)
 	}
 	v := show(t, h, "net")
