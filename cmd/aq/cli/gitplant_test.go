@@ -95,12 +95,16 @@ git config remote.origin.receivepack "$PLANT"
 cp "$PLANT" "$common/hooks/post-checkout"
 cp "$PLANT" "$common/hooks/reference-transaction"
 printf '* filter=planted diff=planted merge=planted\n' > "$common/info/attributes"`
-	h.Env = append(h.Env, "PLANT="+plant)
+	// The engine's environment is built (docs/engines.md): PLANT reaches
+	// it because AQ_ENGINE_ENV names it.
+	h.Env = append(h.Env, "PLANT="+plant, "AQ_ENGINE_ENV=PLANT")
 	h.Submit(t, "first", scriptJob("app", engine, "verify: test -f work.txt", "ship: branch"))
 	if r := h.Run(t, "run", "--once"); r.Code != 0 {
 		t.Fatalf("first job: %s", r)
 	}
-	testenv.Git(t, repo, "config", "--get", "filter.planted.clean") // the engine did plant
+	if got := testenv.Git(t, repo, "config", "--get", "filter.planted.clean"); got != plant { // the engine did plant
+		t.Fatalf("the engine planted filter.planted.clean=%q, want %q", got, plant)
+	}
 	h.Submit(t, "second", scriptJob("app", "echo second > second.txt", "ship: branch"))
 	if r := h.Run(t, "run", "--once"); r.Code != 0 {
 		t.Fatalf("second job: %s", r)
