@@ -33,9 +33,12 @@ import (
 // leave a daemonised straggler — and still does the job. Sandboxed (the
 // default, auto: full on this host) every escape fails and the job ships;
 // the same job with AQ_SANDBOX=off shows each escape succeeding, so the
-// test can tell. aq's settings and the factory's tokens ($AQ_HOME,
-// $GH_TOKEN) are not in the engine's environment in either mode
-// (hostile.Always). aq selftest judges the same script the same way
+// test can tell. Two things hold in both modes: aq's settings and the
+// factory's tokens ($AQ_HOME, $GH_TOKEN) are not in the engine's
+// environment (it is built: docs/engines.md; hostile.Always), and aq's own
+// git runs neither the hook nor the core.fsmonitor the engine planted (its
+// git is hardened: docs/sandbox.md) — unsandboxed, a plain git then shows
+// both plants live. aq selftest judges the same script the same way
 // (hostile.Denied).
 func TestHostileEngine(t *testing.T) {
 	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
@@ -117,11 +120,7 @@ func hostileRun(t *testing.T, mode string) {
 		t.Fatalf("no probe ran: %s", testenv.ReadFile(t, filepath.Join(h.Dir, "logs", w.id, "stdout.log")))
 	}
 	t.Logf("AQ_SANDBOX=%s: %v", mode, probes)
-	for _, p := range hostile.Always {
-		if probes[p] != "denied" {
-			t.Errorf("escape %s: %q, want denied in every mode (the engine's environment is built: docs/engines.md)", p, probes[p])
-		}
-	}
+	w.checkAlways(t, probes)
 	if mode == "off" {
 		w.checkEscaped(t, probes)
 		return
@@ -130,6 +129,23 @@ func hostileRun(t *testing.T, mode string) {
 		t.Fatalf("aq did not say it runs engines in a full sandbox:\n%s", r.Stderr)
 	}
 	w.checkContained(t, probes)
+}
+
+// checkAlways checks what holds in both modes: the probes hostile.Always
+// denied, and neither plant run by aq's own git.
+func (w hostileWorld) checkAlways(t *testing.T, probes map[string]string) {
+	t.Helper()
+	for _, p := range hostile.Always {
+		if probes[p] != "denied" {
+			t.Errorf("escape %s: %q, want denied in every mode (the engine's environment is built: docs/engines.md)", p, probes[p])
+		}
+	}
+	_, hookRan, fsmonitorRan := w.args.Plants()
+	for what, marker := range map[string]string{"the planted post-commit hook": hookRan, "the planted core.fsmonitor": fsmonitorRan} {
+		if testenv.Exists(marker) {
+			t.Errorf("aq's git ran %s (%s exists)", what, marker)
+		}
+	}
 }
 
 func (w hostileWorld) checkContained(t *testing.T, probes map[string]string) {
@@ -178,10 +194,17 @@ func (w hostileWorld) checkEscaped(t *testing.T, probes map[string]string) {
 	if len(marked(w.args.StragglerMark())) == 0 {
 		t.Error("unsandboxed, the straggler did not outlive aq")
 	}
-	// What aq does with a plant in the shared .git is its own git's
-	// hardening (independent of the sandbox): recorded, not judged here.
+	// aq's git ran neither plant (checkAlways); a plain git in the
+	// repository runs both, so that check can fail.
+	repo := filepath.Join(w.h.RepoBase, "app")
+	testenv.Git(t, repo, "status", "--porcelain")
+	testenv.Git(t, repo, "commit", "--allow-empty", "-q", "-m", "a plain git's commit")
 	_, hookRan, fsmonitorRan := w.args.Plants()
-	t.Logf("planted post-commit hook run by aq: %v; planted core.fsmonitor run by aq: %v", testenv.Exists(hookRan), testenv.Exists(fsmonitorRan))
+	for what, marker := range map[string]string{"post-commit hook": hookRan, "core.fsmonitor": fsmonitorRan} {
+		if !testenv.Exists(marker) {
+			t.Errorf("a plain git did not run the planted %s: the plant is not live, and aq not running it proves nothing", what)
+		}
+	}
 }
 
 // countingListener listens on host:0 and counts what it accepts.
