@@ -286,7 +286,8 @@ func (fo *follower) liveSummary(emit func(string)) {
 // or a 2xx that is not the contract's).
 func isRefused(err error) bool {
 	var se *fleet.StatusError
-	return errors.As(err, &se)
+	var ce *fleet.ContractError // an answer that is not the contract's JSON (a proxy's page)
+	return errors.As(err, &se) || errors.As(err, &ce)
 }
 
 // feed renders b, the engine's output, line by line; a line's start waits
