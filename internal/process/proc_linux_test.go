@@ -70,7 +70,7 @@ func TestScopedFind(t *testing.T) {
 	defer cancel()
 	start := func(scope string) *exec.Cmd {
 		cmd := exec.CommandContext(ctx, "sleep", "30")
-		cmd.Env = withTag([]string{"PATH=/usr/bin:/bin"}, tag, scope)
+		cmd.Env = withTag([]string{"PATH=/usr/bin:/bin"}, tag, scope, "r1")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestSweepSeesProcessesMidExec(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		tag := fmt.Sprintf("midexec-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), i)
 		cmd := exec.Command("/bin/sh", "-c", "setsid /bin/sh -c 'exec sleep 30' </dev/null >/dev/null 2>&1 &")
-		cmd.Env = withTag([]string{"PATH=/usr/bin:/bin"}, tag, "")
+		cmd.Env = withTag([]string{"PATH=/usr/bin:/bin"}, tag, "", "r1")
 		if err := cmd.Run(); err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,8 @@ package process
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -202,7 +204,8 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 
 	cmd := exec.Command(s.Path, s.Args...)
 	cmd.Dir = s.Dir
-	cmd.Env = withTag(s.Env, s.Tag, s.Scope)
+	run := newRunID()
+	cmd.Env = withTag(s.Env, s.Tag, s.Scope, run)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.Stdin, s.Stdout, s.Stderr
 	inNewGroup(cmd)
 	cmd.WaitDelay = waitDelay
@@ -212,7 +215,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	var sup *supervisor
 	if s.Supervisor != "" && (s.Jail == nil || !s.Jail.Supervises()) {
 		var err error
-		if sup, err = startSupervisor(s.Supervisor, supervision{Tag: s.Tag, Scope: s.Scope, Grace: grace}); err != nil {
+		if sup, err = startSupervisor(s.Supervisor, supervision{Tag: s.Tag, Scope: s.Scope, Run: run, Grace: grace}); err != nil {
 			return Result{}, fmt.Errorf("process: %s not started: %w", s.Path, err)
 		}
 		defer sup.done()
@@ -315,12 +318,13 @@ func causeOf(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// withTag returns a copy of env with every TagEnv (and ScopeEnv) entry
-// replaced by one TagEnv=tag (and ScopeEnv=scope, when set) at the end.
-func withTag(env []string, tag, scope string) []string {
-	out := make([]string, 0, len(env)+2)
+// withTag returns a copy of env with every TagEnv, ScopeEnv and RunEnv
+// entry replaced by TagEnv=tag, ScopeEnv=scope (when set) and RunEnv=run
+// at the end.
+func withTag(env []string, tag, scope, run string) []string {
+	out := make([]string, 0, len(env)+3)
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, TagEnv+"=") && !strings.HasPrefix(kv, ScopeEnv+"=") {
+		if !strings.HasPrefix(kv, TagEnv+"=") && !strings.HasPrefix(kv, ScopeEnv+"=") && !strings.HasPrefix(kv, RunEnv+"=") {
 			out = append(out, kv)
 		}
 	}
@@ -328,7 +332,14 @@ func withTag(env []string, tag, scope string) []string {
 	if scope != "" {
 		out = append(out, ScopeEnv+"="+scope)
 	}
-	return out
+	return append(out, RunEnv+"="+run)
+}
+
+// newRunID is a RunEnv value: random, so no two runs share one.
+func newRunID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // ladder is the kill ladder of one Run. step is written only by run's

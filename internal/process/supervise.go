@@ -34,9 +34,12 @@ const SuperviseEnv = "AQ_PROCESS_SUPERVISE"
 // pipe once the engine has started ("p<pgid>\n"). The tag alone already
 // finds the engine: it carries it from its first instruction.
 type supervision struct {
-	Pgid  int           `json:"pgid,omitempty"`
-	Tag   string        `json:"tag"`
-	Scope string        `json:"scope,omitempty"`
+	Pgid  int    `json:"pgid,omitempty"`
+	Tag   string `json:"tag"`
+	Scope string `json:"scope,omitempty"`
+	// Run is the RunEnv value of the run watched: the sweep after aq died
+	// takes only its processes (a later run of the job is not this one's).
+	Run   string        `json:"run,omitempty"`
 	Grace time.Duration `json:"grace"`
 }
 

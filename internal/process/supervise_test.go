@@ -119,6 +119,39 @@ func TestSupervisorDoneLeavesTheGroupAlone(t *testing.T) {
 	}
 }
 
+// A supervisor whose aq died sweeps its own run's processes, never the
+// next run's of the same job: recovery may take the job again, and start
+// its engine with the same tag, while the dead aq's supervisor is still on
+// its ladder (TestRunKill9MidJob's re-run was killed by SIGINT so).
+func TestSupervisorSparesTheNextRun(t *testing.T) {
+	tag := fmt.Sprintf("sup-next-%d-%d", os.Getpid(), time.Now().UnixNano())
+	self, _ := os.Executable()
+	sleeper := func(run string) *exec.Cmd {
+		c := exec.Command(self)
+		c.Env = append(os.Environ(), childModeEnv+"=sleep", process.TagEnv+"="+tag, process.RunEnv+"="+run)
+		process.SetGroup(c)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = process.KillGroup(c.Process.Pid); _ = c.Wait() })
+		return c
+	}
+	straggler, next := sleeper("run-1"), sleeper("run-2")
+	sup := exec.Command(self)
+	sup.Env = []string{process.SuperviseEnv + fmt.Sprintf(`={"tag":%q,"run":"run-1","grace":100000000}`, tag)}
+	sup.Stdin = strings.NewReader("") // its aq is gone
+	if err := sup.Run(); err != nil {
+		t.Fatalf("supervisor: %v", err)
+	}
+	_ = straggler.Wait()
+	if process.Alive(straggler.Process.Pid) {
+		t.Fatal("the dead aq's run left a straggler")
+	}
+	if !process.Alive(next.Process.Pid) {
+		t.Fatal("the dead aq's supervisor killed the next run of the same job")
+	}
+}
+
 // A malformed supervision order is one line and exit 2.
 func TestSupervisorBadOrders(t *testing.T) {
 	self, _ := os.Executable()

@@ -99,7 +99,11 @@ func supervise(sv supervision, in io.Reader) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*grace+killWait)
 	defer cancel()
-	_, _ = StopScoped(ctx, sv.Tag, sv.Scope, grace)
+	w := wants(sv.Tag, sv.Scope)
+	if sv.Run != "" {
+		w = append(w, []byte(RunEnv+"="+sv.Run))
+	}
+	_, _ = stopLadder(ctx, w, grace)
 	return 0
 }
 

@@ -35,6 +35,11 @@ func KillScoped(ctx context.Context, tag, scope string, grace time.Duration) (in
 // started a process. Job ids are unique per aq home, not per host.
 const ScopeEnv = "AQ_SCOPE"
 
+// RunEnv marks the processes of one Run (one engine or verify run of a
+// job): a supervisor sweeps only its own run's, so a dead aq's supervisor
+// never stops the next run of the same job that recovery started meanwhile.
+const RunEnv = "AQ_PROCESS_RUN"
+
 // tagEntry is the environment entry that marks a job's processes.
 func tagEntry(tag string) []byte { return []byte(TagEnv + "=" + tag) }
 
