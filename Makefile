@@ -9,11 +9,12 @@ LDFLAGS  := -s -w -X $(PKG)/internal/version.Version=$(VERSION) \
             -X $(PKG)/internal/version.Commit=$(COMMIT) \
             -X $(PKG)/internal/version.Date=$(DATE)
 BENCHTIME ?= 1s
+FUZZTIME  ?= 2m
 # golangci-lint, pinned: `go run` builds it once into the Go build cache (no
 # tool dependencies in go.mod); later runs start at once.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: all build install test unit lint fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer
+.PHONY: all build install test unit lint fuzz fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer
 
 all: build
 
@@ -75,6 +76,22 @@ sbpeer:
 
 $(SBPEER_STAMP): demo/sbpeer/package-lock.json demo/sbpeer/package.json
 	npm ci --prefix demo/sbpeer --no-audit --no-fund --loglevel=error
+
+## fuzz: each native fuzz target for FUZZTIME (default 2m), one after
+## another with -parallel 1 (the machine is shared); their seed corpora
+## (testdata/fuzz/<target>) run in every `go test`. A crash is written to the
+## target's testdata/fuzz and fails the run. FUZZTIME=10s for a quick pass.
+## New inputs are minimized for at most 5s (the default minute, on a loaded
+## machine with one worker, is a minute of no fuzzing).
+FUZZ_TARGETS := ./agent/manifest:FuzzParse ./agent/manifest:FuzzAdmit \
+	./agent/fleet:FuzzClaimAnswer ./agent/fleet:FuzzCoordinatorAnswer ./agent/fleet:FuzzSpoolReport \
+	./agent/dispatch:FuzzMessage
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t#*:}; \
+		echo "fuzz $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -parallel 1 $$pkg || exit 1; \
+	done
 
 ## bench: every benchmark, with memory stats
 bench: sbpeer

@@ -571,11 +571,11 @@ func (f *facts) pushesUnderLease(rep *Report) CheckResult {
 func (f *facts) noStaleWrite(*Report) CheckResult {
 	in, grantProblems := f.in, f.grantProblems
 	c := CheckResult{Name: "no stale write accepted",
-		Definition: "in the stub's call log, every renew, release, PATCH and fail answered 2xx carried the job's lease epoch as the stub held it when it decided (a re-send included), and every one that changed the job came from the lease's holder; every epoch was granted once, and only while nobody held the job"}
+		Definition: "in the stub's call log, every renew, release, PATCH, fail and live log chunk answered 2xx carried the job's lease epoch as the stub held it when it decided (a re-send included), and every one that changed the job (or its log) came from the lease's holder; every epoch was granted once, and only while nobody held the job"}
 	checked := 0
 	for _, cl := range in.Calls {
 		switch cl.Route {
-		case coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail:
+		case coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail, coord.RouteLogAppend:
 		default:
 			continue
 		}

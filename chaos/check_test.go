@@ -107,6 +107,13 @@ func TestCheckStaleWriteAccepted(t *testing.T) {
 	wantOnly(t, in, "no stale write accepted", "epoch 1 accepted while the job was at epoch 2")
 }
 
+// A live log chunk of a fenced run (its epoch reaped) must be refused.
+func TestCheckStaleLogChunkAccepted(t *testing.T) {
+	in := history()
+	in.Calls = append(in.Calls, coord.Call{At: at(4), Route: coord.RouteLogAppend, JobID: "j1", Factory: "f1", Epoch: 1, JobEpoch: 2, Stage: coord.StageAssigned, Status: 200})
+	wantOnly(t, in, "no stale write accepted", "POST /fleet/jobs/{id}/log j1 by f1 at 10:00:04.000: epoch 1 accepted while the job was at epoch 2")
+}
+
 func TestCheckWriteFromNonHolder(t *testing.T) {
 	in := history()
 	in.Calls = append(in.Calls, coord.Call{At: at(2.1), Route: coord.RouteRenew, JobID: "j1", Factory: "f2", Epoch: 1, JobEpoch: 1, Holder: "f1", Status: 200})

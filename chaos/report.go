@@ -65,7 +65,7 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 	if cfg.AQRace {
 		race = "with -race"
 	}
-	p("| factories | %d real `aq daemon` processes (aq built %s), %d slots each, each with its own AQ_HOME and clones; broker delivery (the local AMQP peer) with the poll path as fallback, the poll path gated on half of them |\n", cfg.Factories, race, cfg.Slots)
+	p("| factories | %d real `aq daemon` processes (aq built %s), %d slots each, each with its own AQ_HOME and clones; broker delivery (the local AMQP peer) with the poll path as fallback, the poll path gated on half of them; `AQ_ENGINES=all` (the jobs are script jobs, which a fleet factory runs only when told to) and `AQ_ENGINE_ENV=CHAOS_RUNS,CHAOS_FACTORY` (what the scripts read) |\n", cfg.Factories, race, cfg.Slots)
 	p("| coordinator | the stub (`demo/coord`) as a child process, state in a file (rewritten and fsynced before each answer), lease TTL %s, factories stale after %s, reaper every 200 ms, retry backoff capped at 1 s, publishing a targeted message per queued job |\n", cfg.LeaseTTL, cfg.StaleAfter)
 	p("| origins | bare repositories on the shared file system, pushed to over file paths: a partition cuts a factory off the coordinator and the broker but not off git — GitHub staying reachable while the coordinator is not, the interesting zombie case |\n")
 	p("| run time | %s (converged: %v) |\n\n", res.Duration.Round(time.Second), res.Converged)

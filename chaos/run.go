@@ -66,7 +66,7 @@ type FaultRecord struct {
 // factoryRoutes are the routes fault windows apply to: the factories'
 // calls (the harness's own submit and list calls are spared).
 var factoryRoutes = []string{coord.RouteEnroll, coord.RouteHeartbeat, coord.RouteQueueState, coord.RouteClaim, coord.RouteAccept,
-	coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail}
+	coord.RouteRenew, coord.RouteRelease, coord.RoutePatch, coord.RouteFail, coord.RouteLogAppend}
 
 type harness struct {
 	cfg   Config
@@ -524,12 +524,18 @@ func (r *harness) newFactory(i int) (*factory, error) {
 		"GIT_CONFIG_GLOBAL="+r.sb.path("gitconfig"), "GIT_CONFIG_NOSYSTEM=1",
 		"AQ_HOME="+f.home, "AQ_REPO_BASE="+f.src,
 		"AQ_FLEET=1", "AQ_FLEET_API="+r.net.FactoryAPI(i), "AQ_FLEET_TOKEN="+r.enrol, "AQ_FACTORY_ID="+id,
+		// The chaos jobs are script jobs: the factories opt in to script,
+		// and pass the engine the two variables its script reads.
+		"AQ_ENGINES=all", "AQ_ENGINE_ENV=CHAOS_RUNS,CHAOS_FACTORY",
 		fmt.Sprintf("AQ_SLOTS=%d", r.cfg.Slots), "AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_POLL_SECONDS=1",
 		"AQ_FLEET_GATE="+gate, "AQ_KILL_GRACE=500ms", "AQ_DRAIN_TIMEOUT="+r.cfg.DrainTimeout.String(),
 		"AQ_CHECKPOINT_INTERVAL="+r.cfg.CheckpointInterval.String(),
 		"AQ_LOG_FORMAT=json", "AQ_LOG_LEVEL=info",
 		"AQ_SB_CONNECTION_STRING=Endpoint=sb://"+r.net.FactoryBroker(i)+";SharedAccessKeyName=sbpeer;SharedAccessKey="+sbKey+";UseDevelopmentEmulator=true",
 		"CHAOS_FACTORY="+id, "CHAOS_RUNS="+r.sb.runsDir(),
+		// The scripted engine records its runs in CHAOS_RUNS, a folder
+		// outside its worktree that a sandbox keeps from the host.
+		"AQ_SANDBOX=off",
 	)
 	if r.cfg.AQRace {
 		env = append(env, "GORACE=atexit_sleep_ms=50 halt_on_error=0")

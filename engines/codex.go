@@ -16,8 +16,12 @@ import (
 
 // Codex runs the OpenAI Codex CLI headless:
 //
-//	codex exec --json --sandbox workspace-write [-m M] -
+//	codex exec --json --sandbox S [-m M] -
 //
+// S is workspace-write, or what spec.CodexSandbox says: inside aq's
+// sandbox the runner passes danger-full-access, the mode codex's
+// documentation gives for an environment that is already sandboxed
+// (codex's own workspace-write has no network).
 // The prompt goes on stdin ("-" forces codex to read it from there) and
 // stdin is closed once written: codex reads to EOF and would otherwise
 // wait forever. --skip-git-repo-check is not passed: the job's worktree is a
@@ -73,7 +77,7 @@ type Codex struct {
 var codexNeeds = []FlagNeed{
 	{Flag: "--json", Required: true, Use: "JSONL events, what aq reads the outcome and usage from"},
 	{Flag: "-m", Aliases: []string{"--model"}, Required: true, Use: "the job's model"},
-	{Flag: "--sandbox", Aliases: []string{"-s"}, Instead: "-c", Use: "workspace-write; without it aq passes -c sandbox_mode=\"workspace-write\""},
+	{Flag: "--sandbox", Aliases: []string{"-s"}, Instead: "-c", Use: "workspace-write, or danger-full-access inside aq's sandbox (AQ_CODEX_SANDBOX); without it aq passes -c sandbox_mode=\"…\""},
 	{Flag: "-c", Aliases: []string{"--config"}, Use: "the stand-in for a missing --sandbox"},
 }
 
@@ -131,15 +135,22 @@ func codexAuthMissing(env []string) string {
 	return fmt.Sprintf("no credentials: set CODEX_API_KEY (or OPENAI_API_KEY) or run `codex login` (no %s)", filepath.Join(home, "auth.json"))
 }
 
+// DefaultCodexSandbox is codex's --sandbox when the spec names none.
+const DefaultCodexSandbox = "workspace-write"
+
 // Args is codex's command line for spec, without the program. A codex
 // without --sandbox (as `codex exec resume` is) gets the same policy as a
 // config override.
 func (c *Codex) Args(spec Spec) []string {
 	args := []string{"exec", "--json"}
+	mode := spec.CodexSandbox
+	if mode == "" {
+		mode = DefaultCodexSandbox
+	}
 	if spec.Flags.Has("--sandbox") {
-		args = append(args, "--sandbox", "workspace-write")
+		args = append(args, "--sandbox", mode)
 	} else {
-		args = append(args, "-c", `sandbox_mode="workspace-write"`)
+		args = append(args, "-c", `sandbox_mode="`+mode+`"`)
 	}
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
@@ -152,7 +163,11 @@ func (c *Codex) Args(spec Spec) []string {
 // config override (exec resume has no --sandbox), run from the worktree
 // (it has no -C either).
 func (c *Codex) ResumeArgs(spec Spec, id string) []string {
-	args := []string{"exec", "resume", "--json", "-c", `sandbox_mode="workspace-write"`}
+	mode := spec.CodexSandbox
+	if mode == "" {
+		mode = DefaultCodexSandbox
+	}
+	args := []string{"exec", "resume", "--json", "-c", `sandbox_mode="` + mode + `"`}
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
 	}

@@ -177,3 +177,24 @@ func TestCodexAuthPreflight(t *testing.T) {
 		t.Errorf("Preflight without credentials: %v, want *UnavailableError", err)
 	}
 }
+
+// TestCodexArgsSandboxMode: codex's --sandbox is spec.CodexSandbox
+// (danger-full-access inside aq's sandbox), workspace-write by default,
+// and the -c stand-in carries the same mode.
+func TestCodexArgsSandboxMode(t *testing.T) {
+	with := &FlagSet{Found: []string{"--sandbox", "--json", "-m"}}
+	without := &FlagSet{Found: []string{"--json", "-m", "-c"}}
+	for _, tc := range []struct {
+		mode  string
+		flags *FlagSet
+		want  []string
+	}{
+		{"", with, []string{"exec", "--json", "--sandbox", "workspace-write", "-"}},
+		{"danger-full-access", with, []string{"exec", "--json", "--sandbox", "danger-full-access", "-"}},
+		{"danger-full-access", without, []string{"exec", "--json", "-c", `sandbox_mode="danger-full-access"`, "-"}},
+	} {
+		if got := (&Codex{}).Args(Spec{CodexSandbox: tc.mode, Flags: tc.flags}); !slices.Equal(got, tc.want) {
+			t.Errorf("Args(%q) = %q, want %q", tc.mode, got, tc.want)
+		}
+	}
+}

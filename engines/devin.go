@@ -93,15 +93,21 @@ func (d *Devin) Preflight(ctx context.Context, spec Spec) (Info, error) {
 }
 
 // devinFiles are the prompt and trajectory files of one run: an attempt's
-// first, or one of its repair rounds (-repair<k>), each kept in the job's
-// logs. Devin's CLI documents no way to continue a session: a repair round
-// is a fresh run with the task and the failure in its prompt.
+// first, or one of its repair rounds (-repair<k>), in the directory devin
+// reaches (StateDir in a sandbox, else LogDir; the trajectory is kept in the
+// job's logs either way). Devin's CLI documents no way to continue a
+// session: a repair round is a fresh run with the task and the failure in
+// its prompt.
 func devinFiles(spec Spec) (prompt, export string) {
+	dir := spec.StateDir
+	if dir == "" {
+		dir = spec.LogDir
+	}
 	n := fmt.Sprint(spec.Attempt)
 	if spec.Round > 0 {
 		n += fmt.Sprintf("-repair%d", spec.Round)
 	}
-	return filepath.Join(spec.LogDir, "devin-prompt-"+n+".md"), filepath.Join(spec.LogDir, "devin-trajectory-"+n+".json")
+	return filepath.Join(dir, "devin-prompt-"+n+".md"), filepath.Join(dir, "devin-trajectory-"+n+".json")
 }
 
 // Args is devin's command line for spec, without the program.
@@ -133,7 +139,7 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 		return Result{}, err
 	}
 	promptFile, exportFile := devinFiles(spec)
-	if err := os.MkdirAll(spec.LogDir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(promptFile), 0o700); err != nil {
 		return Result{}, fmt.Errorf("devin: create job log dir: %w", err)
 	}
 	if err := os.WriteFile(promptFile, []byte(spec.Prompt), 0o600); err != nil {
@@ -151,6 +157,12 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 	})
 	if err != nil {
 		return Result{}, startError(d.Name(), d.bin(), err)
+	}
+	if logged := filepath.Join(spec.LogDir, filepath.Base(exportFile)); logged != exportFile {
+		// The trajectory is an artifact of the job's logs, like stdout.log.
+		if b, err := os.ReadFile(exportFile); err == nil {
+			_ = os.WriteFile(logged, b, 0o600)
+		}
 	}
 	traj, trajErr := readATIF(exportFile)
 	res := devinResult(out, traj, trajErr, pres.ExitCode, pres.Stopped, spec.Model)

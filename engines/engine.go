@@ -57,8 +57,13 @@ type Spec struct {
 	Budget  Budget
 	// SessionID is chosen by aq (claude --session-id) and recorded.
 	SessionID string
-	// PermissionMode is claude's --permission-mode.
+	// PermissionMode is claude's --permission-mode (devin's bypass when it
+	// is bypassPermissions); "" is DefaultPermissionMode.
 	PermissionMode string
+	// CodexSandbox is codex's --sandbox; "" is workspace-write. Inside
+	// aq's sandbox the runner passes danger-full-access: codex's own
+	// sandbox would only take the network away again (docs/sandbox.md).
+	CodexSandbox string
 	// LogDir receives stdout.log and stderr.log (appended, redacted).
 	LogDir string
 	// Attempt numbers the run in the log headers.
@@ -79,6 +84,13 @@ type Spec struct {
 	Grace time.Duration
 	// Supervisor stops the engine if aq dies first (process.Spec.Supervisor).
 	Supervisor string
+	// Jail, when set, is the job's sandbox: the engine runs inside it
+	// (process.Spec.Jail, internal/sandbox).
+	Jail process.Jail
+	// StateDir is where aq hands the engine files and the engine leaves
+	// files for aq (devin's prompt and trajectory): a directory both reach
+	// at this path, in the sandbox and out. "" is LogDir.
+	StateDir string
 	// Meter receives usage while the engine runs; may be nil.
 	Meter Meter
 	// Redactor masks secrets in the job logs.

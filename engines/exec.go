@@ -69,6 +69,7 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 		Grace:  spec.Grace,
 
 		Supervisor: spec.Supervisor,
+		Jail:       spec.Jail,
 	})
 	outLines.Flush()
 	errLines.Flush()

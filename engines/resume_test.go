@@ -68,6 +68,11 @@ func TestCodexResumeArgs(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("ResumeArgs = %q, want %q", got, want)
 	}
+	// Inside aq's sandbox the round keeps the first run's policy.
+	in := (&Codex{}).ResumeArgs(Spec{CodexSandbox: "danger-full-access"}, "0199a213-81c0-7800-8aa1-bbab2a035a53")
+	if !slices.Contains(in, `sandbox_mode="danger-full-access"`) {
+		t.Errorf("ResumeArgs in the sandbox = %q", in)
+	}
 	// Every flag it passes is one `codex exec resume --help` (recorded) has.
 	have := HelpFlags(readTestdata(t, "codex/exec-resume-help.txt"))
 	for _, a := range got {

@@ -74,19 +74,45 @@ const (
 	// resets (ParkUntil), and the attempt does not count against its
 	// retries. Expired or missing logins stay engine_unavailable.
 	ReasonRateLimited Reason = "rate_limited"
+	// ReasonInvalidJob: a job from the coordinator that this factory refused
+	// before acting on it: its id or repo is not valid, disagrees with its
+	// manifest's, or names a repository by URL or path (fleet mode takes a
+	// name). Permanent. A manifest that does not parse stays
+	// invalid_manifest: that is its author's to fix, as locally.
+	ReasonInvalidJob Reason = "invalid_job"
+	// ReasonHostUnavailable: this host could not run the job — $AQ_HOME's
+	// file system is full, read-only or failing. Not the job's fault: it is
+	// released for another factory (fleet) or goes back to the queue.
+	ReasonHostUnavailable Reason = "host_unavailable"
+	// ReasonReportRefused: the coordinator refused a report of the job's
+	// that the job cannot go on without (the building report) with a 4xx
+	// other than 409, or answered it with something that is not the
+	// contract's JSON: the job was stopped before its engine.
+	ReasonReportRefused Reason = "report_refused"
+	// ReasonSandboxUnavailable: the job's sandbox could not be made — the
+	// host cannot sandbox under AQ_SANDBOX=on, or the sandbox failed to
+	// start. Not the task's fault: retried, elsewhere in a fleet; the
+	// worktree and branch are intact (docs/sandbox.md).
+	ReasonSandboxUnavailable Reason = "sandbox_unavailable"
+	// ReasonOutOfMemory: the kernel killed the engine or verify for
+	// memory at the job's sandbox limit (AQ_SANDBOX_MEMORY). Counted
+	// against the job's retries, like a timeout.
+	ReasonOutOfMemory Reason = "out_of_memory"
 )
 
 // Reasons is every failure reason.
 var Reasons = []Reason{ReasonTimeout, ReasonBudgetExceeded, ReasonCrash, ReasonVerifyFailed, ReasonCapabilityMismatch,
 	ReasonNoEngine, ReasonEngineFailed, ReasonEngineUnavailable, ReasonRepoUnavailable, ReasonFenced, ReasonLeaseLost,
-	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited}
+	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited,
+	ReasonInvalidJob, ReasonHostUnavailable, ReasonReportRefused, ReasonSandboxUnavailable, ReasonOutOfMemory}
 
 // Infrastructure reports whether r is not the task's fault (auth expired,
 // usage limit, aq stopped, lease lost, aq crashed): such failures are retried
 // even when the job's retry budget is spent, up to InfraRetries more times.
 func (r Reason) Infrastructure() bool {
 	switch r {
-	case ReasonEngineUnavailable, ReasonInterrupted, ReasonLeaseLost, ReasonCrash, ReasonShipFailed:
+	case ReasonEngineUnavailable, ReasonInterrupted, ReasonLeaseLost, ReasonCrash, ReasonShipFailed, ReasonSandboxUnavailable,
+		ReasonHostUnavailable, ReasonReportRefused:
 		return true
 	}
 	return false
@@ -96,7 +122,7 @@ func (r Reason) Infrastructure() bool {
 // another factory owns the job.
 func (r Reason) Permanent() bool {
 	switch r {
-	case ReasonInvalidManifest, ReasonFenced, ReasonRejected:
+	case ReasonInvalidManifest, ReasonInvalidJob, ReasonFenced, ReasonRejected:
 		return true
 	}
 	return false

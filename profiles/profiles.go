@@ -184,14 +184,14 @@ func Load(overrideDir string) (*Catalog, error) {
 
 // readFile reads at most mdmeta.MaxSize+1 bytes of a regular file.
 func readFile(file string) ([]byte, error) {
-	f, err := os.Open(file)
+	f, kind, err := mdmeta.OpenRegular(file)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read: %s", errText(err))
 	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file")
+	if kind != "" {
+		return nil, fmt.Errorf("is %s, not a profile file", kind)
 	}
+	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, mdmeta.MaxSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read: %s", errText(err))

@@ -41,7 +41,8 @@ type localSetup struct {
 
 type localOpt struct {
 	parts local.Parts
-	env   []string // extra engine environment
+	env   []string // extra host environment
+	pass  []string // AQ_ENGINE_ENV: names of env the engines get
 	clock func() time.Time
 }
 
@@ -58,6 +59,7 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 		}
 	}
 	l.cfg = localConfig(l.home, l.base)
+	l.cfg.EngineEnv = o.pass
 	l.scope = runner.Scope(l.home)
 	env := append(append([]string(nil), w.engineEnv...), o.env...)
 	l.red = secrets.NewRedactor(env)
@@ -114,6 +116,9 @@ func localConfig(home, base string) *config.Config {
 		Home: home, RepoBase: base, KillGrace: killGrace, Poll: time.Second, ClaudePermissionMode: "acceptEdits",
 		FleetRoute: true, LogFormat: "text", LogLevel: "info", GCWIPRetention: 336 * time.Hour, Slots: 1, WorktreePool: 1,
 		Heartbeat: 30 * time.Second, LeaseRenew: 30 * time.Second, SBTopic: "fleet-dispatch", FactoryID: "selftest",
+		// The pipeline checks run script jobs, in fleet mode too: opted in
+		// (AQ_ENGINES=all).
+		Engines:      config.EngineNames,
 		VerifyRounds: job.DefaultVerifyRounds, // AQ_VERIFY_ROUNDS's default, as an installation has it
 	}
 }

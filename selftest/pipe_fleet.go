@@ -231,7 +231,7 @@ func fleetFenceScenario() *scenario {
 			if !res.Fenced || res.Outcome.Reason != job.ReasonFenced || res.Report != "none" {
 				return "", failf("after the requeue the run ended %s, want fenced with no report", fleetText(res))
 			}
-			return "requeued while running: the next renewal got 409, the engine was stopped, the job ended fenced: " + res.Outcome.Detail, nil
+			return "requeued while running: the next renewal or live log chunk got 409, the engine was stopped, the job ended fenced: " + res.Outcome.Detail, nil
 		}) {
 			return
 		}

@@ -191,7 +191,7 @@ func budgetScenario() *scenario {
 func secretsScenario() *scenario {
 	g := GroupPipeline
 	return &scenario{name: "secrets", group: g, workspace: true, checks: []Check{
-		check(g, "pipeline.secrets.engine-env", "aq's secrets (AQ_FLEET_TOKEN, AQ_SB_CONNECTION_STRING) are not in the engine's environment; the job tag is"),
+		check(g, "pipeline.secrets.engine-env", "aq's secrets (AQ_FLEET_TOKEN, AQ_SB_CONNECTION_STRING) and settings (AQ_HOME) are not in the engine's environment; the job tag and a variable AQ_ENGINE_ENV names are"),
 		check(g, "pipeline.secrets.masked", "a secret-named variable's value the engine prints is masked (***) in the job logs"),
 		check(g, "pipeline.secrets.verify-env", "the verify: command does not get aq's secrets either"),
 	}, run: func(ctx context.Context, s *session) {
@@ -201,7 +201,7 @@ func secretsScenario() *scenario {
 			"AQ_SB_CONNECTION_STRING=Endpoint=sb://127.0.0.1;SharedAccessKeyName=selftest;SharedAccessKey=" + sbKey,
 			"SELFTEST_API_TOKEN=" + apiTok,
 		}
-		l := s.newLocal(ctx, "secrets", localOpt{env: extra}, "app")
+		l := s.newLocal(ctx, "secrets", localOpt{env: append(extra, "AQ_HOME=/nonexistent/aq-home"), pass: []string{"SELFTEST_API_TOKEN"}}, "app")
 		if l == nil {
 			return
 		}
@@ -231,7 +231,7 @@ func secretsScenario() *scenario {
 			if env == "" {
 				return failf("%s was not written", filepath.Base(file))
 			}
-			for _, bad := range []string{"AQ_FLEET_TOKEN=", "AQ_SB_CONNECTION_STRING=", fleetTok, sbKey} {
+			for _, bad := range []string{"AQ_FLEET_TOKEN=", "AQ_SB_CONNECTION_STRING=", "AQ_HOME=", fleetTok, sbKey} {
 				if strings.Contains(env, bad) {
 					return failf("aq's secret %s reached the environment", strings.TrimSuffix(strings.SplitN(bad, "=", 2)[0], "="))
 				}
@@ -249,9 +249,9 @@ func secretsScenario() *scenario {
 				return "", err
 			}
 			if !strings.Contains(readFile(engineEnv), "SELFTEST_API_TOKEN=") {
-				return "", failf("an engine credential (SELFTEST_API_TOKEN) was dropped: engines need theirs")
+				return "", failf("a variable AQ_ENGINE_ENV names (SELFTEST_API_TOKEN) was dropped")
 			}
-			return "the engine's environment has AQ_JOB_ID and its own credentials, but neither AQ_FLEET_TOKEN nor AQ_SB_CONNECTION_STRING", nil
+			return "the engine's environment has AQ_JOB_ID and what AQ_ENGINE_ENV names, but not AQ_FLEET_TOKEN, AQ_SB_CONNECTION_STRING or AQ_HOME", nil
 		}) {
 			return
 		}
@@ -315,6 +315,11 @@ func recoverScenario() *scenario {
 			cmd.Env = append(append([]string(nil), w.engineEnv...),
 				"AQ_HOME="+l.home, "AQ_REPO_BASE="+l.base, "AQ_FLEET=0", "AQ_KILL_GRACE="+killGrace.String(),
 				"AQ_LOG_LEVEL=warn", "XDG_CONFIG_HOME="+filepath.Join(w.root, "xdg"), "GORACE=atexit_sleep_ms=0",
+				// Unsandboxed: the engine marks its start outside its
+				// worktree, and these checks are of the supervisor's
+				// recovery (a sandboxed engine ends with its aq by
+				// construction: internal/sandbox's tests).
+				"AQ_SANDBOX=off",
 				process.TagEnv+"="+childTag, process.ScopeEnv+"="+l.scope)
 			cmd.Dir = l.dir
 			logf, err := os.Create(filepath.Join(l.dir, "aq-child.log"))

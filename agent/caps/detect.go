@@ -78,6 +78,19 @@ type DetectOptions struct {
 	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
 	// seconds; the answer is cached per binary).
 	HelpTimeout time.Duration
+	// Engines are the engines this factory may offer (AQ_ENGINES, as
+	// config.RunEngines resolves it): an engine found but not listed is
+	// neither probed nor offered, and script is offered only when listed.
+	// nil: every engine found, and script.
+	Engines []string
+	// EnginesListed: Engines was set by the operator (AQ_ENGINES), so a
+	// coding engine it lists but this host lacks is noted (Host.Unlisted).
+	EnginesListed bool
+}
+
+// allows reports whether o lets the host offer engine name.
+func (o DetectOptions) allows(name string) bool {
+	return o.Engines == nil || slices.Contains(o.Engines, name)
 }
 
 // EngineInfo is one engine this host can run.
@@ -107,7 +120,8 @@ type EngineInfo struct {
 type Host struct {
 	OS   string
 	Arch string
-	// Engines in name order; the script engine is always present.
+	// Engines in name order: those found on PATH and, unless AQ_ENGINES
+	// leaves it out, the built-in script engine.
 	Engines []EngineInfo
 	// Node is node's major version; 0 when node is not on PATH or its
 	// version could not be read.
@@ -123,6 +137,11 @@ type Host struct {
 	RepoBase string
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
+	// Missing are engines AQ_ENGINES lists that this host does not have:
+	// not offered (LogEngines says so once at start).
+	Missing []string
+	// Withheld are engines this host has that AQ_ENGINES leaves out.
+	Withheld []string
 }
 
 // Detect finds what this host offers: os, arch, engines (with versions),
@@ -175,8 +194,16 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	}
 	var found []*engineProbe
 	for _, name := range engines.Coding() { // found by their binary on PATH; script is built in
-		if p := lookPath(name, dirs); p != "" {
+		p := lookPath(name, dirs)
+		switch {
+		case p != "" && opts.allows(name):
 			found = append(found, &engineProbe{info: EngineInfo{Name: name, Path: p}})
+		case p != "":
+			h.Withheld = append(h.Withheld, name)
+			h.Notes = append(h.Notes, fmt.Sprintf("engine %s is installed but not in AQ_ENGINES: not offered", name))
+		case opts.EnginesListed && opts.allows(name):
+			h.Missing = append(h.Missing, name)
+			h.Notes = append(h.Notes, fmt.Sprintf("engine %s is in AQ_ENGINES but not installed: not offered", name))
 		}
 	}
 	nodePath := h.Tools["node"]
@@ -253,7 +280,11 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 			h.Notes = append(h.Notes, "engine "+n+" (dropped)")
 		}
 	}
-	h.Engines = append(h.Engines, EngineInfo{Name: ScriptEngine, Builtin: true, Flags: []string{}, Dropped: []string{}})
+	if opts.allows(ScriptEngine) {
+		h.Engines = append(h.Engines, EngineInfo{Name: ScriptEngine, Builtin: true, Flags: []string{}, Dropped: []string{}})
+	} else {
+		h.Withheld = append(h.Withheld, ScriptEngine)
+	}
 	sort.Slice(h.Engines, func(i, j int) bool { return h.Engines[i].Name < h.Engines[j].Name })
 	h.Node = nodeMajor
 	if nodeNote != "" {
@@ -295,11 +326,12 @@ func lookPath(name string, dirs []string) string {
 	return ""
 }
 
-// probeEnv is the environment of a version probe: env without aq's secrets,
-// with PATH set to the searched path so that a script's interpreter
-// (#!/usr/bin/env node) is found where the binary was.
+// probeEnv is the environment of a version probe: an engine's base
+// (engines.Environ: nothing of aq's), with PATH set to the searched path so
+// that a script's interpreter (#!/usr/bin/env node) is found where the
+// binary was.
 func probeEnv(env []string, path string) []string {
-	out := secrets.EngineEnv(env, "PATH")
+	out := secrets.EngineEnv(engines.Environ(env, "", nil), "PATH")
 	return append(out, "PATH="+path)
 }
 

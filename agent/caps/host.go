@@ -116,6 +116,9 @@ func LogEngines(log *slog.Logger, h *Host) {
 	if log == nil || h == nil {
 		return
 	}
+	for _, name := range h.Missing {
+		log.Warn("engine "+name+" is in AQ_ENGINES but not installed: not offered", "engine", name)
+	}
 	for _, e := range h.Engines {
 		if e.Refused != "" {
 			log.Warn("engine refused, not offered: "+e.Refused, "engine", e.Name, "path", e.Path)

@@ -44,11 +44,21 @@ type Claim struct {
 	Job            Job       `json:"job"`
 	LeaseEpoch     int64     `json:"leaseEpoch"`
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
+	// TTL is the lease's time to live in seconds, when the coordinator
+	// sends it (optional): the factory times the lease from it on its own
+	// clock. Without it, the time left is leaseExpiresAt minus the
+	// answer's Date header (docs/fleet.md#leases).
+	TTL float64 `json:"ttl,omitempty"`
 
 	// Source is how the job came: "poll" (claim) or "broker" (accept).
 	Source string `json:"-"`
-	// LocalExpiry is LeaseExpiresAt on this host's clock (corrected for a
-	// clock that is behind the coordinator's, from the Date header).
+	// Asked is the job id an accept asked for ("" for a claim): the
+	// answer must be that job (manifest.Admit).
+	Asked string `json:"-"`
+	// LocalExpiry is when the lease ends on this host's monotonic clock:
+	// the time the coordinator granted (TTL, or LeaseExpiresAt minus the
+	// answer's Date) counted from when the request was sent, whatever the
+	// two clocks read.
 	LocalExpiry time.Time `json:"-"`
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -87,8 +88,23 @@ type Config struct {
 	// worktrees may use before aq gc trims the pool; 0: no ceiling.
 	WorktreeDiskMax int64
 
+	// Sandbox (AQ_SANDBOX) is whether engines run in a per-job sandbox;
+	// SandboxMemory and SandboxPids are its cgroup limits (0: none).
+	Sandbox       sandbox.Mode
+	SandboxMemory int64
+	SandboxPids   int
+
+	// ClaudePermissionMode and CodexSandbox are the engines' own autonomy
+	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).
 	ClaudePermissionMode string
+	CodexSandbox         string
 	PriceTable           string
+	// Engines (AQ_ENGINES) are the engines this factory may run and offer;
+	// nil: the default (RunEngines).
+	Engines []string
+	// EngineEnv (AQ_ENGINE_ENV) are further environment variables an
+	// engine gets beyond its documented base (engines.Environ).
+	EngineEnv []string
 	// ClaudeTelemetry (AQ_CLAUDE_TELEMETRY) switches Claude Code's own
 	// OpenTelemetry export on in its environment.
 	ClaudeTelemetry bool
@@ -446,3 +462,23 @@ func (c *Config) StateDir() string     { return filepath.Join(c.Home, "state") }
 func (c *Config) CredentialsFile() string {
 	return filepath.Join(c.Home, "credentials")
 }
+
+// RunEngines are the engines this factory may run and offer: AQ_ENGINES
+// when set, else every coding engine (claude, codex, devin) and, outside
+// fleet mode, script. In fleet mode script is opt-in: a script job runs
+// whatever command its author wrote, so offering it lets whoever can submit
+// a job run code on this factory (docs/fleet.md).
+func (c *Config) RunEngines(fleet bool) []string {
+	if c.Engines != nil {
+		return append([]string{}, c.Engines...)
+	}
+	out := []string{"claude", "codex", "devin"}
+	if !fleet {
+		out = append(out, "script")
+	}
+	return out
+}
+
+// EnginesExplicit reports whether AQ_ENGINES was set (then an engine it
+// lists but this host lacks is worth a line at start).
+func (c *Config) EnginesExplicit() bool { return c.Engines != nil }

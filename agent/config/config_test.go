@@ -50,7 +50,13 @@ var sample = map[string]string{
 	"checkpoint_interval":    "2m",
 	"verify_rounds":          "1",
 	"claude_permission_mode": "bypassPermissions",
+	"codex_sandbox":          "danger-full-access",
+	"sandbox":                "on",
+	"sandbox_memory":         "8GiB",
+	"sandbox_pids":           "4096",
 	"price_table":            "/tmp/prices.json",
+	"engines":                "claude,script",
+	"engine_env":             "AWS_PROFILE,MY_TOOL_HOME",
 	"claude_telemetry":       "1",
 	"notify_url":             "https://hooks.example.com/services/T0/B0/sample-token",
 	"broker_depth_interval":  "2m0s",
@@ -239,6 +245,8 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "caps refresh too short", env: map[string]string{"AQ_CAPS_REFRESH": "10ms"}, want: []string{"AQ_CAPS_REFRESH", "at least 1s"}},
 		{name: "caps refresh not a duration", env: map[string]string{"AQ_CAPS_REFRESH": "often"}, want: []string{"AQ_CAPS_REFRESH", "duration"}},
 		{name: "slots zero", env: map[string]string{"AQ_SLOTS": "0"}, want: []string{"AQ_SLOTS", "1 to 64"}},
+		{name: "engines unknown", env: map[string]string{"AQ_ENGINES": "claude,bash"}, want: []string{`AQ_ENGINES="claude,bash"`, `"bash", which is not an engine`, "claude, codex, devin, script or all"}},
+		{name: "engine env not a name", env: map[string]string{"AQ_ENGINE_ENV": "GOOD,BAD-NAME"}, want: []string{"AQ_ENGINE_ENV", `"BAD-NAME", which is not an environment variable name`}},
 		{name: "verify rounds negative", env: map[string]string{"AQ_VERIFY_ROUNDS": "-1"}, want: []string{`AQ_VERIFY_ROUNDS="-1"`, "0 to 10"}},
 		{name: "verify rounds not numeric", env: map[string]string{"AQ_VERIFY_ROUNDS": "two"}, want: []string{"AQ_VERIFY_ROUNDS", "whole number"}},
 		{name: "verify rounds in file", file: "verify_rounds: 11\n", want: []string{"verify_rounds in", "0 to 10"}},
@@ -258,6 +266,13 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "notify url no host", env: map[string]string{"AQ_NOTIFY_URL": "https:///tok-in-url"}, want: []string{"AQ_NOTIFY_URL", "http(s) URL"}},
 		{name: "notify url file", args: []string{"--notify-url-file=/nonexistent/url"}, want: []string{"--notify-url-file", "cannot read"}},
 		{name: "depth interval too short", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "1s"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "at least 10s"}},
+		{name: "sandbox mode", env: map[string]string{"AQ_SANDBOX": "maybe"}, want: []string{`AQ_SANDBOX="maybe"`, "auto, on or off"}},
+		{name: "sandbox memory not a size", env: map[string]string{"AQ_SANDBOX_MEMORY": "lots"}, want: []string{"AQ_SANDBOX_MEMORY", "size", "8GiB"}},
+		{name: "sandbox memory too small", env: map[string]string{"AQ_SANDBOX_MEMORY": "8M"}, want: []string{"AQ_SANDBOX_MEMORY", "at least 64MiB"}},
+		{name: "sandbox pids not a number", env: map[string]string{"AQ_SANDBOX_PIDS": "many"}, want: []string{"AQ_SANDBOX_PIDS", "whole number"}},
+		{name: "sandbox pids negative", env: map[string]string{"AQ_SANDBOX_PIDS": "-3"}, want: []string{"AQ_SANDBOX_PIDS", "negative"}},
+		{name: "codex sandbox", env: map[string]string{"AQ_CODEX_SANDBOX": "yolo"}, want: []string{"AQ_CODEX_SANDBOX", "danger-full-access"}},
+		{name: "permission mode", env: map[string]string{"AQ_CLAUDE_PERMISSION_MODE": "yolo"}, want: []string{"AQ_CLAUDE_PERMISSION_MODE", "bypassPermissions"}},
 		{name: "depth interval not a duration", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "often"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "duration"}},
 	}
 	for _, tc := range cases {
@@ -393,5 +408,34 @@ func TestBareBoolFlag(t *testing.T) {
 	}
 	if !c.Fleet || !c.FleetGate {
 		t.Fatalf("bare bool flags: fleet=%v gate=%v", c.Fleet, c.FleetGate)
+	}
+}
+
+// TestRunEngines: AQ_ENGINES lists the engines a factory runs; its default
+// leaves script out in fleet mode only (issue #26: a script job runs code
+// from whoever can submit one).
+func TestRunEngines(t *testing.T) {
+	for _, c := range []struct {
+		raw         string
+		local, flee string
+	}{
+		{"", "claude,codex,devin,script", "claude,codex,devin"},
+		{"all", "claude,codex,devin,script", "claude,codex,devin,script"},
+		{"script, claude claude", "script,claude", "script,claude"},
+		{"CODEX", "codex", "codex"},
+	} {
+		var cfg Config
+		if err := setEngines(&cfg, c.raw); err != nil {
+			t.Fatalf("%q: %v", c.raw, err)
+		}
+		if got := strings.Join(cfg.RunEngines(false), ","); got != c.local {
+			t.Errorf("%q locally: %s, want %s", c.raw, got, c.local)
+		}
+		if got := strings.Join(cfg.RunEngines(true), ","); got != c.flee {
+			t.Errorf("%q in fleet mode: %s, want %s", c.raw, got, c.flee)
+		}
+		if cfg.EnginesExplicit() != (c.raw != "") {
+			t.Errorf("%q: explicit %v", c.raw, cfg.EnginesExplicit())
+		}
 	}
 }

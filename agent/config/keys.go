@@ -8,9 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aqfleet/aq/internal/sandbox"
 )
 
 // Key is one configuration setting: its file key, its environment names (the
@@ -115,12 +118,24 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
 	{Name: "checkpoint_interval", Group: GroupEngine, Type: "duration", Env: []string{"AQ_CHECKPOINT_INTERVAL"}, Flag: "checkpoint-interval", Default: "5m", Usage: "while an engine runs, checkpoint its worktree this often (pushed to origin's aq/wip/<id> while the lease is held; 0: only when it stops)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
+	{Name: "sandbox", Group: GroupEngine, Env: []string{"AQ_SANDBOX"}, Flag: "sandbox", Default: "auto", Usage: "run each job's engine and verify in a sandbox of its own: auto (the best this host offers, said once at start), on (refuse jobs, retryable elsewhere, where the full sandbox cannot run), off (docs/sandbox.md)",
+		set: setSandbox},
+	{Name: "sandbox_memory", Group: GroupEngine, Env: []string{"AQ_SANDBOX_MEMORY"}, Flag: "sandbox-memory", Usage: "memory a job's sandbox may use, e.g. 8GiB; reaching it is reason out_of_memory (needs cgroup v2 delegated to aq; unset or 0: no limit)",
+		set: setSandboxMemory},
+	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Usage: "processes a job's sandbox may run at once (needs cgroup v2 delegated to aq; unset or 0: no limit)",
+		set: setSandboxPids},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
 		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
-	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Default: "acceptEdits", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk",
-		set: setEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk (unset: bypassPermissions inside aq's sandbox, acceptEdits outside it); devin follows it (bypass or normal)",
+		set: setOptionalEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
+	{Name: "codex_sandbox", Group: GroupEngine, Env: []string{"AQ_CODEX_SANDBOX"}, Flag: "codex-sandbox", Usage: "codex --sandbox: read-only|workspace-write|danger-full-access (unset: danger-full-access inside aq's sandbox, which stands in for codex's own, workspace-write outside it)",
+		set: setOptionalEnum(func(c *Config) *string { return &c.CodexSandbox }, "read-only", "workspace-write", "danger-full-access")},
 	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",
 		set: setBool(func(c *Config) *bool { return &c.ClaudeTelemetry })},
+	{Name: "engines", Group: GroupEngine, Env: []string{"AQ_ENGINES"}, Flag: "engines", Usage: "the engines this factory may run and offer, of claude, codex, devin, script, or all (default: every coding engine found, and script outside fleet mode; script in fleet mode runs code from whoever can submit a job: docs/fleet.md)",
+		set: setEngines},
+	{Name: "engine_env", Group: GroupEngine, Env: []string{"AQ_ENGINE_ENV"}, Flag: "engine-env", Usage: "names of further environment variables an engine gets, comma-separated (its environment is otherwise built from a documented base: docs/engines.md#the-engines-environment)",
+		set: setEngineEnv},
 	{Name: "price_table", Group: GroupEngine, Env: []string{"AQ_PRICE_TABLE"}, Flag: "price-table", Usage: "JSON file of per-model token prices (overrides the built-in table)",
 		set: setPath(func(c *Config) *string { return &c.PriceTable })},
 	{Name: "notify_url", Group: GroupObserve, Env: []string{"AQ_NOTIFY_URL"}, Flag: "notify-url-file", Secret: true, FlagIsFile: true, Usage: "file holding the http(s) URL that gets a JSON POST when a job ships, fails for good or needs a person (docs/observability.md)",
@@ -283,6 +298,60 @@ func setEnum(field func(*Config) *string, allowed ...string) func(*Config, strin
 	}
 }
 
+// setOptionalEnum is setEnum that also takes "" (unset: a default the
+// runner derives).
+func setOptionalEnum(field func(*Config) *string, allowed ...string) func(*Config, string) error {
+	set := setEnum(field, allowed...)
+	return func(c *Config, raw string) error {
+		if strings.TrimSpace(raw) == "" {
+			*field(c) = ""
+			return nil
+		}
+		return set(c, raw)
+	}
+}
+
+func setSandbox(c *Config, raw string) error {
+	m, err := sandbox.ParseMode(raw)
+	if err != nil {
+		return err
+	}
+	c.Sandbox = m
+	return nil
+}
+
+// minSandboxMemory keeps a typo (8M for 8G) from killing every engine at
+// start.
+const minSandboxMemory = 64 << 20
+
+func setSandboxMemory(c *Config, raw string) error {
+	if err := setBytes(func(c *Config) *int64 { return &c.SandboxMemory })(c, raw); err != nil {
+		return fmt.Errorf("is not a size (use bytes or a unit: 8GiB, 512MiB; 0 or unset: no limit)")
+	}
+	if c.SandboxMemory > 0 && c.SandboxMemory < minSandboxMemory {
+		return fmt.Errorf("is too small for an engine (use at least 64MiB, e.g. 8GiB; 0 or unset: no limit)")
+	}
+	return nil
+}
+
+func setSandboxPids(c *Config, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		c.SandboxPids = 0
+		return nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(raw))
+	switch {
+	case err != nil:
+		return fmt.Errorf("is not a whole number (use e.g. 4096; 0 or unset: no limit)")
+	case n < 0:
+		return fmt.Errorf("is negative (use e.g. 4096; 0 or unset: no limit)")
+	case n > 0 && n < 32:
+		return fmt.Errorf("is too few for an engine and its tools (use at least 32, e.g. 4096; 0 or unset: no limit)")
+	}
+	c.SandboxPids = n
+	return nil
+}
+
 // idPattern is the id rule of docs/manifest.md ("Keys": id); config ids (factory, product, topic) obey
 // it too, since they end up in paths, headers and broker filters.
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
@@ -345,6 +414,60 @@ func setNotifyURL(c *Config, raw string) error {
 // against the namespace's throttling, and a scaler (KEDA polls every 30 s)
 // reads the same numbers.
 const minDepthInterval = 10 * time.Second
+
+// EngineNames are the engines AQ_ENGINES may name.
+var EngineNames = []string{"claude", "codex", "devin", "script"}
+
+func setEngines(c *Config, raw string) error {
+	c.Engines = nil
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return nil
+	}
+	seen := map[string]bool{}
+	list := []string{}
+	for _, f := range strings.FieldsFunc(raw, func(r rune) bool { return r == ',' || r == ' ' }) {
+		f = strings.ToLower(f)
+		switch {
+		case f == "all":
+			for _, e := range EngineNames {
+				if !seen[e] {
+					seen[e] = true
+					list = append(list, e)
+				}
+			}
+		case slices.Contains(EngineNames, f):
+			if !seen[f] {
+				seen[f] = true
+				list = append(list, f)
+			}
+		default:
+			return fmt.Errorf("names %q, which is not an engine (use claude, codex, devin, script or all, comma-separated)", clipValue(f))
+		}
+	}
+	c.Engines = list
+	return nil
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func setEngineEnv(c *Config, raw string) error {
+	c.EngineEnv = nil
+	for _, f := range strings.FieldsFunc(raw, func(r rune) bool { return r == ',' || r == ' ' }) {
+		if !envName.MatchString(f) {
+			return fmt.Errorf("names %q, which is not an environment variable name (letters, digits and _, comma-separated)", clipValue(f))
+		}
+		c.EngineEnv = append(c.EngineEnv, f)
+	}
+	return nil
+}
+
+func clipValue(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
 
 func setDepthInterval(c *Config, raw string) error {
 	d, err := time.ParseDuration(strings.TrimSpace(raw))

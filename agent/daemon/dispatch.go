@@ -68,6 +68,13 @@ func (d *Daemon) unfit(ctx context.Context, m dispatch.Message) string {
 type acceptor struct{ d *Daemon }
 
 func (a acceptor) Accept(ctx context.Context, jobID string) (dispatch.Accepted, error) {
+	if ready := a.d.agent.Poller.Ready; ready != nil {
+		// This host cannot write $AQ_HOME: the message is abandoned
+		// (redelivered, another replica may take it), the job not accepted.
+		if err := ready(); err != nil {
+			return dispatch.Accepted{}, err
+		}
+	}
 	cl, err := a.d.agent.Client.Accept(ctx, jobID)
 	if fleet.IsRouteAbsent(err) {
 		// The coordinator has no accept (the start-up probe could not tell):

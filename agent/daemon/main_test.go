@@ -176,6 +176,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		FleetRoute: true, FleetGate: o.gate, Heartbeat: hb, LeaseRenew: 200 * time.Millisecond, Poll: 50 * time.Millisecond,
 		Slots: o.slots, WorktreePool: 1, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
 		SBTopic: topic, SBSubscription: o.factory,
+		Engines: config.EngineNames, // script jobs: opted in (AQ_ENGINES=all)
 	}
 	if o.broker {
 		r.cfg.SBConnectionString = r.peer.ConnectionString()

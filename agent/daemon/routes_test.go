@@ -39,10 +39,11 @@ func TestBrokerRefusedWithoutAccept(t *testing.T) {
 	if n := strings.Count(r.logs.String(), "the coordinator has no POST /fleet/accept route"); n != 1 {
 		t.Fatalf("said %d times:\n%s", n, r.logs)
 	}
-	// One probe of accept (answered as Express does), no receive link ever
-	// asked for a message.
-	if n := r.stub.Stats().Routes["unmatched"].Requests; n != 1 {
-		t.Fatalf("%d requests to routes the stub lacks, want 1 (the probe)", n)
+	// One probe of accept (answered as Express does) and one chunk of the
+	// job's live log (the route learnt absent), no receive link ever asked
+	// for a message.
+	if n := r.stub.Stats().Routes["unmatched"].Requests; n != 2 {
+		t.Fatalf("%d requests to routes the stub lacks, want 2 (the probe, the live log)", n)
 	}
 	if n := count(r.peerEvents(), "deliver", ""); n != 0 {
 		t.Fatalf("%d deliveries", n)

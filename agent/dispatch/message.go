@@ -17,10 +17,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 )
 
 // Message is a dispatch message (docs/contract.md, "Broker messages"): small, no job body. The broker
@@ -134,7 +137,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		return m, "", err
 	}
 	if messageID != "" && messageID != m.JobID && !strings.HasPrefix(messageID, m.JobID+":") {
-		warning = fmt.Sprintf("MessageID %q is not the body's jobId %q (nor jobId:generation); the body's jobId is used", brief.Clip(messageID, 200), brief.Clip(m.JobID, 200))
+		warning = fmt.Sprintf("MessageID %s is not the body's jobId %s (nor jobId:generation); the body's jobId is used", quote(messageID), quote(m.JobID))
 	}
 	for _, p := range []struct {
 		name, body string
@@ -145,7 +148,7 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 			continue
 		}
 		if s, _ := v.(string); s != p.body {
-			msg := fmt.Sprintf("application property %s %q disagrees with the body's %q", p.name, brief.Clip(fmt.Sprint(v), 200), brief.Clip(p.body, 200))
+			msg := fmt.Sprintf("application property %s %s disagrees with the body's %s", p.name, quote(fmt.Sprint(v)), quote(p.body))
 			if p.routing {
 				return m, "", &invalid{ReasonMalformed, msg}
 			}
@@ -153,11 +156,11 @@ func parse(body []byte, messageID string, props map[string]any, factoryID, pool 
 		}
 	}
 	if m.TargetFactoryID != factoryID && (pool == "" || m.TargetFactoryID != pool) {
-		this := fmt.Sprintf("this factory is %q", factoryID)
+		this := "this factory is " + quote(factoryID)
 		if pool != "" {
-			this += fmt.Sprintf(" of pool %q", pool)
+			this += " of pool " + quote(pool)
 		}
-		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %q, %s (check the subscription's rules)", brief.Clip(m.TargetFactoryID, 200), this)}
+		return m, "", &invalid{ReasonMistargeted, fmt.Sprintf("targetFactoryId is %s, %s (check the subscription's rules)", quote(m.TargetFactoryID), this)}
 	}
 	return m, warning, nil
 }
@@ -179,5 +182,29 @@ func parseBody(body []byte) (Message, error) {
 	case m.TargetFactoryID == "":
 		return m, &invalid{ReasonMalformed, "body has no targetFactoryId"}
 	}
+	// The same rule as every job's (manifest.Admit): an id that is not one
+	// is never accepted, whatever the coordinator would answer for it.
+	if msg := job.CheckID(m.JobID); msg != "" {
+		return m, &invalid{ReasonMalformed, "jobId " + job.Show(m.JobID) + " is not a job id: it " + msg}
+	}
+	if m.Repo != "" {
+		if msg := mdmeta.CheckName(m.Repo); msg != "" {
+			return m, &invalid{ReasonMalformed, "repo " + job.Show(m.Repo) + " is not a repository name: it " + msg}
+		}
+	}
 	return m, nil
+}
+
+// quoteRunes is how much of a broker-supplied value quote keeps.
+const quoteRunes = 40
+
+// quote shows a broker-supplied value in a description: cut to 40 runes,
+// then quoted (a byte that is not printable is escaped) — short whatever
+// it holds, which quoting after a cut by bytes was not (found by
+// FuzzMessage: 200 bytes of \x80 quoted to 800 characters).
+func quote(s string) string {
+	if utf8.RuneCountInString(s) > quoteRunes {
+		s = string([]rune(s)[:quoteRunes]) + "…"
+	}
+	return strconv.Quote(s)
 }

@@ -95,6 +95,12 @@ func TestParse(t *testing.T) {
 		{"wrong type", `{"jobId":1}`, "j1", nil, ReasonMalformed, "body is not a dispatch message", "", ""},
 		{"no job id", `{"targetFactoryId":"fa"}`, "", nil, ReasonMalformed, "no jobId", "", ""},
 		{"no target", `{"jobId":"j1"}`, "j1", nil, ReasonMalformed, "no targetFactoryId", "", ""},
+		// Issue #26: a broker message's job id and repo pass the rule every
+		// job's do before anything acts on them.
+		{"job id climbs out", `{"jobId":"../../x","targetFactoryId":"fa"}`, "", nil, ReasonMalformed, `jobId "../../x" is not a job id: it contains ".."`, "", ""},
+		{"job id with a slash", `{"jobId":"a/b","targetFactoryId":"fa"}`, "", nil, ReasonMalformed, `jobId "a/b" is not a job id`, "", ""},
+		{"job id of 10 KB", `{"jobId":"` + strings.Repeat("x", 10<<10) + `","targetFactoryId":"fa"}`, "", nil, ReasonMalformed, "… (10240 bytes) is not a job id", "", ""},
+		{"repo is a path", `{"jobId":"j1","repo":"../secret","targetFactoryId":"fa"}`, "", nil, ReasonMalformed, `repo "../secret" is not a repository name`, "", ""},
 		{"id from the SDK", good, "5f3c0e0a-uuid", nil, "", "", `MessageID "5f3c0e0a-uuid" is not the body's jobId "j1"`, ""},
 		{"id of another job", good, "j2", nil, "", "", `the body's jobId is used`, ""},
 		{"property disagrees", good, "j1", map[string]any{"targetFactoryId": "fb"}, ReasonMalformed, "disagrees", "", ""},

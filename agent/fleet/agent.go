@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/aqfleet/aq/agent/caps"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -166,6 +167,13 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 	defer s.Stop()
 	ran := 0
 	for {
+		if a.Poller != nil && a.Poller.Ready != nil {
+			// A host that cannot write $AQ_HOME takes no job: it could only
+			// fail host_unavailable.
+			if err := a.Poller.Ready(); err != nil {
+				return err
+			}
+		}
 		var c *Claim
 		switch {
 		case o.JobID != "":
@@ -216,8 +224,8 @@ func (a *Agent) Run(ctx context.Context, o RunOptions, onResult func(*Result)) e
 // run` and `aq daemon` alike). The coordinator leased the job to this
 // factory, so a lock it cannot take is logged, not fatal.
 func (a *Agent) LockJob(id string) (unlock func()) {
-	if a.LocksDir == "" {
-		return func() {}
+	if a.LocksDir == "" || !job.ValidID(id) {
+		return func() {} // an id that is not one is refused by the job runner's admission
 	}
 	l, ok, err := worktree.TryLockJob(a.LocksDir, id)
 	switch {

@@ -14,11 +14,13 @@ import (
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/lifecycle"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -41,6 +43,10 @@ type Parts struct {
 	// job's end (nil: off).
 	Tracer   trace.Tracer
 	Notifier *notify.Notifier
+	// LiveLogEvery and LiveLogBacklog tune the live log (0: the defaults,
+	// a flush a second and a 1 MiB backlog).
+	LiveLogEvery   time.Duration
+	LiveLogBacklog int64
 }
 
 // DetectHost is the production detection of cfg's host: caps.Detect over
@@ -50,7 +56,8 @@ type Parts struct {
 func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
 	probes := engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))
 	return func(ctx context.Context) (*caps.Host, error) {
-		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes})
+		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes,
+			Engines: cfg.RunEngines(true), EnginesListed: cfg.EnginesExplicit()})
 	}
 }
 
@@ -100,7 +107,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		if shipper == nil {
 			shipper = &ship.GH{}
 		}
-		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true, Tracer: parts.Tracer})
+		r, err := runner.FromConfig(cfg, runner.Parts{Engines: parts.Engines, Shipper: shipper, Log: log, Redactor: red, FetchBase: true, Fleet: true, Tracer: parts.Tracer})
 		if err != nil {
 			return nil, err
 		}
@@ -115,6 +122,9 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		clock = RealClock{}
 	}
 	running := &Running{}
+	// $AQ_HOME takes writes (hostfault): checked before a claim, before a
+	// job starts and after a run that failed.
+	hostCheck := func() error { return hostfault.Probe(cfg.StateDir()) }
 	rep := &Reporter{Client: c, Spool: spool, Records: records, Log: log, Clock: clock}
 	hb := &Heartbeater{Client: c, Interval: cfg.Heartbeat, Running: running, SeatLimit: cfg.Slots,
 		Version: version.Get().Version, Pool: cfg.FactoryPool, Clock: clock, Log: log}
@@ -126,11 +136,14 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Heartbeat: hb,
 		Caps:      refresh,
 		Poller: &Poller{Client: c, Base: cfg.Poll, Gate: cfg.FleetGate, SafetyInterval: parts.SafetyInterval, Clock: clock, Log: log,
-			Refresher: refresh},
+			Refresher: refresh, Ready: hostCheck},
 		Reporter:  rep,
 		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
-			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts},
+			Policy:     manifest.Policy{Fleet: true, Engines: cfg.RunEngines(true)},
+			HostCheck:  hostCheck,
+			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts,
+			LiveLogs: &LiveLogs{Client: c, LogsDir: cfg.LogsDir(), Redactor: red, Every: parts.LiveLogEvery, Backlog: parts.LiveLogBacklog, Log: log}},
 		Running:  running,
 		Host:     host,
 		Enroll:   EnrollOptions{Path: cfg.CredentialsFile(), EnvToken: cfg.FleetToken, Log: log},

@@ -8,17 +8,20 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-cleanhttp"
 	"github.com/hashicorp/go-retryablehttp"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/agent/holds"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/internal/version"
@@ -71,6 +74,8 @@ type Client struct {
 
 	// routes is what the coordinator answered about its routes (routes.go).
 	routes routeBook
+	// skewed is set once a clock skew was logged (it is said once).
+	skewed sync.Once
 }
 
 // CallResult is one finished call to the coordinator (after its retries),
@@ -174,7 +179,7 @@ func (c *Client) Enroll(ctx context.Context, req EnrollRequest) (*Enrollment, er
 		return nil, err
 	}
 	if out.Token == "" {
-		return nil, &StatusError{Call: RouteEnroll, Status: http.StatusOK, Detail: "the answer carries no token"}
+		return nil, &ContractError{Call: RouteEnroll, Status: http.StatusOK, Detail: "the answer carries no token"}
 	}
 	if out.FactoryID == "" {
 		out.FactoryID = req.FactoryID
@@ -266,9 +271,9 @@ func (c *Client) Accept(ctx context.Context, jobID string) (*Claim, error) {
 		return nil, err
 	}
 	if cl.Job.ID == "" {
-		return nil, &StatusError{Call: name, Status: info.status, Detail: "the answer carries no job"}
+		return nil, &ContractError{Call: name, Status: info.status, Detail: "the answer carries no job"}
 	}
-	cl.Source = "broker"
+	cl.Source, cl.Asked = "broker", jobID
 	c.fixClaim(&cl, info)
 	return &cl, nil
 }
@@ -278,7 +283,7 @@ func (c *Client) fixClaim(cl *Claim, info answer) {
 		cl.LeaseEpoch = cl.Job.LeaseEpoch
 	}
 	cl.Job.LeaseEpoch = cl.LeaseEpoch
-	cl.LocalExpiry = localExpiry(cl.LeaseExpiresAt, info)
+	cl.LocalExpiry = localExpiry(cl.LeaseExpiresAt, cl.TTL, info)
 }
 
 // Renew extends the lease on jobID at epoch. It retries transient failures
@@ -291,7 +296,7 @@ func (c *Client) Renew(ctx context.Context, jobID string, epoch int64) (Lease, e
 	if err != nil {
 		return Lease{}, err
 	}
-	l.LocalExpiry = localExpiry(l.ExpiresAt, info)
+	l.LocalExpiry = localExpiry(l.ExpiresAt, l.TTL, info)
 	return l, nil
 }
 
@@ -386,7 +391,7 @@ type call struct {
 // answer is what a successful call saw.
 type answer struct {
 	status int
-	sentAt time.Time
+	sentAt time.Time // when the last try was sent (this host's clock, monotonic)
 	date   time.Time // the server's Date header, zero if absent
 }
 
@@ -500,10 +505,22 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	if cl.limit > 0 {
 		limit = cl.limit
 	}
-	data, rerr := io.ReadAll(io.LimitReader(resp.Body, limit))
+	// One byte over the cap says the answer is over it (rather than
+	// decoding a truncated body and blaming its JSON).
+	data, rerr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	over := int64(len(data)) > limit
+	if over {
+		data = data[:limit]
+	}
 	info := answer{status: resp.StatusCode, sentAt: sentAt}
 	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 		info.date = d
+		c.noteSkew(sentAt, c.o.Now(), d)
+	}
+	if resp.StatusCode == http.StatusRequestedRangeNotSatisfiable && cl.name == RouteLogAppend {
+		if le := c.logOffset(data); le != nil {
+			return info, le
+		}
 	}
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
@@ -518,10 +535,15 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 			*cl.raw = b
 			return info, nil
 		}
-		if out != nil && s != http.StatusNoContent && len(bytes.TrimSpace(data)) > 0 {
-			if err := json.Unmarshal(data, out); err != nil {
-				return info, &StatusError{Call: cl.name, Status: s, Detail: "the answer is not the expected JSON: " + c.redact(err.Error())}
-			}
+		if out == nil || s == http.StatusNoContent {
+			return info, nil
+		}
+		if err := decodeAnswer(data, over, limit, out); err != nil {
+			// What the server sent is shown, never obeyed: no control
+			// character reaches a terminal.
+			err.Call, err.Status, err.ContentType = cl.name, s, clipText(job.Printable(resp.Header.Get("Content-Type"), false), 80)
+			err.Detail = c.redact(err.Detail)
+			return info, err
 		}
 		return info, nil
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
@@ -556,6 +578,50 @@ func (c *Client) try(ctx context.Context, cl call, out any) (answer, error) {
 	return info, &StatusError{Call: cl.name, Status: resp.StatusCode, Detail: c.detail(data)}
 }
 
+// decodeAnswer decodes a 2xx answer's body into out: the contract's JSON
+// (an empty body is none, and leaves out as it is). An answer over the cap
+// (over) or that does not decode is a *ContractError — a proxy's login
+// page, a truncated body — whose caller fills in the call and status.
+func decodeAnswer(data []byte, over bool, limit int64, out any) *ContractError {
+	if over {
+		return &ContractError{Cap: limit}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		detail := err.Error()
+		if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '<' {
+			detail = "it starts with \"" + clipText(job.Printable(brief.Head(string(t)), false), 40) + "\""
+		}
+		return &ContractError{Detail: detail}
+	}
+	return nil
+}
+
+// clipText cuts s to at most n bytes (at a rune boundary), marking the cut.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// logOffset reads a 416 to a live log chunk: where the coordinator's copy
+// of the run ends (nil: not the contract's answer).
+func (c *Client) logOffset(data []byte) *LogOffsetError {
+	var a struct {
+		Next *int64 `json:"next"`
+	}
+	if json.Unmarshal(data, &a) != nil || a.Next == nil || *a.Next < 0 {
+		return nil
+	}
+	return &LogOffsetError{Next: *a.Next, Detail: c.detail(data)}
+}
+
 // detail is the server's error text, redacted and cut to one short line.
 func (c *Client) detail(data []byte) string {
 	var eb errorBody
@@ -569,7 +635,7 @@ func (c *Client) detail(data []byte) string {
 	if msg == "" {
 		msg = strings.TrimSpace(string(data))
 	}
-	msg = strings.Join(strings.Fields(msg), " ")
+	msg = job.Printable(strings.Join(strings.Fields(msg), " "), false)
 	if len(msg) > 300 {
 		msg = msg[:300] + "…"
 	}
@@ -601,21 +667,65 @@ func scrubURL(s string) string {
 	return s
 }
 
-// localExpiry is a lease expiry on this host's clock: when the coordinator's
-// Date header is known, the remaining time it implies is added to when the
-// request was sent (less a second for the header's resolution); the result
-// is never later than the coordinator's own timestamp. A clock that is behind
-// the coordinator's thus never makes aq believe it holds a lease longer than
-// it does.
-func localExpiry(exp time.Time, a answer) time.Time {
-	if exp.IsZero() || a.date.IsZero() || a.sentAt.IsZero() {
+// localExpiry is when a lease ends on this host's clock, from the time the
+// coordinator granted rather than from its clock (docs/fleet.md#leases):
+// ttl seconds when the answer carries a ttl, else the expiry minus the
+// answer's Date header (less a second for the header's resolution), counted
+// from when the request was sent — so the lease ends no later than the
+// coordinator thinks, whatever either clock reads, and the comparison uses
+// the monotonic clock (a wall clock stepped meanwhile changes nothing).
+// Without a ttl or a Date the expiry is taken as it is (clocks assumed to
+// agree). Whatever a coordinator sends, the time granted is read as at
+// least zero (a lease already over) and at most MaxLease: no value makes
+// the arithmetic wrap around into a lease that never ends.
+func localExpiry(exp time.Time, ttl float64, a answer) time.Time {
+	switch {
+	case a.sentAt.IsZero():
+		return exp
+	case ttl > 0 && !math.IsInf(ttl, 0):
+		return a.sentAt.Add(granted(time.Duration(min(ttl, MaxLease.Seconds()) * float64(time.Second))))
+	case exp.IsZero() || a.date.IsZero():
 		return exp
 	}
-	t := a.sentAt.Add(exp.Sub(a.date) - time.Second)
-	if t.Before(exp) {
-		return t
+	left := exp.Sub(a.date) // Sub saturates rather than wrapping
+	if left < time.Second {
+		return a.sentAt // over already
 	}
-	return exp
+	return a.sentAt.Add(granted(left - time.Second))
+}
+
+// MaxLease bounds the time a lease is believed granted for: a longer one
+// (or a leaseExpiresAt centuries away) is taken as this long.
+const MaxLease = 24 * time.Hour
+
+// granted clamps a lease's time to live to [0, MaxLease].
+func granted(d time.Duration) time.Duration { return min(max(d, 0), MaxLease) }
+
+// maxSkew is the clock difference with the coordinator worth a line: the
+// Date header has a second's resolution and a call takes its time.
+const maxSkew = 5 * time.Second
+
+// noteSkew logs, once per client, a coordinator clock that differs from
+// this host's by more than maxSkew, with both clocks: leases are timed on
+// this host's clock from the durations granted, so it is harmless to them,
+// but an operator wants to know.
+func (c *Client) noteSkew(sent, recv, date time.Time) {
+	if sent.IsZero() {
+		return
+	}
+	mid := sent.Add(recv.Sub(sent) / 2)
+	skew := date.Sub(mid)
+	if skew.Abs() <= maxSkew+recv.Sub(sent)/2 {
+		return
+	}
+	c.skewed.Do(func() {
+		way := "ahead of"
+		if skew < 0 {
+			way = "behind"
+		}
+		c.o.Log.Warn(fmt.Sprintf("the coordinator's clock is %s %s this host's: leases are timed on this host's clock from the durations the coordinator grants", skew.Abs().Round(time.Second), way),
+			"coordinator", date.UTC().Format(time.RFC3339), "factory", mid.UTC().Format(time.RFC3339))
+	})
 }
 
 // perTryClient returns hc with a per-request timeout (a copy; hc is shared).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -234,25 +235,38 @@ func TestClientHeadersAndAnswers(t *testing.T) {
 	}
 }
 
+// TestLocalExpiry: a lease is timed on this host's clock from the time the
+// coordinator granted — the ttl when sent, else the expiry minus the Date
+// header — whichever way the clocks differ (issue #26, finding 5: a
+// coordinator 120 s behind used to make every lease look expired).
 func TestLocalExpiry(t *testing.T) {
 	exp := time.Date(2030, 1, 1, 0, 1, 30, 0, time.UTC)
 	server := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	// Same clocks: a second early at most (the Date header's resolution).
-	if got := localExpiry(exp, answer{sentAt: server, date: server}); got != exp.Add(-time.Second) {
-		t.Errorf("same clock: %v", got)
+	granted := 89 * time.Second // 90 s, less the Date header's second
+	for _, c := range []struct {
+		name string
+		ours time.Time
+	}{
+		{"same clocks", server},
+		{"ours 10 minutes behind", server.Add(-10 * time.Minute)},
+		{"ours 120 s ahead", server.Add(120 * time.Second)},
+		{"ours a day ahead", server.Add(24 * time.Hour)},
+	} {
+		if got := localExpiry(exp, 0, answer{sentAt: c.ours, date: server}); !got.Equal(c.ours.Add(granted)) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.ours.Add(granted))
+		}
+		// A ttl wins over the Date arithmetic.
+		if got := localExpiry(exp, 30, answer{sentAt: c.ours, date: server}); !got.Equal(c.ours.Add(30 * time.Second)) {
+			t.Errorf("%s with ttl 30: %v", c.name, got)
+		}
 	}
-	// Our clock 10 minutes behind: the remaining time counts from our clock.
-	behind := server.Add(-10 * time.Minute)
-	if got := localExpiry(exp, answer{sentAt: behind, date: server}); got != behind.Add(89*time.Second) {
-		t.Errorf("behind: %v", got)
-	}
-	// Our clock ahead: never later than the coordinator's timestamp.
-	ahead := server.Add(10 * time.Minute)
-	if got := localExpiry(exp, answer{sentAt: ahead, date: server}); got != exp {
-		t.Errorf("ahead: %v", got)
-	}
-	if got := localExpiry(exp, answer{}); got != exp {
+	if got := localExpiry(exp, 0, answer{}); got != exp {
 		t.Errorf("no Date: %v", got)
+	}
+	// Monotonic: the result keeps the send time's monotonic reading.
+	now := time.Now()
+	if got := localExpiry(exp, 0, answer{sentAt: now, date: server}); got.Sub(now) != granted || got.String() == got.Round(0).String() {
+		t.Errorf("the expiry lost the monotonic clock: %v", got)
 	}
 }
 
@@ -281,5 +295,39 @@ func TestErrorPredicates(t *testing.T) {
 	}
 	if err := error(&TransientError{Status: 503}); !errors.As(err, &tmp) || !tmp.Temporary() {
 		t.Error("503 is not Temporary")
+	}
+}
+
+// TestLocalExpiryHostileValues: no leaseExpiresAt, Date or ttl a
+// coordinator sends makes the time granted wrap around into a lease that
+// never ends; it is read as between zero and MaxLease.
+func TestLocalExpiryHostileValues(t *testing.T) {
+	now := time.Now()
+	date := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		exp  time.Time
+		ttl  float64
+		want time.Duration
+	}{
+		{"expiry in year 1", time.Time{}.Add(4 * time.Second), 0, 0},
+		{"expiry before the Date", date.Add(-time.Hour), 0, 0},
+		{"expiry in year 9999", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), 0, MaxLease},
+		{"ttl of centuries", date, 1e12, MaxLease},
+		{"infinite ttl", date.Add(90 * time.Second), math.Inf(1), 89 * time.Second},
+		{"NaN ttl", date.Add(90 * time.Second), math.NaN(), 89 * time.Second},
+		{"negative ttl", date.Add(90 * time.Second), -5, 89 * time.Second},
+	} {
+		got := localExpiry(c.exp, c.ttl, answer{sentAt: now, date: date})
+		if c.name == "expiry in year 1" {
+			// A zero-looking expiry with a Date: the lease is over.
+			if got.Sub(now) > 0 {
+				t.Errorf("%s: a lease of %v", c.name, got.Sub(now))
+			}
+			continue
+		}
+		if d := got.Sub(now); d != c.want {
+			t.Errorf("%s: a lease of %v, want %v", c.name, d, c.want)
+		}
 	}
 }

@@ -76,6 +76,60 @@ func (e *StatusError) Error() string {
 	return msg
 }
 
+// ContractError is a 2xx answer that is not the contract's JSON: a login
+// page a proxy put in front of the coordinator, a truncated or garbled
+// body, an answer over the size cap, or one without what the call must
+// return (a claim's job, enroll's token). Retrying cannot help: AQ_FLEET_API
+// does not reach the coordinator's API, or the coordinator does not speak
+// the contract (docs/troubleshooting.md). Before any job ran it is a
+// configuration error (exit 2); for a job's report, the report is refused
+// (kept in spool/dead).
+type ContractError struct {
+	Call        string
+	Status      int
+	ContentType string // the answer's, as sent ("" when none)
+	// Cap is the size cap the answer was over (0: not over it).
+	Cap    int64
+	Detail string // what is wrong with it, redacted
+}
+
+func (e *ContractError) Error() string {
+	ct := e.ContentType
+	if ct == "" {
+		ct = "no Content-Type"
+	}
+	if e.Cap > 0 {
+		return fmt.Sprintf("the coordinator's answer to %s (%d %s, %s) is over the %s cap on an answer", e.Call, e.Status, http.StatusText(e.Status), ct, sizeText(e.Cap))
+	}
+	msg := fmt.Sprintf("the coordinator's answer to %s (%d %s, %s) is not the contract's JSON", e.Call, e.Status, http.StatusText(e.Status), ct)
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	return msg
+}
+
+// Fix says what an operator can do about it.
+func (e *ContractError) Fix() string {
+	return "check AQ_FLEET_API: it is the coordinator's API base, e.g. https://host/api, reached without a proxy's login page in between"
+}
+
+// sizeText is n bytes in words (8 MiB).
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d byte", n)
+}
+
+// IsContract reports whether err is an answer that is not the contract's.
+func IsContract(err error) bool {
+	var ce *ContractError
+	return errors.As(err, &ce)
+}
+
 // TransientError is a call that did not succeed within its retry budget for
 // a reason that can pass (network error, timeout, 429, 5xx). The caller may
 // try again later (the report spool does).

@@ -353,8 +353,9 @@ func TestFailFreesLeaseImmediately(t *testing.T) {
 		if rs.legacy() {
 			want = []string{"submitted", "claimed", "stage:building", "stage:queued", "released", "claimed", "stage:building", "stage:failed", "released"}
 			st := s.Stats()
-			if n := st.Routes["unmatched"].Status["404"]; n != 2 {
-				t.Fatalf("/fleet/fail tried %d times, want once per factory (2)", n)
+			// Once per factory each: /fleet/fail and the live log's route.
+			if n := st.Routes["unmatched"].Status["404"]; n != 2+2 {
+				t.Fatalf("%d requests to routes the stub lacks, want /fleet/fail and the live log once per factory (4)", n)
 			}
 			if f1.Agent.Client.Has(RouteFail) || !strings.Contains(f1.Logs.String(), "the coordinator has no POST /fleet/fail route") {
 				t.Fatalf("the absence was not learnt or not said:\n%s", f1.Logs)

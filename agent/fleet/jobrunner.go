@@ -2,8 +2,6 @@ package fleet
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -36,6 +34,16 @@ type JobRunner struct {
 	Records  *jobstate.Store
 	Running  *Running
 	Catalog  *profiles.Catalog
+	// Policy is what this factory runs (AQ_ENGINES): every job is admitted
+	// under it before anything touches the file system or git
+	// (manifest.Admit). The zero Policy allows every engine.
+	Policy manifest.Policy
+	// HostCheck, when set, says whether this host can run a job: it is
+	// asked before the job starts and after a run that failed, and its
+	// error (hostfault: $AQ_HOME full, read-only or failing) makes the job
+	// fail host_unavailable — the host's fault, not the job's: the
+	// coordinator gives it to another factory.
+	HostCheck func() error
 	// LeaseRenew is the renewal cadence (AQ_FLEET_LEASE_RENEW_SEC).
 	LeaseRenew time.Duration
 	Clock      Clock
@@ -57,6 +65,9 @@ type JobRunner struct {
 	// OnEvent, if set, sees each running job's events (the daemon's job
 	// phases).
 	OnEvent func(jobID string, e runner.Event)
+	// LiveLogs, when set, streams the engine's output to the coordinator
+	// while the pipeline runs (livelog.go).
+	LiveLogs *LiveLogs
 }
 
 // Result is one fleet job as this factory ran it. Field names are stable
@@ -73,6 +84,14 @@ type Result struct {
 	// fenced, rejected, released (the job never started: lease given back)
 	// or none (fenced before it).
 	Report string `json:"report"`
+	// Refused: the job did not pass admission (manifest.Admit); nothing of
+	// it ran here.
+	Refused bool `json:"refused,omitempty"`
+	// ReportRefused says why the coordinator refused a report of the job
+	// for good (its building report, which stops the job before its
+	// engine, or its terminal report): the coordinator does not have what
+	// it said; it is kept in $AQ_HOME/spool/dead. `aq run` exits 6.
+	ReportRefused string `json:"reportRefused,omitempty"`
 	// Err is a refusal of this factory's credentials seen while the job ran
 	// (the fleet path must stop).
 	Err error `json:"-"`
@@ -83,8 +102,15 @@ type Result struct {
 // the steps of this mode are claimedJob's methods, below in their order).
 // It always returns a Result.
 func (r *JobRunner) Run(ctx context.Context, c *Claim) *Result {
+	// Admission first: the coordinator's id names files and branches, its
+	// manifest says what runs — nothing happens before both are checked
+	// (manifest.Admit), so a refused job never enters the lifecycle.
+	j, refused := manifest.Admit(manifest.Wire{ID: c.Job.ID, Repo: c.Job.Repo, Asked: c.Asked, BodyMd: c.Job.BodyMd}, r.Catalog, r.Policy)
+	if refused != nil {
+		return r.refuse(ctx, c, refused)
+	}
 	log := r.log().With("job", c.Job.ID, "repo", c.Job.Repo, "epoch", c.LeaseEpoch)
-	cj := &claimedJob{r: r, c: c, log: log,
+	cj := &claimedJob{r: r, c: c, j: j, log: log,
 		res: &Result{JobID: c.Job.ID, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Building}}
 	lc := lifecycle.Lifecycle{Pipeline: r.Pipeline, Tracer: r.Tracer, Notifier: r.Notifier, OnEvent: r.OnEvent}
 	end := lc.Run(ctx, lifecycle.Job{ID: c.Job.ID, Repo: c.Job.Repo, Attempt: c.Attempt(), Checkpoint: c.Job.Checkpoint,
@@ -120,10 +146,12 @@ func (r *JobRunner) previous(c *Claim, log *slog.Logger) *job.Previous {
 type claimedJob struct {
 	r     *JobRunner
 	c     *Claim
+	j     *job.Job // the admitted manifest
 	log   *slog.Logger
 	res   *Result
 	lease *JobLease
 	stop  context.CancelCauseFunc
+	live  *LogStream // the run's live log, from Start to Report
 }
 
 var _ lifecycle.Recorder = (*claimedJob)(nil)
@@ -174,14 +202,10 @@ func (cj *claimedJob) release(ctx context.Context) {
 	})
 }
 
-// Parse reads the job's verbatim manifest, validated as a local one would
-// be; what is wrong with it is one line of the failure's detail.
+// Parse is the job's manifest, as admission parsed and checked it before
+// the job began (JobRunner.Run); it is recorded.
 func (cj *claimedJob) Parse() (*job.Job, error) {
-	j, err := cj.r.parse(cj.c)
-	if err != nil {
-		cj.log.Error("the job's manifest is not valid here", "err", err)
-		return nil, errors.New(brief.Head(err.Error()))
-	}
+	j := cj.j
 	cj.r.record(cj.log, cj.c.Job.ID, func(rec *jobstate.Record) { rec.Repo, rec.Base, rec.Engine = j.Repo, j.Base, j.Engine })
 	return j, nil
 }
@@ -189,6 +213,10 @@ func (cj *claimedJob) Parse() (*job.Job, error) {
 // Start reports assigned → building, fenced: a 409 here means the job is
 // already someone else's, before any work.
 func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
+	if err := cj.r.hostFault(); err != nil {
+		cj.log.Error("this host cannot run the job: released for another factory", "reason", job.ReasonHostUnavailable, "err", err)
+		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: brief.Head(err.Error()) + "; the job did not start"}
+	}
 	d := cj.r.Reporter.Send(ctx, PatchReport(cj.c.Job.ID, PatchRequest{Stage: job.Building.FleetName(), LeaseEpoch: cj.c.LeaseEpoch}))
 	switch {
 	case d.Fenced:
@@ -197,7 +225,17 @@ func (cj *claimedJob) Start(ctx context.Context, _ *job.Job) *runner.Outcome {
 	case IsAuth(d.Err):
 		cj.res.Err = d.Err
 		cj.stop(job.Stop(job.ReasonInterrupted, "the coordinator refused this factory's credentials"))
+	case d.Rejected:
+		// The coordinator will not take this job's reports: running it would
+		// spend an engine run on a result nobody records.
+		cj.res.ReportRefused = reportRefusal(d)
+		cj.log.Error("the coordinator refused the building report; the job is stopped before its engine", "err", d.Err)
+		return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonReportRefused,
+			Detail: "the coordinator refused the building report (" + brief.Head(errText(d.Err)) + "): the job was stopped before its engine"}
 	}
+	// The engine's output goes to the coordinator while the pipeline runs;
+	// a chunk refused 409 fences the run at once.
+	cj.live = cj.r.LiveLogs.Start(context.WithoutCancel(ctx), cj.c, cj.lease, cj.log)
 	return nil
 }
 
@@ -225,6 +263,10 @@ func (cj *claimedJob) Event(ctx context.Context, e runner.Event) {
 // /fleet/fail is told the job is exhausted).
 func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, out *runner.Outcome) lifecycle.Settled {
 	r, c, res, log := cj.r, cj.c, cj.res, cj.log
+	// The live log's last chunks and its end go before the report, so that
+	// whoever sees the job end has seen its output; a fenced run sends
+	// nothing more.
+	cj.live.Close(ctx, k != lifecycle.Fenced)
 	rctx, cancel := r.reportContext(ctx)
 	defer cancel()
 	var d Delivery
@@ -239,7 +281,7 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 		// through the route fallback (PATCH queued + release).
 		d = r.Reporter.Send(rctx, FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
-			Retryable: true, Checkpoint: out.Checkpoint, Detail: out.Detail, NotBefore: out.ParkedUntil,
+			Retryable: true, Checkpoint: onOrigin(out), Detail: out.Detail, NotBefore: out.ParkedUntil,
 		}))
 		res.Stage = job.Inbox
 		if d.Delivered && d.Stage != "" {
@@ -248,13 +290,23 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 		log.Warn("job parked: lease released until the engine's limit resets", "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339),
 			"detail", out.Detail, "stage", res.Stage, "report", d.String(), "checkpoint", out.Checkpoint)
 	case lifecycle.Failed:
+		// A run that failed on a host that cannot write $AQ_HOME failed
+		// for the host's sake (an engine's "I/O error", a checkpoint that
+		// could not be written): the host's fault, not the job's.
+		if out.Reason != job.ReasonHostUnavailable {
+			if err := r.hostFault(); err != nil {
+				log.Error("the run failed on a host that cannot write $AQ_HOME: host_unavailable", "run", out.Reason, "err", err)
+				out.Detail = brief.Head(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
+				out.Reason = job.ReasonHostUnavailable
+			}
+		}
 		// Also for lease_lost: the fail carries our epoch, so it is fenced
 		// (409) if the coordinator reaped the lease, and frees the lease at
 		// once if it did not.
 		in := out.Insights
 		rep := FailReport(FailRequest{
 			JobID: c.Job.ID, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: out.Reason,
-			Retryable: !out.Reason.Permanent(), Checkpoint: out.Checkpoint, Detail: out.Detail, Insights: &in,
+			Retryable: !out.Reason.Permanent(), Checkpoint: onOrigin(out), Detail: out.Detail, Insights: &in,
 		})
 		// For a coordinator without /fleet/fail, which leaves the retry
 		// decision to the factory (failpatch.go).
@@ -288,8 +340,25 @@ func (cj *claimedJob) Report(ctx context.Context, k lifecycle.Kind, j *job.Job, 
 	if res.Err == nil && IsAuth(d.Err) {
 		res.Err = d.Err
 	}
+	if d.Rejected {
+		res.ReportRefused = reportRefusal(d)
+		log.Error("the coordinator refused the job's terminal report: it does not have the job's outcome", "report", "rejected", "err", d.Err)
+	}
 	r.record(log, c.Job.ID, func(rec *jobstate.Record) { endRecord(rec, res, out, r.now()) })
 	return cj.settled()
+}
+
+// onOrigin is the checkpoint a failure's report names: the run's own when
+// it was pushed, else the one origin had (an earlier attempt's, or a
+// periodic one this run pushed before its lease was lost), else none. The
+// WIP of a run whose lease was lost stays on this host (docs/fleet.md,
+// "Lease lost"): naming it would send the next factory after a commit it
+// cannot fetch.
+func onOrigin(out *runner.Outcome) string {
+	if out.WIPPushed {
+		return out.Checkpoint
+	}
+	return out.OriginCheckpoint
 }
 
 // settled is the job's end as far as the lifecycle needs it.
@@ -328,6 +397,7 @@ func endRecord(rec *jobstate.Record, res *Result, out *runner.Outcome, now time.
 		rec.Checkpoint = out.Checkpoint
 	}
 	rec.Branch, rec.PR = out.Branch, out.PRURL
+	rec.ReportRefused = res.ReportRefused
 	in := out.Insights
 	rec.Insights = &in
 	rec.EndedAt = now.UTC()
@@ -367,29 +437,49 @@ func (r *JobRunner) reportContext(ctx context.Context) (context.Context, context
 	return context.WithTimeout(context.WithoutCancel(ctx), limit+time.Second)
 }
 
-func (r *JobRunner) parse(c *Claim) (*job.Job, error) {
-	if strings.TrimSpace(c.Job.BodyMd) == "" {
-		return nil, fmt.Errorf("the coordinator's job document has no bodyMd (the manifest)")
+// refuse fails a job that did not pass admission, before anything touched
+// the file system or git: /fleet/fail with the refusal's reason (not
+// retryable for invalid_job and invalid_manifest; capability_mismatch may
+// pass on another factory), which frees the lease at once. An id that is not
+// a valid job id gets no record here (it would name a file). The notifier
+// hears of it (a refused job ends, usually for good); no trace is started
+// for a job that never began.
+func (r *JobRunner) refuse(ctx context.Context, c *Claim, ref *manifest.Refusal) *Result {
+	id := c.Job.ID
+	log := r.log().With("job", job.Show(id), "epoch", c.LeaseEpoch)
+	detail := brief.Head(ref.Msg)
+	res := &Result{JobID: id, Attempt: c.Attempt(), LeaseEpoch: c.LeaseEpoch, Source: c.Source, Stage: job.Failed, Refused: true,
+		Outcome: runner.Outcome{Stage: job.Failed, Reason: ref.Reason, Detail: detail}}
+	log.Error("job refused before anything ran", "reason", ref.Reason, "why", detail)
+	rctx, cancel := r.reportContext(ctx)
+	defer cancel()
+	rep := FailReport(FailRequest{JobID: id, FactoryID: r.Client.FactoryID(), LeaseEpoch: c.LeaseEpoch, Reason: ref.Reason,
+		Retryable: !ref.Reason.Permanent(), Detail: detail})
+	rep.Exhausted = ref.Reason.Permanent()
+	d := r.Reporter.Send(rctx, rep)
+	res.Report = d.String()
+	if d.Delivered && d.Stage != "" {
+		res.Stage = job.StageFromFleet(d.Stage)
 	}
-	cat := r.Catalog
-	if cat == nil {
-		var err error
-		if cat, err = profiles.Embedded(); err != nil {
-			return nil, err
-		}
+	res.Fenced = d.Fenced
+	if IsAuth(d.Err) {
+		res.Err = d.Err
 	}
-	j, err := manifest.Parse(c.Job.ID+".md", []byte(c.Job.BodyMd), cat)
-	if err != nil {
-		return nil, err
+	if job.ValidID(id) {
+		r.record(log, id, func(rec *jobstate.Record) {
+			*rec = jobstate.Record{ID: id, Repo: c.Job.Repo, Stage: res.Stage, Reason: ref.Reason, Detail: detail, LeaseEpoch: c.LeaseEpoch,
+				Source: c.Source, Fenced: res.Fenced, StartedAt: r.now().UTC(), EndedAt: r.now().UTC()}
+			if res.Report == "rejected" {
+				rec.ReportRefused = reportRefusal(d)
+			}
+		})
 	}
-	if j.ID != c.Job.ID {
-		r.log().Warn("the manifest's id differs from the coordinator's job id; the coordinator's wins", "manifest_id", j.ID, "job", c.Job.ID)
-		j.ID = c.Job.ID
+	if !d.Fenced {
+		final := res.Stage == job.Failed || res.Stage == job.DeadLetter || ref.Reason.Permanent()
+		r.Notifier.Notify(notify.End{JobID: id, Repo: c.Job.Repo, Attempt: res.Attempt, Stage: res.Stage, Reason: ref.Reason,
+			Detail: detail, Final: final, Mode: "fleet"})
 	}
-	if c.Job.Repo != "" && j.Repo != c.Job.Repo {
-		r.log().Warn("the manifest's repo differs from the coordinator's; the manifest's wins", "manifest_repo", j.Repo, "job_repo", c.Job.Repo)
-	}
-	return j, nil
+	return res
 }
 
 func (r *JobRunner) record(log *slog.Logger, id string, fn func(*jobstate.Record)) {
@@ -399,6 +489,14 @@ func (r *JobRunner) record(log *slog.Logger, id string, fn func(*jobstate.Record
 	if _, err := r.Records.Update(id, fn); err != nil {
 		log.Error("cannot write the job record", "err", err)
 	}
+}
+
+// hostFault is HostCheck's verdict (nil without one).
+func (r *JobRunner) hostFault() error {
+	if r.HostCheck == nil {
+		return nil
+	}
+	return r.HostCheck()
 }
 
 func (r *JobRunner) now() time.Time { return r.clock().Now() }

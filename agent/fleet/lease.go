@@ -62,6 +62,9 @@ type LeaseHooks struct {
 	// ReportWaits is called when an attempt of the job's terminal report
 	// waits for a renewal on the wire to end.
 	ReportWaits func()
+	// RenewalWaits is called when a renewal waits for another call of the
+	// job's on the wire to end (a live log chunk, a report attempt).
+	RenewalWaits func()
 }
 
 var _ runner.Lease = (*JobLease)(nil)
@@ -84,6 +87,11 @@ func NewJobLease(c *Client, cl *Claim, every time.Duration, cancel context.Cance
 			l.Hooks.ReportWaits()
 		}
 	})
+	l.turn.renewalWaits = func() {
+		if l.Hooks != nil && l.Hooks.RenewalWaits != nil {
+			l.Hooks.RenewalWaits()
+		}
+	}
 	exp := cl.LocalExpiry
 	if exp.IsZero() {
 		exp = cl.LeaseExpiresAt
@@ -186,6 +194,25 @@ func (l *JobLease) Reporting(ctx context.Context) context.Context {
 	return context.WithValue(ctx, turnKey{}, l.turn)
 }
 
+// Wire runs call, a call of the job's beside its lease (a live log chunk),
+// with the wire to itself: after a renewal on it, never beside one, and
+// not at all once the lease is gone (fenced, lost, ended) — false then, or
+// when ctx ended first.
+func (l *JobLease) Wire(ctx context.Context, call func()) bool {
+	if !l.turn.beside(ctx) {
+		return false
+	}
+	defer l.turn.besideDone()
+	l.mu.Lock()
+	gone := l.state != nil
+	l.mu.Unlock()
+	if gone {
+		return false
+	}
+	call()
+	return true
+}
+
 // Fence marks the lease fenced (a 409 seen elsewhere, e.g. on a PATCH) and
 // stops the job.
 func (l *JobLease) Fence(detail string) error { return l.stop(job.ReasonFenced, detail) }
@@ -267,6 +294,15 @@ func (l *JobLease) renewUntil(ctx context.Context) error {
 				return stopCause(ctx)
 			}
 			return &job.StopError{Reason: job.ReasonInterrupted, Detail: "the job's final report ended the lease"}
+		}
+		// The lease may have gone while this renewal waited for the wire (a
+		// live log chunk refused 409): then it is not sent.
+		l.mu.Lock()
+		st = l.state
+		l.mu.Unlock()
+		if st != nil {
+			l.turn.renewed()
+			return st
 		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		if l.Hooks != nil && l.Hooks.Renewing != nil {

@@ -64,6 +64,7 @@ func pick[T any](rs routeSet, full, legacy T) T {
 }
 
 // stub is a coordinator stub on a real 127.0.0.1 listener.
+// stub is a coordinator stub on a real 127.0.0.1 listener.
 type stub struct{ *coord.Served }
 
 func startStub(t testing.TB, o coord.Options) *stub {
@@ -168,6 +169,9 @@ func newFactory(t testing.TB, s *stub, w *world, id string, opts ...factoryOpt) 
 		Home: f.Home, RepoBase: f.Base, Fleet: true, FleetAPI: s.API, FleetToken: s.EnrollToken(), FactoryID: id,
 		FleetRoute: true, Heartbeat: time.Second, LeaseRenew: 200 * time.Millisecond, Poll: 50 * time.Millisecond,
 		Slots: 1, WorktreePool: 1, KillGrace: 200 * time.Millisecond, ClaudePermissionMode: "acceptEdits", LogFormat: "text", LogLevel: "debug",
+		// The tests' jobs are script jobs: the factory opts in (AQ_ENGINES=all),
+		// as the project's harnesses do.
+		Engines: config.EngineNames,
 	}
 	f.rebuild(t, opts...)
 	return f

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -35,6 +36,10 @@ type Poller struct {
 	// Refresher, when set, is checked before each look: a claim offers
 	// what the host has now (a repo removed a moment ago is not offered).
 	Refresher *Refresher
+	// Ready, when set, is asked before each claim: while it fails (this
+	// host cannot write $AQ_HOME: hostfault) nothing is claimed — a job
+	// taken now could only fail host_unavailable.
+	Ready func() error
 
 	idle        int
 	haveVersion bool
@@ -73,6 +78,12 @@ func (p *Poller) Next(ctx context.Context) (*Claim, error) {
 // gate says nothing changed, one claim. A nil claim and nil error mean no
 // job now; the idle counter grows. A claim resets it.
 func (p *Poller) Tick(ctx context.Context) (*Claim, error) {
+	if p.Ready != nil {
+		if err := p.Ready(); err != nil {
+			p.idle++
+			return nil, fmt.Errorf("not claiming: %w", err)
+		}
+	}
 	p.Refresher.Check(ctx)
 	now := p.clock().Now()
 	var repos []string

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/agent/jobstate"
+	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
@@ -177,7 +178,7 @@ func (r *Reporter) settle(log *slog.Logger, rep Report, stage string, err error,
 			_ = r.Spool.Remove(rep)
 		}
 		return Delivery{Fenced: true, Err: err}
-	case errors.Is(err, ErrGone) || isStatus(err):
+	case errors.Is(err, ErrGone) || isStatus(err) || IsContract(err):
 		log.Error("the coordinator refused the report for good; kept in spool/dead", "err", err)
 		if rerr := r.Spool.Reject(rep, err.Error()); rerr != nil {
 			log.Error("cannot keep the refused report", "err", rerr)
@@ -203,6 +204,19 @@ func (r *Reporter) spool(log *slog.Logger, rep Report, why error) Delivery {
 	log.Warn("report spooled; it will be re-sent in order", "seq", stored.Seq, "why", why)
 	r.Kick()
 	return Delivery{Spooled: true, Err: why, seq: stored.Seq}
+}
+
+// reportRefusal is what a job's record says of a report the coordinator
+// refused for good.
+func reportRefusal(d Delivery) string {
+	return brief.Head(errText(d.Err)) + "; the report is kept in $AQ_HOME/spool/dead"
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "refused"
+	}
+	return err.Error()
 }
 
 func isStatus(err error) bool {

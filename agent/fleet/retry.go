@@ -35,6 +35,9 @@ type Budgets struct {
 	FinalReport time.Duration // terminal PATCH and /fleet/fail
 	Drain       time.Duration // one spooled report, per drain attempt
 	Submit      time.Duration
+	// LiveLog bounds one live log chunk's retries: the next flush, a
+	// second later, sends it again (livelog.go).
+	LiveLog time.Duration
 
 	// MinWait and MaxWait bound the exponential backoff between tries
 	// (with jitter).
@@ -61,6 +64,7 @@ func DefaultBudgets(hb time.Duration) Budgets {
 		FinalReport: 5 * time.Minute,
 		Drain:       30 * time.Second,
 		Submit:      time.Minute,
+		LiveLog:     2 * time.Second,
 		MinWait:     500 * time.Millisecond,
 		MaxWait:     30 * time.Second,
 		PerTry:      30 * time.Second,

@@ -43,6 +43,9 @@ const (
 	// running (aq submit --replace), or the job removed (aq job rm).
 	RouteReplace = "PUT /fleet/jobs/:id"
 	RouteRemove  = "DELETE /fleet/jobs/:id"
+	// A running job's live log: appended by its factory, read by anyone.
+	RouteLogAppend = "POST /fleet/jobs/:id/log"
+	RouteLogRead   = "GET /fleet/jobs/:id/log"
 )
 
 // RouteBook is every route aq calls: the routes docs/contract.md describes
@@ -50,7 +53,7 @@ const (
 var RouteBook = []string{
 	RouteEnroll, RouteHeartbeat, RouteDeregister, RouteQueueState, RouteClaim, RouteAccept, RouteRenew, RouteRelease,
 	RoutePatch, RouteFail, RouteSubmit, RouteJob, RouteArtifacts, RouteJobs, RouteFactories, RouteEvents,
-	RouteArtifactList, RouteArtifactGet, RouteAction, RouteReplace, RouteRemove,
+	RouteArtifactList, RouteArtifactGet, RouteAction, RouteReplace, RouteRemove, RouteLogAppend, RouteLogRead,
 }
 
 // Fallbacks says, for each route aq can do without, what it does instead
@@ -63,6 +66,7 @@ var Fallbacks = map[string]string{
 	RouteQueueState: "the poll path claims without the gate (plain poll with idle backoff)",
 	RouteDeregister: "a leaving factory sends its offline heartbeat only; the coordinator counts it stale",
 	RouteArtifacts:  "job logs are not uploaded as artifacts; they stay under $AQ_HOME/logs on the factory that ran the job",
+	RouteLogAppend:  "a running job's output is not streamed; it reaches the coordinator as artifacts when the job ends",
 	// Operator reads and actions (aq status, the board, aq job): the caller
 	// shows what it can and names what is missing.
 	RouteJobs:         "the board and aq status show no fleet-wide job list",
@@ -73,6 +77,7 @@ var Fallbacks = map[string]string{
 	RouteAction:       "requeue, reject and ship a fleet job on the coordinator itself",
 	RouteReplace:      "aq submit --replace is refused with one line: replace the job on the coordinator itself, or submit the new manifest under another id",
 	RouteRemove:       "aq job rm is refused with one line: remove the job on the coordinator itself",
+	RouteLogRead:      "aq job logs -f and the board show the output of a job that runs elsewhere only when it ends (from its artifacts)",
 }
 
 // ErrRouteAbsent matches (errors.Is) a *RouteAbsentError.

@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/job"
 	"github.com/gofrs/flock"
 )
 
@@ -49,6 +52,8 @@ type Report struct {
 	// Why is the error that sent it to the spool (or, under dead/, why the
 	// coordinator refused it).
 	Why string `json:"why,omitempty"`
+
+	file string // the spool file it was read from ("" for a new report)
 }
 
 // PatchReport builds a report for a PATCH.
@@ -80,9 +85,12 @@ func (r Report) stage() string {
 }
 
 // Spool is $AQ_HOME/spool: reports the coordinator could not take yet, one
-// JSON file per report named <seq>-<jobId>.json (seq zero-padded to 20
-// digits, so names sort in order), each written to a temp file, fsynced and
-// renamed. Reports the coordinator refused for good (a 4xx other than 409)
+// JSON file per report named <seq>-<key>.json (seq zero-padded to 20
+// digits, so names sort in order; key is the job id, or for a value that is
+// not a valid job id — a report about a job refused at admission — "x-" and
+// a hash of it: a name never climbs out of the spool), each written to a
+// temp file, fsynced and renamed. A file whose name does not match its
+// content is corrupt (moved to dead/, never re-sent). Reports the coordinator refused for good (a 4xx other than 409)
 // move to spool/dead/ with the reason: no report is ever deleted unread.
 // Safe for concurrent use, and between aq processes on one host (a flock on
 // spool/.lock guards sequence numbers).
@@ -163,19 +171,13 @@ func (s *Spool) Pending() (reports []Report, errs []error) {
 		}
 		var r Report
 		if err == nil {
-			err = json.Unmarshal(b, &r)
-		}
-		if err == nil && (r.Kind == KindPatch && r.Patch == nil || r.Kind == KindFail && r.Fail == nil || r.Kind == KindArtifact && r.Artifact == nil ||
-			r.Kind != KindPatch && r.Kind != KindFail && r.Kind != KindArtifact) {
-			err = errors.New("not a report")
+			r, err = readReport(e.Name(), b)
 		}
 		if err != nil {
 			_ = os.Rename(p, filepath.Join(s.dir, "dead", e.Name()))
 			errs = append(errs, fmt.Errorf("spool file %s is corrupt (moved to dead/): %v", e.Name(), err))
 			continue
 		}
-		m := spoolName.FindStringSubmatch(e.Name())
-		r.Seq, _ = strconv.ParseInt(m[1], 10, 64)
 		reports = append(reports, r)
 	}
 	sort.Slice(reports, func(i, j int) bool { return reports[i].Seq < reports[j].Seq })
@@ -194,8 +196,9 @@ func (s *Spool) Has(jobID string) bool {
 	if err != nil {
 		return false
 	}
+	key := spoolKey(jobID)
 	for _, e := range ents {
-		if m := spoolName.FindStringSubmatch(e.Name()); m != nil && m[2] == jobID {
+		if m := spoolName.FindStringSubmatch(e.Name()); m != nil && m[2] == key {
 			return true
 		}
 	}
@@ -243,5 +246,62 @@ func (s *Spool) Dead() []string {
 
 func (s *Spool) path(r Report) string { return filepath.Join(s.dir, fileName(r)) }
 
-// fileName is r's file name in the spool (and in dead/): <seq>-<jobId>.json.
-func fileName(r Report) string { return fmt.Sprintf("%020d-%s.json", r.Seq, r.JobID) }
+// fileName is r's file name in the spool (and in dead/): the one it was
+// read from, else <seq>-<key>.json.
+func fileName(r Report) string {
+	if r.file != "" {
+		return r.file
+	}
+	return fmt.Sprintf("%020d-%s.json", r.Seq, spoolKey(r.JobID))
+}
+
+// spoolKey is the part of a spool file's name that names its job: the id
+// itself when it is a valid job id, else "x-" and 32 hex digits of its
+// SHA-256 — safe as a file name, and stable, so the file is found again.
+// The content's jobId is what a report is sent for.
+func spoolKey(jobID string) string {
+	if job.ValidID(jobID) {
+		return jobID
+	}
+	sum := sha256.Sum256([]byte(jobID))
+	return "x-" + hex.EncodeToString(sum[:16])
+}
+
+// readReport reads the spool file called name whose content is data: a
+// report, or why it is not one (checkReport). It is the spool's reader;
+// Pending moves what it refuses to dead/.
+func readReport(name string, data []byte) (Report, error) {
+	m := spoolName.FindStringSubmatch(name)
+	if m == nil {
+		return Report{}, errors.New("not a spool file's name")
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Report{}, err
+	}
+	if err := checkReport(r, m[2]); err != nil {
+		return Report{}, err
+	}
+	r.Seq, _ = strconv.ParseInt(m[1], 10, 64)
+	r.file = name
+	return r, nil
+}
+
+// checkReport says what is wrong with r, read from a spool file whose
+// name's key is key: a report of a kind aq does not know, without its
+// body, or whose job is not the one its name says (a file renamed or
+// written by hand: re-sending it would never remove it).
+func checkReport(r Report, key string) error {
+	switch {
+	case r.Kind == KindPatch && r.Patch == nil || r.Kind == KindFail && r.Fail == nil || r.Kind == KindArtifact && r.Artifact == nil ||
+		r.Kind != KindPatch && r.Kind != KindFail && r.Kind != KindArtifact:
+		return errors.New("not a report")
+	case r.JobID == "":
+		return errors.New("the report names no job")
+	case spoolKey(r.JobID) != key:
+		return fmt.Errorf("the file's name says job %s, its content job %s", key, job.Show(r.JobID))
+	case r.Fail != nil && r.Fail.JobID != r.JobID:
+		return fmt.Errorf("the report is for job %s, its fail for job %s", job.Show(r.JobID), job.Show(r.Fail.JobID))
+	}
+	return nil
+}

@@ -21,6 +21,8 @@ type wireTurn struct {
 	jobID string
 	epoch int64
 	waits func() // a report attempt waits for a renewal (a seam for tests)
+	// renewalWaits: a renewal waits for another call on the wire (tests).
+	renewalWaits func()
 
 	mu       sync.Mutex
 	renewing bool          // a renewal is on the wire
@@ -36,6 +38,7 @@ func newWireTurn(jobID string, epoch int64, waits func()) *wireTurn {
 // renewal takes the wire for a renewal, waiting while a report attempt is on
 // it; false when ctx ended or the report may have ended the lease.
 func (w *wireTurn) renewal(ctx context.Context) bool {
+	said := false
 	for {
 		w.mu.Lock()
 		if w.taken {
@@ -49,6 +52,10 @@ func (w *wireTurn) renewal(ctx context.Context) bool {
 		}
 		ch := w.changed
 		w.mu.Unlock()
+		if !said && w.renewalWaits != nil {
+			said = true
+			w.renewalWaits()
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -106,16 +113,50 @@ func (w *wireTurn) signal() {
 	w.changed = make(chan struct{})
 }
 
+// beside takes the wire for a call of the job's that is no report (a live
+// log chunk), waiting while a renewal or a report attempt is on it; false
+// when ctx ended first. So a renewal and a chunk are never on the wire
+// together: after one of them is refused 409, the other sees the fence
+// before it is sent (a fenced factory sends nothing more).
+func (w *wireTurn) beside(ctx context.Context) bool {
+	for {
+		w.mu.Lock()
+		if !w.renewing && !w.sending {
+			w.sending = true
+			w.mu.Unlock()
+			return true
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// besideDone gives the wire back after a call beside the report; it never
+// ends renewals.
+func (w *wireTurn) besideDone() {
+	w.mu.Lock()
+	w.sending = false
+	w.signal()
+	w.mu.Unlock()
+}
+
 // turnKey carries a lease's wireTurn in its terminal report's context
 // (JobLease.Reporting).
 type turnKey struct{}
 
 // turnFor is the wire turn call cl must take, attempt by attempt: the
 // lease's when cl is a report of its job sent on the context Reporting
-// returned, else nil.
+// returned, else nil. The live log's last chunks, sent just before the
+// report on its context, are no report: taking the turn, they would end
+// the renewals before the report went out.
 func turnFor(ctx context.Context, cl call) *wireTurn {
 	w, _ := ctx.Value(turnKey{}).(*wireTurn)
-	if w == nil || cl.name == RouteRenew || cl.jobID != w.jobID || cl.epoch != w.epoch {
+	if w == nil || cl.name == RouteRenew || cl.name == RouteLogAppend || cl.jobID != w.jobID || cl.epoch != w.epoch {
 		return nil
 	}
 	return w

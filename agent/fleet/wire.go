@@ -87,6 +87,8 @@ type LeaseRequest struct {
 // Lease is renew's answer.
 type Lease struct {
 	ExpiresAt time.Time `json:"leaseExpiresAt"`
+	// TTL: see Claim.TTL.
+	TTL float64 `json:"ttl,omitempty"`
 	// LocalExpiry: see Claim.LocalExpiry.
 	LocalExpiry time.Time `json:"-"`
 }

@@ -350,6 +350,7 @@ func answer(err error) string {
 		fe *fleet.FencedError
 		se *fleet.StatusError
 		ae *fleet.AuthError
+		ce *fleet.ContractError
 	)
 	switch {
 	case errors.As(err, &fe):
@@ -360,6 +361,10 @@ func answer(err error) string {
 		return fmt.Sprintf("refused the check's factory token (%d %s)", ae.Status, http.StatusText(ae.Status)) + detail(ae.Detail)
 	case errors.As(err, &se) && se.Status != 0:
 		return fmt.Sprintf("answered %d %s", se.Status, http.StatusText(se.Status)) + detail(se.Detail)
+	case errors.As(err, &ce) && ce.Cap > 0:
+		return fmt.Sprintf("answered %d %s over the size cap", ce.Status, http.StatusText(ce.Status))
+	case errors.As(err, &ce):
+		return fmt.Sprintf("answered %d %s that is not the contract's JSON (%s)", ce.Status, http.StatusText(ce.Status), ce.ContentType) + detail(ce.Detail)
 	}
 	return err.Error()
 }

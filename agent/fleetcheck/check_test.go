@@ -123,6 +123,7 @@ func TestBreaksAreCaught(t *testing.T) {
 		{coord.BreakIgnoreNotBefore, map[string]Verdict{RuleParkHolds: Missing, RuleParkNoAttempt: Missing, RuleVersionDue: Unchecked}},
 		{coord.BreakDoubleLease, map[string]Verdict{RuleAcceptHeld: Wrong}},
 		{coord.BreakFrozenVersion, map[string]Verdict{RuleVersionMoves: Wrong, RuleVersionDue: Wrong}},
+		{coord.BreakLogStaleEpoch, map[string]Verdict{RuleLogRoutes: Wrong}},
 	} {
 		t.Run(tc.brk, func(t *testing.T) {
 			t.Parallel()
@@ -131,7 +132,7 @@ func TestBreaksAreCaught(t *testing.T) {
 				want, broken := tc.rows[row.ID]
 				if !broken {
 					want = Present
-					if row.ID == RuleLogRoutes || row.ID == RuleBroker {
+					if row.ID == RuleBroker {
 						want = Unchecked
 					}
 				}
@@ -160,7 +161,8 @@ func TestEveryBreakTested(t *testing.T) {
 	}
 	for _, b := range coord.AllBreaks {
 		name := map[string]string{coord.BreakStaleEpoch: "BreakStaleEpoch", coord.BreakDropCheckpoint: "BreakDropCheckpoint", coord.BreakResendConflict: "BreakResendConflict",
-			coord.BreakIgnoreNotBefore: "BreakIgnoreNotBefore", coord.BreakDoubleLease: "BreakDoubleLease", coord.BreakFrozenVersion: "BreakFrozenVersion"}[b]
+			coord.BreakIgnoreNotBefore: "BreakIgnoreNotBefore", coord.BreakDoubleLease: "BreakDoubleLease", coord.BreakFrozenVersion: "BreakFrozenVersion",
+			coord.BreakLogStaleEpoch: "BreakLogStaleEpoch"}[b]
 		if name == "" || !strings.Contains(string(src), "{coord."+name+",") {
 			t.Errorf("break %s has no case in TestBreaksAreCaught", b)
 		}

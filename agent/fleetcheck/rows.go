@@ -129,7 +129,10 @@ var catalogue = []spec{
 	{ID: RuleArtifactsBytes, Section: SecArtifact, Check: "an artifact reads back as the bytes uploaded",
 		IfWrong: "aq job logs shows other bytes than the factory sent"},
 
-	{ID: RuleLogRoutes, Section: SecLogs, Check: "live log chunks (write and follow)"},
+	{ID: fleet.RouteLogAppend, Section: SecLogs, Route: true},
+	{ID: fleet.RouteLogRead, Section: SecLogs, Route: true},
+	{ID: RuleLogRoutes, Section: SecLogs, Check: "live log chunks (write and follow)",
+		IfWrong: "a follower sees another log than the engine wrote: chunks lost, doubled or out of order, a fenced factory's output in the new run's log, or a run that never ends"},
 
 	{ID: fleet.RouteSubmit, Section: SecSubmit, Route: true},
 	{ID: RuleSubmitResend, Section: SecSubmit, Check: "a re-sent submit answers the same job",

@@ -80,7 +80,9 @@ func (c *checker) enroll(ctx context.Context) error {
 		return err
 	case fleet.IsRouteAbsent(err):
 		return &NotCoordinatorError{API: c.fac.API(), Why: "it has no " + fleet.RouteEnroll + " route (" + evidence(err) + ")"}
-	case errors.As(err, &se):
+	case errors.As(err, &se), fleet.IsContract(err):
+		// A refusal, or an answer that is not the contract's JSON (a web
+		// server's page): not a coordinator.
 		return &NotCoordinatorError{API: c.fac.API(), Why: fleet.RouteEnroll + " " + answer(err)}
 	default:
 		return err
@@ -122,7 +124,6 @@ func (c *checker) steps(ctx context.Context) error {
 
 // beyond says what the check does not reach over REST.
 func (c *checker) beyond(context.Context) error {
-	c.unchecked(RuleLogRoutes, "this aq has no live-log routes yet (docs/contract.md, \"Live logs\")")
 	c.unchecked(RuleBroker, "the check speaks REST only; a factory's dispatch metrics and aq servicebus ensure-subscription show the broker's side")
 	return nil
 }
@@ -427,6 +428,80 @@ func (c *checker) leaseA(ctx context.Context) error {
 	c.staleEpoch(ctx, a, e1, e2)
 	c.resends = append(c.resends, resends...)
 	c.epochA = e2
+	return c.liveLog(ctx, a, e1, e2)
+}
+
+// liveLog writes A's run at epoch cur as a factory streams it — a line, its
+// re-send, a gap, an offset that does not follow, a chunk of the stale
+// epoch old, the end — and reads it back as a follower does.
+func (c *checker) liveLog(ctx context.Context, id string, old, cur int64) error {
+	text := "aq fleet check: a line of " + id + "'s engine\n"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte(text))
+	_ = zw.Close()
+	n := int64(len(text))
+	line := fleet.LogChunk{Attempt: 1, LeaseEpoch: cur, Seq: 1, Offset: 0, Kind: fleet.LogOutput, Size: n,
+		Encoding: "gzip", Data: base64.StdEncoding.EncodeToString(gz.Bytes())}
+	_, err := c.fac.AppendLog(ctx, id, line)
+	wrote, stop := c.route(fleet.RouteLogAppend, err)
+	if stop != nil {
+		return stop
+	}
+	var wrong []string
+	if wrote {
+		expect := func(what string, ch fleet.LogChunk, next int64, want string) {
+			a, err := c.fac.AppendLog(ctx, id, ch)
+			var got string
+			if le, ok := fleet.IsLogOffset(err); ok {
+				if want == "416" && le.Next == next {
+					return
+				}
+				got = fmt.Sprintf("416 with next %d", le.Next)
+			}
+			switch {
+			case got != "":
+			case want == "409" && fleet.IsFenced(err):
+				return
+			case err == nil && want == "200" && a.Next == next:
+				return
+			case err == nil:
+				got = fmt.Sprintf("200 with next %d", a.Next)
+			default:
+				got = answer(err)
+			}
+			wrong = append(wrong, fmt.Sprintf("%s: %s, want %s (next %d)", what, got, want, next))
+		}
+		expect("the line re-sent", line, n, "200")
+		expect("a gap", fleet.LogChunk{Attempt: 1, LeaseEpoch: cur, Seq: 2, Offset: n, Kind: fleet.LogGap, Size: 100}, n+100, "200")
+		expect("an offset that does not follow", fleet.LogChunk{Attempt: 1, LeaseEpoch: cur, Seq: 3, Offset: 3, Kind: fleet.LogGap, Size: 1}, n+100, "416")
+		expect("a chunk of the stale epoch", fleet.LogChunk{Attempt: 1, LeaseEpoch: old, Seq: 9, Offset: 0, Kind: fleet.LogGap, Size: 1}, 0, "409")
+		expect("the end", fleet.LogChunk{Attempt: 1, LeaseEpoch: cur, Seq: 3, Offset: n + 100, Kind: fleet.LogOutput, End: true}, n+100, "200")
+	}
+	p, err := c.op.ReadLog(ctx, id, fleet.LogQuery{Epoch: cur})
+	read, stop := c.route(fleet.RouteLogRead, err)
+	switch {
+	case stop != nil:
+		return stop
+	case !wrote:
+		c.unchecked(RuleLogRoutes, "no live log was written")
+		return nil
+	case !read:
+		c.unchecked(RuleLogRoutes, "the live log could not be read")
+		return nil
+	}
+	want := []fleet.LogRecord{{Offset: 0, Kind: fleet.LogOutput, Size: n, Text: text}, {Offset: n, Kind: fleet.LogGap, Size: 100}}
+	switch {
+	case !slices.Equal(p.Records, want):
+		wrong = append(wrong, fmt.Sprintf("read back %d records (next %d), not the line and the gap written", len(p.Records), p.Next))
+	case !p.Ended:
+		wrong = append(wrong, "the run is not ended after its end")
+	}
+	if len(wrong) > 0 {
+		c.wrong(RuleLogRoutes, strings.Join(wrong, "; "))
+		return nil
+	}
+	c.present(RuleLogRoutes)
 	return nil
 }
 

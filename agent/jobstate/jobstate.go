@@ -37,14 +37,19 @@ type Record struct {
 	// Delivered is the result commit this factory pushed to origin's Branch,
 	// recorded before the final report: a job whose result is on origin is
 	// reported, never run again.
-	Delivered string        `json:"delivered,omitempty"`
-	PR        string        `json:"pr,omitempty"`
-	Insights  *job.Insights `json:"insights,omitempty"`
-	Source    string        `json:"source,omitempty"` // "broker" or "poll"
-	PID       int           `json:"pid,omitempty"`    // the aq process running it
-	StartedAt time.Time     `json:"startedAt,omitzero"`
-	EndedAt   time.Time     `json:"endedAt,omitzero"`
-	UpdatedAt time.Time     `json:"updatedAt"`
+	Delivered string `json:"delivered,omitempty"`
+	PR        string `json:"pr,omitempty"`
+	// ReportRefused says why the coordinator refused this job's terminal
+	// report (a 4xx other than 409, or an answer that is not the
+	// contract's JSON): the coordinator does not have the outcome above;
+	// the report is kept in $AQ_HOME/spool/dead. `aq job show` says so.
+	ReportRefused string        `json:"reportRefused,omitempty"`
+	Insights      *job.Insights `json:"insights,omitempty"`
+	Source        string        `json:"source,omitempty"` // "broker" or "poll"
+	PID           int           `json:"pid,omitempty"`    // the aq process running it
+	StartedAt     time.Time     `json:"startedAt,omitzero"`
+	EndedAt       time.Time     `json:"endedAt,omitzero"`
+	UpdatedAt     time.Time     `json:"updatedAt"`
 }
 
 // Running reports whether the record says the job is still being worked on

@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
@@ -251,4 +254,84 @@ func submit(tb testing.TB, a *local.Agent, name, front string) {
 	if _, err := a.Queue.Submit(j, raw); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// BenchmarkSandboxJobStart is the sandbox's cost per job
+// (docs/BENCHMARKS.md, "#23 The sandbox"): one op is one warm job (a
+// pooled worktree, the no-op engine, ship: none) through the local agent
+// as `aq run` runs it, once sandboxed (AQ_SANDBOX=auto: full here) and once
+// unsandboxed (AQ_SANDBOX=off), interleaved so both meet the same load,
+// each with the test binary as aq (the sandbox's init, the engine's
+// supervisor). It reports each side's p50 and p99 in ms and what the
+// sandbox adds at both: the whole of it — the job's directory, the
+// engine's and verify's sandboxes, their removal.
+func BenchmarkSandboxJobStart(b *testing.B) {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	front := "repo: bench\nengine: script\nship: none\nverify: test -f f\nscript: \"echo x > f\""
+	type side struct {
+		a     *local.Agent
+		times []time.Duration
+	}
+	mk := func(mode sandbox.Mode) *side {
+		h := testenv.NewHome(b)
+		benchRepo(b, h.RepoBase, benchFiles())
+		cfg := &config.Config{Home: h.Dir, RepoBase: h.RepoBase, KillGrace: 200 * time.Millisecond, Poll: time.Second,
+			WorktreePool: 1, Supervisor: exe, Sandbox: mode}
+		a, err := local.New(cfg, testLogger(b), secrets.FromEnviron(), local.Parts{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := &side{a: a}
+		submit(b, a, "warm-"+string(mode), front) // the pool's worktree, untimed
+		if _, err := a.RunOne(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	sides := map[sandbox.Mode]*side{sandbox.ModeAuto: mk(sandbox.ModeAuto), sandbox.ModeOff: mk(sandbox.ModeOff)}
+	if lvl := sides[sandbox.ModeAuto].a.Runner.Sandbox.Level(); lvl != sandbox.LevelFull {
+		b.Skipf("this host sandboxes at level %s, not full", lvl)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		order := []sandbox.Mode{sandbox.ModeAuto, sandbox.ModeOff}
+		if i%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, mode := range order {
+			s := sides[mode]
+			b.StopTimer()
+			submit(b, s.a, "sb-"+string(mode)+"-"+strconv.Itoa(i), front)
+			b.StartTimer()
+			t0 := time.Now()
+			res, err := s.a.RunOne(context.Background())
+			s.times = append(s.times, time.Since(t0))
+			if err != nil || res.Stage != job.Testing && res.Stage != job.Review {
+				b.Fatalf("%s job %d: err %v, result %+v", mode, i, err, res)
+			}
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	on, off := sides[sandbox.ModeAuto].times, sides[sandbox.ModeOff].times
+	b.ReportMetric(ms(percentile(off, 50)), "off-p50-ms")
+	b.ReportMetric(ms(percentile(off, 99)), "off-p99-ms")
+	b.ReportMetric(ms(percentile(on, 50)), "sandboxed-p50-ms")
+	b.ReportMetric(ms(percentile(on, 99)), "sandboxed-p99-ms")
+	b.ReportMetric(ms(percentile(on, 50)-percentile(off, 50)), "added-p50-ms")
+	b.ReportMetric(ms(percentile(on, 99)-percentile(off, 99)), "added-p99-ms")
+}
+
+// percentile is the p-th percentile of ds (nearest rank).
+func percentile(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	i := max((len(s)*p+99)/100, 1)
+	return s[i-1]
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/lifecycle"
+	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/notify"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
@@ -46,7 +47,16 @@ type Agent struct {
 	Catalog *profiles.Catalog
 	// Host detects this host's capabilities; called once per Agent.
 	Host func(ctx context.Context) (*caps.Host, error)
-	Log  *slog.Logger
+	// Policy is what this factory runs (AQ_ENGINES): a taken job is
+	// admitted under it (manifest.Check) before anything is prepared. The
+	// zero Policy allows every engine.
+	Policy manifest.Policy
+	// HostCheck, when set, says whether this host can run a job ($AQ_HOME
+	// takes writes: hostfault): asked before a job starts and after a run
+	// that failed; its error makes the job fail host_unavailable (back to
+	// the inbox, the host's fault, not the job's).
+	HostCheck func() error
+	Log       *slog.Logger
 	// OnEvent, if set, receives each running job's progress (started, usage,
 	// checkpoint).
 	OnEvent func(jobID string, e runner.Event)
@@ -250,7 +260,22 @@ func (q *queuedJob) Begin(context.Context, context.CancelCauseFunc) (lifecycle.L
 
 func (q *queuedJob) Parse() (*job.Job, error) { return q.a.Parse(q.path) }
 
-func (q *queuedJob) Start(context.Context, *job.Job) *runner.Outcome { return nil }
+// Start admits the job under the factory's policy (manifest.Check: its
+// engine is one this factory runs) before anything is prepared; a refusal
+// fails it there.
+func (q *queuedJob) Start(_ context.Context, j *job.Job) *runner.Outcome {
+	if q.a.HostCheck != nil {
+		if err := q.a.HostCheck(); err != nil {
+			q.log.Error("this host cannot run the job: back to the inbox", "reason", job.ReasonHostUnavailable, "err", err)
+			return &runner.Outcome{Stage: job.Failed, Reason: job.ReasonHostUnavailable, Detail: brief.Head(err.Error()) + "; the job did not start"}
+		}
+	}
+	if ref := manifest.Check(j, q.a.Policy); ref != nil {
+		q.log.Error("job refused before anything ran", "reason", ref.Reason, "why", ref.Msg)
+		return &runner.Outcome{Stage: job.Failed, Reason: ref.Reason, Detail: ref.Msg}
+	}
+	return nil
+}
 
 func (q *queuedJob) Event(context.Context, runner.Event) {}
 
@@ -288,6 +313,15 @@ func (q *queuedJob) Report(_ context.Context, k lifecycle.Kind, j *job.Job, out 
 		s.Stage, s.Err = job.Inbox, q.a.Queue.Park(id, out.Reason, out.Parked, out.Detail, out.ParkedUntil, record)
 		log.Warn("job parked", "stage", job.Inbox, "parked", out.Parked, "until", out.ParkedUntil.Format(time.RFC3339), "detail", out.Detail, "checkpoint", out.Checkpoint)
 	case lifecycle.Failed, lifecycle.Fenced:
+		if k == lifecycle.Failed && out.Reason != job.ReasonHostUnavailable && q.a.HostCheck != nil {
+			// A run that failed on a host that cannot write $AQ_HOME (an
+			// engine's "I/O error"): the host's fault, not the job's.
+			if err := q.a.HostCheck(); err != nil {
+				log.Error("the run failed on a host that cannot write $AQ_HOME: host_unavailable", "run", out.Reason, "err", err)
+				out.Detail = brief.Head(err.Error()) + "; the run ended " + string(out.Reason) + ": " + out.Detail
+				out.Reason = job.ReasonHostUnavailable
+			}
+		}
 		s.Stage, s.Err = q.a.Queue.Fail(id, out.Reason, out.Detail, record)
 		log.Warn("job failed", "stage", s.Stage, "reason", out.Reason, "detail", out.Detail, "checkpoint", out.Checkpoint)
 	default:

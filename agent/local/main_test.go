@@ -10,17 +10,33 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+// TestMain lets the test binary stand in for aq where a test gives the
+// runner a supervisor and a sandbox (the sandboxed benchmark): re-executed,
+// it is the sandbox's init or the engine's supervisor.
+func TestMain(m *testing.M) {
+	if code, ok := sandbox.MaybeInit(); ok {
+		os.Exit(code)
+	}
+	if code, ok := process.MaybeSupervise(); ok {
+		os.Exit(code)
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // newAgent builds the local agent the way `aq run` does, on h, with a short
 // kill ladder. Its log goes to the test's log (benchmarks: discarded).
 func newAgent(tb testing.TB, h *testenv.Home, parts ...local.Parts) *local.Agent {
 	tb.Helper()
-	cfg := &config.Config{Home: h.Dir, RepoBase: h.RepoBase, KillGrace: 200 * time.Millisecond, Poll: time.Second, WorktreePool: 1}
+	// MARK reaches the engines as an operator passes a variable
+	// (AQ_ENGINE_ENV): an engine's environment is built, not inherited.
+	cfg := &config.Config{Home: h.Dir, RepoBase: h.RepoBase, KillGrace: 200 * time.Millisecond, Poll: time.Second, WorktreePool: 1,
+		EngineEnv: []string{"MARK"}}
 	var p local.Parts
 	if len(parts) > 0 {
 		p = parts[0]

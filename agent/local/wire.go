@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
@@ -31,6 +32,9 @@ type Parts struct {
 	// job's end (nil: off).
 	Tracer   trace.Tracer
 	Notifier *notify.Notifier
+	// Queue are further options of the queue (queue.WithWait: the CLI's
+	// signal-aware waits).
+	Queue []queue.Option
 }
 
 // New builds the local agent from configuration: the queue under
@@ -40,7 +44,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 	parse := func(path string) (*job.Job, error) { return manifest.ParseFile(path, cat) }
 	// The queue first: an AQ_HOME that cannot be used is a usage error that
 	// names it, whatever else under it (profiles) would fail next.
-	q, err := queue.Open(cfg.QueueDir(), queue.WithParser(parse))
+	q, err := queue.Open(cfg.QueueDir(), append([]queue.Option{queue.WithParser(parse)}, parts.Queue...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -64,11 +68,13 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		WorktreesDir: cfg.WorktreesDir(),
 		Parse:        parse,
 		Catalog:      cat,
+		Policy:       manifest.Policy{Engines: cfg.RunEngines(false)},
+		HostCheck:    func() error { return hostfault.Probe(filepath.Join(cfg.Home, "state")) },
 		Host: func(ctx context.Context) (*caps.Host, error) {
 			// Probes of unchanged engine binaries come from the cache:
 			// `aq run --once` after `aq run --once` runs none.
 			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs),
-				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
+				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)), Engines: cfg.RunEngines(false), EnginesListed: cfg.EnginesExplicit()})
 		},
 		Log:      log,
 		Tracer:   parts.Tracer,

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/job"
 )
 
 // FuzzParse: Parse never panics; every accepted job has a valid id and repo
@@ -78,14 +79,57 @@ func FuzzParse(f *testing.F) {
 		if strings.TrimSpace(j.Body) == "" {
 			t.Fatalf("accepted an empty prompt")
 		}
-		if CheckBranch(j.Base) != "" {
+		if CheckBranch(j.Base) != "" || CheckBase(j.ID, j.Base) != "" {
 			t.Fatalf("accepted base %q", j.Base)
+		}
+		if !job.ValidID(j.ID) {
+			t.Fatalf("accepted id %q", j.ID)
+		}
+		// A title never carries what could steer a terminal (issue #26).
+		if strings.ContainsAny(j.Title, "\x1b\x07\r\n\x00") {
+			t.Fatalf("accepted title %q", j.Title)
 		}
 		if j.Budget.Wall <= 0 {
 			t.Fatalf("accepted wall %v", j.Budget.Wall)
 		}
 		if len(data) > MaxSize {
 			t.Fatalf("accepted %d bytes", len(data))
+		}
+	})
+}
+
+// FuzzAdmit: a job from the coordinator — its id, repo, the id asked for
+// and its manifest — is admitted only when the one admission rule holds
+// (issue #26): a valid id that is the manifest's and the one asked for, a
+// repository named (never by URL or path) and agreeing, a base to start
+// from. A refusal is a reason and a message; invalid_job's is one short
+// printable line. The seed corpus is testdata/fuzz/FuzzAdmit.
+func FuzzAdmit(f *testing.F) {
+	f.Add("j1", "app", "", "---\nid: j1\nrepo: app\nengine: script\nscript: make\n---\n# x\n", false)
+	f.Fuzz(func(t *testing.T, id, repo, asked, body string, noScript bool) {
+		p := Policy{}
+		if noScript {
+			p.Engines = []string{"claude", "codex", "devin"}
+		}
+		j, ref := Admit(Wire{ID: id, Repo: repo, Asked: asked, BodyMd: body}, nil, p)
+		if ref != nil {
+			if j != nil || ref.Reason == "" || ref.Msg == "" {
+				t.Fatalf("refusal %+v with job %v", ref, j)
+			}
+			if ref.Reason != job.ReasonInvalidManifest && (len(ref.Msg) > 600 || strings.ContainsAny(ref.Msg, "\n\r\x1b")) {
+				t.Fatalf("refusal is not one short printable line: %q", ref.Msg)
+			}
+			return
+		}
+		switch {
+		case !job.ValidID(j.ID) || j.ID != id || asked != "" && asked != id:
+			t.Fatalf("admitted id %q (coordinator %q, asked %q)", j.ID, id, asked)
+		case mdmeta.CheckName(j.Repo) != "" || j.RepoURL != "" || repo != "" && repo != j.Repo:
+			t.Fatalf("admitted repo %q (url %q, coordinator %q)", j.Repo, j.RepoURL, repo)
+		case CheckBase(j.ID, j.Base) != "":
+			t.Fatalf("admitted base %q", j.Base)
+		case noScript && j.Engine == "script":
+			t.Fatal("admitted a script job on a factory that does not run script")
 		}
 	})
 }

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -85,27 +84,30 @@ func ReadFile(path string) ([]byte, error) {
 }
 
 // UnreadableError is a manifest file that could not be read at all: it does
-// not exist, cannot be opened or read, or is a directory. Commands treat it
-// as a usage error (exit 2, docs/troubleshooting.md), where a file that was
-// read and is invalid is the manifest's problem. errors.As finds the Errors
-// inside.
+// not exist, cannot be opened or read, or is not a regular file (a
+// directory, a FIFO, a device). Commands treat it as a usage error (exit 2,
+// docs/troubleshooting.md), where a file that was read and is invalid is
+// the manifest's problem. errors.As finds the Errors inside.
 type UnreadableError struct{ Errors Errors }
 
 func (e *UnreadableError) Error() string { return e.Errors.Error() }
 func (e *UnreadableError) Unwrap() error { return e.Errors }
 
 func readFile(path string) (data []byte, msg, fix string, unreadable bool) {
-	f, err := os.Open(path)
-	if err != nil {
+	f, kind, err := mdmeta.OpenRegular(path)
+	switch {
+	case err != nil:
 		return nil, "cannot read: " + errText(err), "check the path and its permissions", true
+	case kind == "a directory":
+		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md"), true
+	case kind != "":
+		// Never opened for reading: a FIFO would wait for a writer.
+		return nil, "is " + kind + ", not a manifest file", "name a regular .md file (to check a generated manifest, write it to a file first)", true
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, "cannot read: " + errText(err), "check the path and its permissions", true
-	}
-	if st.IsDir() {
-		return nil, "is a directory, not a manifest", "name the .md files, e.g. " + filepath.Join(path, "*.md"), true
 	}
 	if st.Mode().IsRegular() && st.Size() > MaxSize {
 		return nil, fmt.Sprintf("file is %d bytes, over the %d byte (1 MiB) limit", st.Size(), MaxSize), mdmeta.TooBigFix, false
@@ -342,12 +344,8 @@ func (p *parser) decode() {
 // branches aq/job/<id> and aq/wip/<id>, so they may not end in ".lock" or
 // "." either, which git refuses in a branch name.
 func (p *parser) checkID(line int, what, v string) bool {
-	msg := mdmeta.CheckName(v)
-	if msg == "" && (strings.HasSuffix(v, ".lock") || strings.HasSuffix(v, ".")) {
-		msg = `ends in ".lock" or ".", which git refuses in the branch aq/job/<id>`
-	}
-	if msg != "" {
-		p.d.Addf(line, "ids use letters, digits, '.', '_' and '-', e.g. fix-login-redirect", "%s %q %s", what, v, msg)
+	if msg := job.CheckID(v); msg != "" {
+		p.d.Addf(line, "ids use letters, digits, '.', '_' and '-', e.g. fix-login-redirect", "%s %s %s", what, job.Show(v), msg)
 		return false
 	}
 	return true
@@ -362,11 +360,8 @@ func (p *parser) defaultID() {
 	if ext := filepath.Ext(base); strings.EqualFold(ext, ".md") {
 		base = base[:len(base)-len(ext)]
 	}
-	if msg := mdmeta.CheckName(base); msg != "" || strings.HasSuffix(base, ".lock") || strings.HasSuffix(base, ".") {
-		if msg == "" {
-			msg = `ends in ".lock" or "."`
-		}
-		p.d.Addf(p.doc.OpenLine, "add an id: key, or rename the file", "no id: is set and the file name gives the id %q, which %s", base, msg)
+	if msg := job.CheckID(base); msg != "" {
+		p.d.Addf(p.doc.OpenLine, "add an id: key, or rename the file", "no id: is set and the file name gives the id %s, which %s", job.Show(base), msg)
 		return
 	}
 	p.j.ID = base
@@ -499,7 +494,9 @@ func (p *parser) applyDefaults() {
 		j.Retry.Backoff = job.Duration(job.DefaultBackoff)
 	}
 	if j.Title == "" {
-		j.Title = p.h1
+		// The body's heading is prose: it may hold what a title: may not
+		// (an escape sequence, a tab), which must never reach a terminal.
+		j.Title = clipRunes(strings.TrimSpace(job.Printable(p.h1, false)), MaxTitle)
 	}
 	if j.Title == "" {
 		j.Title = j.ID
@@ -530,6 +527,11 @@ func (p *parser) check() {
 			}
 		}
 	}
+	if line, set := p.at["base"]; set && CheckBranch(j.Base) == "" {
+		if msg := CheckBase(j.ID, j.Base); msg != "" {
+			d.Addf(line, "name the branch the work starts from, e.g. base: main", "base %q %s", j.Base, msg)
+		}
+	}
 	for _, dep := range j.Deps {
 		if dep == j.ID && j.ID != "" {
 			d.Addf(p.at["deps"], "remove it from deps", "the job %q depends on itself", dep)
@@ -551,6 +553,14 @@ func checkText(s string, max int) string {
 		}
 	}
 	return ""
+}
+
+// clipRunes cuts s to at most max runes.
+func clipRunes(s string, max int) string {
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	return string([]rune(s)[:max])
 }
 
 // oneOf is the fix for a value that must be one of allowed.

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"github.com/gofrs/flock"
 
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/lockwait"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -34,6 +36,11 @@ type Queue struct {
 	mu    sync.Mutex
 	lock  *flock.Flock
 	cache sidecarCache
+
+	// waitCtx ends a wait for the queue's lock (WithWait); notice is told
+	// what it waits for after a second.
+	waitCtx context.Context
+	notice  func(msg string)
 }
 
 // Option configures a Queue.
@@ -49,6 +56,14 @@ func WithClock(now func() time.Time) Option { return func(q *Queue) { q.now = no
 // moves the job to failed with reason invalid_manifest.
 func WithParser(parse func(path string) (*job.Job, error)) Option {
 	return func(q *Queue) { q.parse = parse }
+}
+
+// WithWait makes every wait for the queue's lock end with ctx (an
+// interrupted wait is a *lockwait.Interrupted error: nothing was changed)
+// and, after a second, tell notice what it waits for and which process holds
+// the lock. Without it a wait lasts until the lock is free.
+func WithWait(ctx context.Context, notice func(msg string)) Option {
+	return func(q *Queue) { q.waitCtx, q.notice = ctx, notice }
 }
 
 // WithOwner sets the host name and process id recorded on jobs this Queue
@@ -122,7 +137,10 @@ func (q *Queue) clock() time.Time { return q.now().UTC().Round(0) }
 func (q *Queue) locked(fn func() error) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err := q.lock.Lock(); err != nil {
+	if err := lockwait.Lock(q.ctx(), q.lock, lockwait.Options{What: q.lockName(), Notice: q.notice}); err != nil {
+		if lockwait.IsInterrupted(err) {
+			return err
+		}
 		return fmt.Errorf("lock the local queue %s: %w", q.lock.Path(), err)
 	}
 	defer q.lock.Unlock()
@@ -134,12 +152,24 @@ func (q *Queue) locked(fn func() error) error {
 // uses its own file descriptor, so it also excludes this process's writers.
 func (q *Queue) sharedLocked(fn func() error) error {
 	l := flock.New(q.lock.Path(), flock.SetFlag(os.O_RDONLY))
-	if err := l.RLock(); err != nil {
+	if err := lockwait.Lock(q.ctx(), l, lockwait.Options{What: q.lockName(), Shared: true, Notice: q.notice}); err != nil {
+		if lockwait.IsInterrupted(err) {
+			return err
+		}
 		return fmt.Errorf("lock the local queue %s: %w", q.lock.Path(), err)
 	}
 	defer l.Unlock()
 	return fn()
 }
+
+func (q *Queue) ctx() context.Context {
+	if q.waitCtx != nil {
+		return q.waitCtx
+	}
+	return context.Background()
+}
+
+func (q *Queue) lockName() string { return "the local queue's lock (" + q.lock.Path() + ")" }
 
 func (q *Queue) md(stage job.Stage, id string) string {
 	return filepath.Join(q.dir, string(stage), id+".md")

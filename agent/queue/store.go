@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -243,6 +244,14 @@ func (q *Queue) commitMoveLocked(st *State, to job.Stage, tr Transition) error {
 		return fmt.Errorf("job %s: move to %s: %w", st.ID, to, err)
 	}
 	if err := q.writeSidecarBytes(to, st.ID, data); err != nil {
+		if hostfault.Is(err) {
+			// The file system takes no writes (full, read-only, failing):
+			// the move stands on the rename alone — the manifest's folder
+			// is the job's stage; the old sidecar, left where it was, is
+			// adopted by the next operation that can write (loadAtLocked).
+			// Putting the manifest back would strand the job in building.
+			return &MovedUnrecordedError{ID: st.ID, To: to, Err: err}
+		}
 		// Put the manifest back so the old sidecar is right again; if even that
 		// fails, the next locked operation adopts the old sidecar.
 		if os.Rename(dst, src) == nil {
@@ -259,6 +268,23 @@ func (q *Queue) commitMoveLocked(st *State, to job.Stage, tr Transition) error {
 	}
 	return nil
 }
+
+// MovedUnrecordedError is a move that the file system let happen only as
+// a rename: the job is in To (its manifest's folder), but its state, the
+// transition's reason and detail included, could not be written (the
+// host's file system is full, read-only or failing). Nothing is lost that
+// was recorded before; the next operation that can write reconciles it.
+type MovedUnrecordedError struct {
+	ID  string
+	To  job.Stage
+	Err error
+}
+
+func (e *MovedUnrecordedError) Error() string {
+	return fmt.Sprintf("job %s is in %s, but its state could not be recorded: %v", e.ID, e.To, e.Err)
+}
+
+func (e *MovedUnrecordedError) Unwrap() error { return e.Err }
 
 // loadLocked returns the job's state at its manifest's stage, repairing on
 // the way: a sidecar left in another stage is adopted, a missing one is

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,20 +18,27 @@ import (
 
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/engines"
-	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
 )
 
 func (ru *run) spec() engines.Spec {
-	j := ru.j
-	withPersona := true
-	if ru.eng != nil && ru.eng.Name() == "claude" {
-		withPersona = false // claude takes it through --append-system-prompt
+	name := ru.j.Engine
+	if ru.eng != nil {
+		name = ru.eng.Name()
 	}
-	env := secrets.EngineEnv(ru.r.env())
-	if ru.r.Cfg.ClaudeTelemetry && ru.eng != nil && ru.eng.Name() == "claude" {
-		env = telemetry.ClaudeEnv(env, j.ID)
+	return ru.specFor(name)
+}
+
+// specFor is the spec of the job's run on engine name, with that engine's
+// environment (engineEnv).
+func (ru *run) specFor(name string) engines.Spec {
+	j := ru.j
+	withPersona := name != "claude" // claude takes it through --append-system-prompt
+	env := ru.engineEnv(name)
+	var stateDir string
+	if ru.jail != nil {
+		stateDir = ru.jail.Policy().StateDir()
 	}
 	spec := engines.Spec{
 		JobID:          j.ID,
@@ -41,18 +49,45 @@ func (ru *run) spec() engines.Spec {
 		Model:          j.Model,
 		Script:         j.Script,
 		Budget:         ru.budgetLeft(),
-		PermissionMode: ru.r.Cfg.PermissionMode,
+		PermissionMode: ru.permissionMode(),
+		CodexSandbox:   ru.codexSandbox(),
 		LogDir:         ru.logDir,
 		Attempt:        ru.o.Attempt,
 		Env:            env,
 		Grace:          ru.r.Cfg.Grace,
 		Supervisor:     ru.r.Cfg.Supervisor,
+		Jail:           ru.jailed(),
+		StateDir:       stateDir,
 		Redactor:       ru.r.Redactor,
 		Prices:         ru.r.Cfg.Prices,
 		Flags:          ru.info.Flags,
 	}
 	ru.repairSpec(&spec)
 	return spec
+}
+
+// engineEnv is engine name's environment (engines.Environ: a documented
+// base, the engine's own variables, AQ_ENGINE_ENV); "" is a job's verify
+// command's. With AQ_CLAUDE_TELEMETRY, claude also gets the OTLP exporter's
+// settings (never its headers: aq's secrets) and the switches that turn its
+// export on.
+func (ru *run) engineEnv(name string) []string {
+	pass := ru.r.Cfg.EngineEnv
+	telem := ru.r.Cfg.ClaudeTelemetry && name == "claude"
+	if telem {
+		for _, kv := range ru.r.env() {
+			if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "OTEL_") {
+				pass = append(append([]string{}, pass...), k)
+			}
+		}
+	}
+	// The sandbox's own (the job's HOME and TMPDIR, its proxy) go over
+	// the base.
+	env := ru.sandboxEnv(engines.Environ(ru.r.env(), name, pass))
+	if telem {
+		env = telemetry.ClaudeEnv(env, ru.j.ID)
+	}
+	return env
 }
 
 func (r *Runner) env() []string {
@@ -113,13 +148,14 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 			cancel(job.Stop(job.ReasonBudgetExceeded, fmt.Sprintf("%d tokens over budget %d%s", total.Tokens(), j.Budget.Tokens, ru.acrossRounds())))
 		}
 	})
-	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath)
+	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath, "sandbox", ru.sandboxLevel())
 	stopPeriodic := ru.startPeriodic(trace.ContextWithSpan(runCtx, jobSpan))
 	started := time.Now()
 	res, err = ru.eng.Run(runCtx, spec)
 	ru.runTime = time.Since(started)
 	ru.engineTime += ru.runTime
 	stopPeriodic()
+	ru.afterSandboxed()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {
 		res.Usage = last
@@ -205,6 +241,9 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 	in.ExitCode = res.ExitCode
 
 	if ru.out.Reason != "" { // stopped by its own budget
+		return false
+	}
+	if ru.sandboxFailure("the engine", err, res.Process.OOM && res.Outcome != engines.Succeeded) {
 		return false
 	}
 	if err != nil {

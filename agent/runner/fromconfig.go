@@ -11,6 +11,7 @@ import (
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -22,8 +23,14 @@ type Parts struct {
 	Redactor *secrets.Redactor
 	// FetchBase: fleet mode starts from origin/<base> (see Config).
 	FetchBase bool
+	// Fleet: the runner runs fleet jobs (AQ_ENGINES' default leaves
+	// script out).
+	Fleet bool
 	// Tracer records the runs' steps (nil: none).
 	Tracer trace.Tracer
+	// Egress starts sandboxed jobs' egress proxies (nil: no network in the
+	// sandbox).
+	Egress Egress
 }
 
 // FromConfig builds the runner local and fleet mode share: its paths, kill
@@ -50,11 +57,14 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 	return &Runner{
 		Cfg: Config{
 			Home: cfg.Home, RepoBase: cfg.RepoBase, Grace: cfg.KillGrace,
-			PermissionMode: cfg.ClaudePermissionMode, Prices: prices, FetchBase: p.FetchBase,
+			PermissionMode: cfg.ClaudePermissionMode, CodexSandbox: cfg.CodexSandbox, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
 			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
 			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds,
+			Engines: cfg.RunEngines(p.Fleet), EngineEnv: cfg.EngineEnv,
 		},
+		Sandbox:  OpenSandbox(cfg, p.Log),
+		Egress:   p.Egress,
 		Engines:  eng,
 		Shipper:  p.Shipper,
 		Log:      p.Log,
@@ -62,6 +72,34 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 		Tracer:   p.Tracer,
 		Holds:    holds.Open(HoldsPath(cfg.Home), nil),
 	}, nil
+}
+
+// OpenSandbox is this aq's sandbox (AQ_SANDBOX; the aq binary is the
+// sandbox's init). It probes the host when the first job needs it —
+// commands that run no job never pay for the probe — and then says once,
+// in log, how engines run: what is missing under auto, that they are
+// unsandboxed under off, that jobs are refused under on where the host
+// cannot sandbox fully.
+func OpenSandbox(cfg *config.Config, log *slog.Logger) *sandbox.Host {
+	return sandbox.OpenLazy(sandbox.Options{
+		Init: cfg.Supervisor, Mode: cfg.Sandbox,
+		Limits: sandbox.Limits{MemoryBytes: cfg.SandboxMemory, Pids: cfg.SandboxPids},
+	}, func(sb *sandbox.Host) {
+		if log == nil {
+			return
+		}
+		line, warn := sb.StartLine()
+		switch {
+		case line == "":
+			log.Info("engines run in a full sandbox", "mechanism", sb.Report().Mechanism)
+		case cfg.Supervisor == "" && sb.Mode() == sandbox.ModeAuto:
+			log.Debug(line) // aq's packages in-process (tests): no init to sandbox with
+		case warn:
+			log.Warn(line)
+		default:
+			log.Info(line)
+		}
+	})
 }
 
 // HoldsPath is the file of the engines held until their limit resets

@@ -18,13 +18,25 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+// TestMain lets the test binary stand in for aq in the sandboxed tests
+// (sandbox_linux_test.go): re-executed, it is the sandbox's init or the
+// engine's supervisor.
+func TestMain(m *testing.M) {
+	if code, ok := sandbox.MaybeInit(); ok {
+		os.Exit(code)
+	}
+	if code, ok := process.MaybeSupervise(); ok {
+		os.Exit(code)
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // The runner's tests use real parts: git repositories in temp dirs, the
 // script engine running /bin/sh, the process layer's kill ladder. Scripts
@@ -97,7 +109,9 @@ func newFixture(t *testing.T, extra ...engines.Engine) *fixture {
 	f := &fixture{t: t, home: h, repo: h.Repo(t, "app", baseFiles), mark: t.TempDir()}
 	env := append(os.Environ(), "MARK="+f.mark)
 	f.r = &runner.Runner{
-		Cfg:      runner.Config{Home: h.Dir, RepoBase: h.RepoBase, Grace: 200 * time.Millisecond, PoolSize: 1},
+		// MARK reaches the engines as an operator passes a variable:
+		// AQ_ENGINE_ENV (an engine's environment is built, not inherited).
+		Cfg:      runner.Config{Home: h.Dir, RepoBase: h.RepoBase, Grace: 200 * time.Millisecond, PoolSize: 1, EngineEnv: []string{"MARK"}},
 		Engines:  engines.NewRegistry(append(engineList{&engines.Script{}}, extra...)...),
 		Log:      testLogger(t),
 		Redactor: secrets.NewRedactor(env),

@@ -21,6 +21,9 @@ import (
 
 func (ru *run) preflight(ctx context.Context) bool {
 	j := ru.j
+	if !ru.refuseUnsandboxed() {
+		return false
+	}
 	eng, info, reason, detail := ru.pickEngine(ctx)
 	if reason.Parks() {
 		return false // pickEngine parked the run: its engine is held
@@ -90,6 +93,12 @@ func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, jo
 		if !ok {
 			continue
 		}
+		if !ru.r.Cfg.allows(name) {
+			if len(names) == 1 {
+				return nil, engines.Info{}, job.ReasonCapabilityMismatch, fmt.Sprintf("engine %s is not offered by this factory (AQ_ENGINES)", name)
+			}
+			continue
+		}
 		if h, ok := ru.r.Holds.Held(name); ok {
 			// Its account hit a limit that has not reset: running it would
 			// only meet the limit again.
@@ -98,6 +107,8 @@ func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, jo
 			}
 			continue
 		}
+		spec := spec
+		spec.Env = ru.engineEnv(name) // each engine's own credential
 		info, err := eng.Preflight(ctx, spec)
 		if err == nil {
 			return eng, info, "", ""

@@ -234,10 +234,13 @@ func (ru *run) verify(ctx context.Context) (v *job.VerifyResult, passed bool) {
 	defer cancel()
 	res, err := process.Run(vctx, process.Spec{
 		Path: "/bin/sh", Args: []string{"-c", cmd}, Dir: ru.wtPath,
-		Env: telemetry.EngineEnv(vctx, secrets.EngineEnv(ru.r.env())), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
-		Supervisor: ru.r.Cfg.Supervisor,
+		Env: telemetry.EngineEnv(vctx, ru.engineEnv("")), Stdout: w, Stderr: w, Tag: ru.j.ID, Scope: Scope(ru.r.Cfg.Home), Grace: ru.r.Cfg.Grace,
+		Supervisor: ru.r.Cfg.Supervisor, Jail: ru.jailed(),
 	})
 	w.Flush()
+	if ru.sandboxFailure("verify", err, res.OOM && res.ExitCode != 0) {
+		return nil, false
+	}
 	if err != nil {
 		ru.fail(job.ReasonVerifyFailed, "verify could not start: "+err.Error())
 		return nil, false

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
@@ -42,7 +44,7 @@ type Config struct {
 	Home           string
 	RepoBase       string
 	Grace          time.Duration // kill ladder step
-	PermissionMode string        // claude --permission-mode
+	PermissionMode string        // claude --permission-mode; "": chosen by the sandbox
 	Prices         *engines.PriceTable
 	// FetchBase: start from origin/<base> (fetched) rather than the local
 	// branch. Fleet mode sets it: a factory's checkouts may be stale.
@@ -69,11 +71,24 @@ type Config struct {
 	// OpenTelemetry export on in the claude engine's environment
 	// (telemetry.ClaudeEnv).
 	ClaudeTelemetry bool
+	// Engines are the engines this runner may run (AQ_ENGINES, resolved);
+	// nil: all. A job for another engine fails capability_mismatch before
+	// anything is prepared.
+	Engines []string
+	// EngineEnv are the further variables an engine gets (AQ_ENGINE_ENV)
+	// beyond its documented base (engines.Environ).
+	EngineEnv []string
+	// CodexSandbox is codex's --sandbox (AQ_CODEX_SANDBOX); "" chooses by
+	// the job's sandbox, as "" PermissionMode does (sandbox.go).
+	CodexSandbox string
 	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job whose
 	// manifest and profile set no verify_rounds gets after a failed verify
 	// (rounds.go). 0: none.
 	VerifyRounds int
 }
+
+// allows reports whether the runner may run engine name.
+func (c Config) allows(name string) bool { return c.Engines == nil || slices.Contains(c.Engines, name) }
 
 // Scope names this aq home in its engines' environment (AQ_SCOPE), so that
 // killing a job's leftover processes never touches another home's job of
@@ -161,7 +176,13 @@ type Outcome struct {
 	PRURL      string       `json:"prUrl,omitempty"`
 	Pushed     bool         `json:"pushed,omitempty"` // job branch pushed to origin
 	WIPPushed  bool         `json:"wipPushed,omitempty"`
-	Fenced     bool         `json:"fenced,omitempty"`
+	// OriginCheckpoint is the WIP commit on origin's aq/wip/<id> when the
+	// run ended, as far as this run knows ("" = none): Checkpoint when it
+	// was pushed (WIPPushed), an earlier one when it was not (a lost
+	// lease's). A report names only this one: another factory resumes from
+	// origin, never from a commit that stayed on this host.
+	OriginCheckpoint string `json:"originCheckpoint,omitempty"`
+	Fenced           bool   `json:"fenced,omitempty"`
 	// Redelivered: an earlier attempt had put the result on origin; this run
 	// reported it without running the engine.
 	Redelivered bool `json:"redelivered,omitempty"`
@@ -206,6 +227,12 @@ type Runner struct {
 	// engine hits a limit holds it, and a run for a held engine parks at
 	// once. nil: nothing is held across runs.
 	Holds *holds.Store
+	// Sandbox runs each job's engine and verify in a sandbox of the job's
+	// own (sandbox.go). nil: unsandboxed.
+	Sandbox *sandbox.Host
+	// Egress starts each sandboxed job's egress proxy. nil: sandboxed
+	// engines have no network at all.
+	Egress Egress
 }
 
 func (r *Runner) now() time.Time {
@@ -274,6 +301,14 @@ type run struct {
 	// noOutcome: the engine's success is only its exit status
 	// (engines.Result.NoStructuredOutcome).
 	noOutcome bool
+
+	// The job's sandbox (nil: none), its egress proxy, the engine's login
+	// copied into the job's home, and the variables that point the engine
+	// at it.
+	jail     *sandbox.Jail
+	proxy    EgressProxy
+	logins   *sandbox.Logins
+	loginEnv []string
 }
 
 // Run runs j once. It never panics: a panic inside is recovered, the work is
@@ -290,6 +325,9 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 			ru.fail(job.ReasonCrash, fmt.Sprintf("aq panicked: %v", p))
 		}
 		ru.out.Insights.WallMS = r.now().Sub(start).Milliseconds()
+		ru.cpMu.Lock()
+		ru.out.OriginCheckpoint = ru.wipOnOrigin
+		ru.cpMu.Unlock()
 		if ru.out.Insights.Engine == "" && ru.eng != nil {
 			ru.out.Insights.Engine = ru.eng.Name()
 		}
@@ -418,6 +456,11 @@ func (ru *run) do(ctx context.Context) {
 	// Last of all (after the checkpoint deferred below), the worktree goes
 	// back to the pool for the next job on the repository.
 	defer ru.release(ctx)
+	// The job's sandbox, gone before the worktree is pooled.
+	if !ru.openSandbox(ctx) {
+		return
+	}
+	defer ru.closeSandbox()
 	ru.event(EngineStarted{Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.

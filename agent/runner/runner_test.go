@@ -431,21 +431,25 @@ func TestDirtyMainCheckoutUntouched(t *testing.T) {
 }
 
 // TestSecretsStayOutOfLogsAndEngine: the job logs mask secrets the engine
-// prints, and aq's own secrets are not in the engine's environment at all.
+// prints (a credential passed to it on purpose, AQ_ENGINE_ENV), and aq's
+// own secrets and the credentials aq ships with (GITHUB_TOKEN) are not in
+// the engine's or verify's environment at all (issue #26, finding 4).
 func TestSecretsStayOutOfLogsAndEngine(t *testing.T) {
 	f := newFixture(t)
-	const gh, fleet = "ghp_0123456789abcdefSECRET", "fleet-token-0123456789"
-	f.r.Env = append(f.r.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet)
+	const gh, fleet, svc = "ghp_0123456789abcdefSECRET", "fleet-token-0123456789", "svc-password-0123456789"
+	f.r.Env = append(f.r.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet, "MY_SERVICE_PASSWORD="+svc)
+	f.r.Cfg.EngineEnv = append(f.r.Cfg.EngineEnv, "MY_SERVICE_PASSWORD", "AQ_FLEET_TOKEN")
 	f.r.Redactor.Add(fleet) // what the CLI does with the configured token
-	f.r.Redactor.Add(gh)
-	script := `echo "github=$GITHUB_TOKEN"
+	f.r.Redactor.Add(gh, svc)
+	script := `echo "github=${GITHUB_TOKEN:-unset}"
 echo "fleet=${AQ_FLEET_TOKEN:-unset}"
-echo "err-github=$GITHUB_TOKEN" >&2
+echo "svc=$MY_SERVICE_PASSWORD"
+echo "err-svc=$MY_SERVICE_PASSWORD" >&2
 env | grep -c AQ_FLEET_TOKEN > "$MARK/fleet-count" || true
 env > "$MARK/engine-env"
 `
 	j := f.job("secrets", script)
-	j.Verify = `echo "verify-github=$GITHUB_TOKEN"`
+	j.Verify = `echo "verify-github=${GITHUB_TOKEN:-unset} verify-svc=$MY_SERVICE_PASSWORD"`
 	out := f.run(context.Background(), j, runner.Options{})
 	if out.Failed() {
 		t.Fatalf("%+v", out)
@@ -454,17 +458,19 @@ env > "$MARK/engine-env"
 	for _, n := range []string{"stdout.log", "stderr.log", "verify.log"} {
 		logs += testenv.ReadFile(t, filepath.Join(f.home.Dir, "logs", j.ID, n))
 	}
-	if strings.Contains(logs, gh) || strings.Contains(logs, fleet) {
+	if strings.Contains(logs, gh) || strings.Contains(logs, fleet) || strings.Contains(logs, svc) {
 		t.Fatalf("a secret reached the job logs:\n%s", logs)
 	}
-	for _, want := range []string{"github=***", "err-github=***", "verify-github=***", "fleet=unset"} {
+	for _, want := range []string{"github=unset", "svc=***", "err-svc=***", "verify-github=unset verify-svc=***", "fleet=unset"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %q:\n%s", want, logs)
 		}
 	}
 	env := testenv.ReadFile(t, f.marker("engine-env"))
-	if strings.Contains(env, "AQ_FLEET_TOKEN") {
-		t.Error("AQ_FLEET_TOKEN is in the engine's environment")
+	for _, gone := range []string{"AQ_FLEET_TOKEN", "GITHUB_TOKEN", "AQ_HOME", "AQ_REPO_BASE"} {
+		if strings.Contains(env, gone+"=") {
+			t.Errorf("%s is in the engine's environment", gone)
+		}
 	}
 	if !strings.Contains(env, "AQ_JOB_ID=secrets") {
 		t.Error("the engine's environment lacks the AQ_JOB_ID tag")

@@ -25,7 +25,9 @@ func fakeClaudeEnv(t *testing.T, envFile string) *engines.Claude {
 
 // AQ_CLAUDE_TELEMETRY reaches the claude engine's environment (telemetry on,
 // the OTLP exporters, its own service name, the job id as a resource
-// attribute), the exporter's headers never do; off, none of it is set.
+// attribute), the exporter's headers never do; off, none of it is set and
+// none of the factory's OTEL_* settings reach claude (its environment is
+// built: issue #26).
 func TestClaudeTelemetryEnv(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprint(on), func(t *testing.T) {
@@ -48,7 +50,7 @@ func TestClaudeTelemetryEnv(t *testing.T) {
 					t.Errorf("telemetry %v: %s in claude's environment: %v", on, kv, has(kv))
 				}
 			}
-			if !has("OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318") || has("OTEL_SERVICE_NAME=aq-factory") == on {
+			if has("OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318") != on || has("OTEL_SERVICE_NAME=aq-factory") {
 				t.Errorf("telemetry %v: endpoint or service name wrong:\n%s", on, env)
 			}
 			if strings.Contains(env, "otlp-secret") {

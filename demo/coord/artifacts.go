@@ -10,16 +10,24 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/aqfleet/aq/internal/atomicfile"
 )
 
 // Artifacts, the pointer-plus-bytes model of docs/contract.md, "Artifacts":
 // a pointer document per artifact (what GET /fleet/jobs/:id/artifacts
-// lists) and its bytes beside it (GET /fleet/artifacts/:id). The stub keeps
-// both in memory only — never in its state file — bounded per job.
+// lists) and its bytes beside it (GET /fleet/artifacts/:id), bounded per
+// job. Without a state file the stub keeps them in memory; with one, on
+// disk beside it (LogDir: <id>.gz, then <id>.json, each written atomically
+// and fsynced before the answer), so a restarted stub still has them.
 
 // Artifact is one artifact's pointer document. Field names are the wire
 // format (docs/contract.md, "Artifacts").
@@ -82,14 +90,98 @@ const (
 
 type artifactStore struct {
 	mu    sync.Mutex
+	dir   string // "": memory only
 	seq   int64
 	byJob map[string][]Artifact
-	bytes map[string][]byte // id → gzip bytes
+	bytes map[string][]byte // memory only: id → gzip bytes
 }
 
 func (a *artifactStore) init() {
 	if a.byJob == nil {
 		a.byJob, a.bytes = map[string][]Artifact{}, map[string][]byte{}
+	}
+}
+
+// open keeps the artifacts in dir ("": memory) and loads those kept there;
+// a pointer whose bytes are missing (a crash between the two writes, never
+// answered) is dropped.
+func (a *artifactStore) open(dir string) error {
+	a.init()
+	if dir == "" {
+		return nil
+	}
+	a.dir = dir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("artifact store %s: %w", dir, err)
+	}
+	ptrs, err := filepath.Glob(filepath.Join(dir, "art-*.json"))
+	if err != nil {
+		return err
+	}
+	var all []Artifact
+	for _, p := range ptrs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		var x Artifact
+		if json.Unmarshal(b, &x) != nil || !validID(x.ID) || !validID(x.JobID) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, x.ID+".gz")); err != nil {
+			_ = os.Remove(p)
+			continue
+		}
+		all = append(all, x)
+		a.seq = max(a.seq, artifactSeq(x.ID))
+	}
+	sort.Slice(all, func(i, j int) bool { return artifactSeq(all[i].ID) < artifactSeq(all[j].ID) })
+	for _, x := range all {
+		a.byJob[x.JobID] = append(a.byJob[x.JobID], x)
+	}
+	return nil
+}
+
+func artifactSeq(id string) int64 {
+	n, _ := strconv.ParseInt(strings.TrimPrefix(id, "art-"), 10, 64)
+	return n
+}
+
+// gz returns an artifact's stored gzip bytes.
+func (a *artifactStore) gz(id string) ([]byte, bool) {
+	if a.dir == "" {
+		b, ok := a.bytes[id]
+		return b, ok
+	}
+	if !validID(id) {
+		return nil, false
+	}
+	b, err := os.ReadFile(filepath.Join(a.dir, id+".gz"))
+	return b, err == nil
+}
+
+// keep stores x's bytes, then its pointer.
+func (a *artifactStore) keep(x Artifact, gz []byte) error {
+	if a.dir == "" {
+		a.bytes[x.ID] = gz
+		return nil
+	}
+	if err := atomicfile.WriteFile(filepath.Join(a.dir, x.ID+".gz"), gz, 0o600); err != nil {
+		return err
+	}
+	b, err := json.Marshal(x)
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(a.dir, x.ID+".json"), b, 0o600)
+}
+
+// drop forgets an artifact's bytes and pointer.
+func (a *artifactStore) drop(id string) {
+	delete(a.bytes, id)
+	if a.dir != "" && validID(id) {
+		_ = os.Remove(filepath.Join(a.dir, id+".json"))
+		_ = os.Remove(filepath.Join(a.dir, id+".gz"))
 	}
 }
 
@@ -103,7 +195,7 @@ func (s *Server) Artifacts(id string) []Artifact {
 // ArtifactContent returns an artifact's content, gunzipped.
 func (s *Server) ArtifactContent(id string) ([]byte, bool) {
 	s.arts.mu.Lock()
-	gz, ok := s.arts.bytes[id]
+	gz, ok := s.arts.gz(id)
 	s.arts.mu.Unlock()
 	if !ok {
 		return nil, false
@@ -195,15 +287,20 @@ func (s *Server) handleArtifactUpload(w http.ResponseWriter, r *http.Request, c 
 		FactoryID: factory, CreatedAt: s.o.Now().UTC(),
 	}
 	a.URL = "/fleet/artifacts/" + a.ID
+	if err := s.arts.keep(a, gz); err != nil {
+		s.arts.drop(a.ID)
+		s.arts.mu.Unlock()
+		writeErr(w, http.StatusInternalServerError, "cannot keep the artifact: "+err.Error())
+		return
+	}
 	l := append(s.arts.byJob[id], a)
 	if len(l) > maxArtifactsPerJob {
 		for _, old := range l[:len(l)-maxArtifactsPerJob] {
-			delete(s.arts.bytes, old.ID)
+			s.arts.drop(old.ID)
 		}
 		l = slices.Clone(l[len(l)-maxArtifactsPerJob:])
 	}
 	s.arts.byJob[id] = l
-	s.arts.bytes[a.ID] = gz
 	s.arts.mu.Unlock()
 	writeJSON(w, http.StatusCreated, a)
 }
@@ -226,7 +323,7 @@ func (s *Server) handleArtifactList(w http.ResponseWriter, r *http.Request, _ wh
 func (s *Server) handleArtifactGet(w http.ResponseWriter, r *http.Request, _ who) {
 	id := r.PathValue("id")
 	s.arts.mu.Lock()
-	gz, ok := s.arts.bytes[id]
+	gz, ok := s.arts.gz(id)
 	var a Artifact
 	if ok {
 		for _, l := range s.arts.byJob {
@@ -253,9 +350,14 @@ func (s *Server) handleArtifactGet(w http.ResponseWriter, r *http.Request, _ who
 func (s *Server) handleArtifactDelete(w http.ResponseWriter, r *http.Request, _ who) {
 	id := r.PathValue("id")
 	s.arts.mu.Lock()
-	_, ok := s.arts.bytes[id]
+	ok := false
+	for _, l := range s.arts.byJob {
+		for _, x := range l {
+			ok = ok || x.ID == id
+		}
+	}
 	if ok {
-		delete(s.arts.bytes, id)
+		s.arts.drop(id)
 		for j, l := range s.arts.byJob {
 			s.arts.byJob[j] = slices.DeleteFunc(l, func(a Artifact) bool { return a.ID == id })
 		}

@@ -33,10 +33,13 @@ const (
 	// BreakFrozenVersion: GET /fleet/queue-state answers the same version
 	// whatever changes — a gated factory never claims.
 	BreakFrozenVersion = "frozen-version"
+	// BreakLogStaleEpoch: a live log chunk carrying a stale lease epoch is
+	// appended — a fenced factory's output lands in the job's live log.
+	BreakLogStaleEpoch = "log-stale-epoch"
 )
 
 // AllBreaks lists the breaks the stub knows, in the order of the contract.
-var AllBreaks = []string{BreakFrozenVersion, BreakDoubleLease, BreakStaleEpoch, BreakResendConflict, BreakDropCheckpoint, BreakIgnoreNotBefore}
+var AllBreaks = []string{BreakFrozenVersion, BreakDoubleLease, BreakStaleEpoch, BreakResendConflict, BreakDropCheckpoint, BreakIgnoreNotBefore, BreakLogStaleEpoch}
 
 // checkBreaks validates Options.Breaks.
 func checkBreaks(o *Options) error {

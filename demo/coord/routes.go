@@ -27,9 +27,9 @@ var RouteSets = []string{RoutesFull, RoutesLegacy}
 
 // ProposedRoutes are the stub's routes the coordinator in service today does
 // not have (docs/contract.md, "Without a route: fallbacks"): the redesign's
-// accept and fail, deregister, the factories list, and replacing or removing
-// a job that is not running. RoutesLegacy leaves them out.
-var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories, RouteReplace, RouteRemove}
+// accept and fail, deregister, the factories list, replacing or removing a
+// job that is not running, and the live log. RoutesLegacy leaves them out.
+var ProposedRoutes = []string{RouteAccept, RouteFail, RouteDeregister, RouteFactories, RouteReplace, RouteRemove, RouteLogAppend, RouteLogRead}
 
 // stubRoutes are routes of the stub's own (request counters, fault
 // injection): instruments of the double, served in every route set.
@@ -56,7 +56,7 @@ func checkRoutes(o *Options) error {
 var allRoutes = []string{
 	RouteEnroll, RouteHeartbeat, RouteFactories, RouteRevoke, RouteDeregister, RouteQueueState, RouteClaim, RouteAccept,
 	RouteRenew, RouteRelease, RoutePatch, RouteFail, RouteSubmit, RouteJobs, RouteJob, RouteEvents, RouteAction, RouteReplace, RouteRemove,
-	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete, RouteGetStats, RouteFaults,
+	RouteArtifactUpload, RouteArtifactList, RouteArtifactGet, RouteArtifactDelete, RouteLogAppend, RouteLogRead, RouteGetStats, RouteFaults,
 }
 
 // Serves reports whether the stub serves route (e.g. RouteFail) with its

@@ -121,7 +121,7 @@ func Serve(ctx context.Context, addr string, o Options, out io.Writer) error {
 	if o.Publisher != nil {
 		fmt.Fprintf(out, "\npublishing a dispatch message per queued job to topic %s", o.Publisher.Topic())
 	}
-	fmt.Fprintf(out, "\n\nrun a factory against it:\n  export AQ_FLEET=1 AQ_FLEET_API=%s AQ_FLEET_TOKEN=%s\n  aq submit job.md && aq run --once\n", api, s.EnrollToken())
+	fmt.Fprintf(out, "\n\nrun a factory against it:\n  export AQ_FLEET=1 AQ_FLEET_API=%s AQ_FLEET_TOKEN=%s\n  export AQ_ENGINES=all   # to run script jobs (a fleet factory does not by default)\n  aq submit job.md && aq run --once\n", api, s.EnrollToken())
 	select {
 	case <-ctx.Done():
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -72,6 +72,10 @@ type Options struct {
 	// answered as unknown routes: a coordinator older or smaller still.
 	// SetWithout changes them at run time.
 	Without []string
+	// LogJobCap and LogCap bound the live log output kept per job and in
+	// all (0: DefaultLogJobCap, DefaultLogCap); with a StateFile it is kept
+	// on disk beside it (LogDir), with the artifacts.
+	LogJobCap, LogCap int64
 	// Breaks are rules of the contract the stub breaks on purpose
 	// (breaks.go: AllBreaks), each as a coordinator with that one bug
 	// would — how `aq fleet check` is shown to catch it.
@@ -94,6 +98,7 @@ type Server struct {
 	without []string // guarded by faultMu
 
 	arts artifactStore
+	logs *logStore
 
 	bg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -132,6 +137,17 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	dir := LogDir(o.StateFile)
+	logs, err := newLogStore(subdir(dir, "logs"), o.LogJobCap, o.LogCap)
+	if err != nil {
+		return nil, err
+	}
+	st.kick = logs.kick // a job's change ends or starts runs: long polls look again
+	for id, jl := range logs.jobs {
+		if j, ok := st.st.Jobs[id]; ok {
+			jl.created = j.CreatedAt // the oldest jobs' logs go first
+		}
+	}
 	st.onChg = o.OnChange
 	if pub := o.Publisher; pub != nil {
 		user := o.OnChange
@@ -142,7 +158,10 @@ func New(o Options) (*Server, error) {
 			}
 		}
 	}
-	s := &Server{o: o, st: st, mux: http.NewServeMux()}
+	s := &Server{o: o, st: st, mux: http.NewServeMux(), logs: logs}
+	if err := s.arts.open(subdir(dir, "artifacts")); err != nil {
+		return nil, err
+	}
 	seed := o.Seed
 	if seed == 0 {
 		seed = mrand.Uint64()
@@ -462,6 +481,8 @@ func (s *Server) routes() {
 	m.HandleFunc(RouteArtifactList, s.anyToken(s.handleArtifactList))
 	m.HandleFunc(RouteArtifactGet, s.anyToken(s.handleArtifactGet))
 	m.HandleFunc(RouteArtifactDelete, s.anyToken(s.handleArtifactDelete))
+	m.HandleFunc(RouteLogAppend, s.factoryOnly(s.handleLogAppend))
+	m.HandleFunc(RouteLogRead, s.anyToken(s.handleLogRead))
 	m.HandleFunc(RouteGetStats, s.handleStats)
 	m.HandleFunc(RouteFaults, s.anyToken(s.handleFaults))
 }

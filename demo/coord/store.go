@@ -40,6 +40,7 @@ type store struct {
 	file  string
 	onChg func(Event)
 	pend  []Event // change events to hand to onChg after unlock
+	kick  func()  // after every change of a job (live log long polls)
 }
 
 func newStore(file string) (*store, error) {
@@ -161,6 +162,9 @@ func (s *store) cas(j Job, now time.Time, evs ...Event) (Job, error) {
 	fire := s.takePendingLocked()
 	s.mu.Unlock()
 	s.fire(fire)
+	if s.kick != nil {
+		s.kick()
+	}
 	return cloneJob(&nj), nil
 }
 

@@ -122,10 +122,11 @@ func (s *Server) handleRemove(w http.ResponseWriter, r *http.Request, _ who) {
 		s.arts.mu.Lock()
 		s.arts.init()
 		for _, a := range s.arts.byJob[id] {
-			delete(s.arts.bytes, a.ID)
+			s.arts.drop(a.ID) // on disk too: a restarted stub must not bring them back
 		}
 		delete(s.arts.byJob, id)
 		s.arts.mu.Unlock()
+		s.logs.remove(id)
 		dependents := []string{}
 		for _, o := range s.st.jobs() {
 			if o.Stage != StageShipped && slices.Contains(o.Deps, id) {

@@ -407,9 +407,18 @@ func (r *run) setup(ctx context.Context) (err error) {
 		f.env = append(append([]string{}, r.env...),
 			"AQ_HOME="+f.home, "AQ_REPO_BASE="+f.base, "AQ_FACTORY_ID="+id,
 			"AQ_FLEET=1", "AQ_FLEET_API="+r.api, "AQ_FLEET_TOKEN="+stub.EnrollToken(),
+			// The act's jobs are script jobs: its factories opt in to
+			// script (AQ_ENGINES), which a fleet factory does not offer by
+			// default, and pass the scripts the two variables they read
+			// (AQ_ENGINE_ENV).
+			"AQ_ENGINES=all", "AQ_ENGINE_ENV=AQ_FACTORY_ID,AQ_DEMO_SIGNALS",
 			fmt.Sprintf("AQ_SLOTS=%d", slots), fmt.Sprintf("AQ_HEARTBEAT_SEC=%d", heartbeat),
 			fmt.Sprintf("AQ_FLEET_LEASE_RENEW_SEC=%d", renewEvery), "AQ_POLL_SECONDS=1", "AQ_FLEET_GATE=1",
-			"AQ_KILL_GRACE=500ms", "AQ_DEMO_SIGNALS="+r.sig)
+			"AQ_KILL_GRACE=500ms", "AQ_DEMO_SIGNALS="+r.sig,
+			// The jobs' engines signal the demo through AQ_DEMO_SIGNALS, a
+			// folder outside their worktrees that a sandbox keeps from the
+			// host.
+			"AQ_SANDBOX=off")
 		if r.broker || r.refuse {
 			f.env = append(f.env, "AQ_SB_CONNECTION_STRING="+r.peer.ConnectionString())
 		}

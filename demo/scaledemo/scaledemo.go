@@ -240,10 +240,17 @@ func (r *run) setup(ctx context.Context, peerDir string) error {
 	}
 	r.api = r.stub.API
 
-	r.env = append(r.env, "AQ_FLEET=1", "AQ_FLEET_API="+r.api, "AQ_FLEET_TOKEN="+r.stub.EnrollToken(),
+	// The act's jobs are script jobs: its replicas opt in to script
+	// (AQ_ENGINES), which a fleet factory does not offer by default, and
+	// pass the scripts the two variables they read (AQ_ENGINE_ENV).
+	r.env = append(r.env, "AQ_FLEET=1", "AQ_FLEET_API="+r.api, "AQ_FLEET_TOKEN="+r.stub.EnrollToken(), "AQ_ENGINES=all",
+		"AQ_ENGINE_ENV=AQ_FACTORY_ID,AQ_DEMO_SIGNALS",
 		"AQ_FACTORY_POOL="+pool, "AQ_SB_CONNECTION_STRING="+r.peer.ConnectionString(), "AQ_SB_TOPIC="+topic,
 		"AQ_REPO_URLS="+urls, "AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_KILL_GRACE=500ms",
-		"AQ_CHECKPOINT_INTERVAL=1s", "AQ_DEMO_SIGNALS="+r.sig)
+		"AQ_CHECKPOINT_INTERVAL=1s", "AQ_DEMO_SIGNALS="+r.sig,
+		// The jobs' engines signal the demo through AQ_DEMO_SIGNALS, a
+		// folder outside their worktrees that a sandbox keeps from the host.
+		"AQ_SANDBOX=off")
 	r.scaler = &Scaler{Read: r.read, Replicas: r.count, Start: r.startReplica, TargetAverage: 1, MaxReplicas: maxReplicas, Poll: pollEvery}
 
 	r.say("1. The pool, scaled to zero")

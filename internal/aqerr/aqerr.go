@@ -23,6 +23,11 @@ const (
 	NoJob    Code = 3 // no runnable job
 	Fenced   Code = 4 // the job was fenced (quarantined): another factory owns it
 	AuthFail Code = 5 // the coordinator refused this factory's credentials (401/403)
+	// ReportRefused: a job ran (or was stopped before its engine), but the
+	// coordinator refused its report — a 4xx other than 409, or an answer
+	// that is not the contract's JSON: the coordinator does not have the
+	// job's outcome; the report is kept in $AQ_HOME/spool/dead.
+	ReportRefused Code = 6
 )
 
 // String names the code for logs and docs.
@@ -40,6 +45,8 @@ func (c Code) String() string {
 		return "fenced"
 	case AuthFail:
 		return "auth"
+	case ReportRefused:
+		return "report_refused"
 	}
 	return fmt.Sprintf("code(%d)", int(c))
 }

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -84,6 +85,13 @@ type Spec struct {
 	// MaybeSupervise at start. "" runs the child unsupervised.
 	Supervisor string
 
+	// Jail, when set, starts the child inside a sandbox (internal/sandbox),
+	// which may run it under an init of its own: Run then waits for and
+	// signals that init, which forwards the ladder's signals and reports
+	// how the child ended. A jail that ends everything it runs when aq
+	// dies (Supervises) makes Supervisor unnecessary. nil: no sandbox.
+	Jail Jail
+
 	// WaitDelay bounds how long Run waits, after the child exited and its
 	// group and tagged processes were killed, for the stdio pipes to close
 	// (a process outside the group and without the tag may hold them);
@@ -120,6 +128,34 @@ type Result struct {
 	Warning error
 
 	Duration time.Duration // from start until everything was reaped
+
+	// OOM says the kernel killed a process of the run for memory: the
+	// jail's cgroup memory limit (Spec.Jail) was reached.
+	OOM bool
+}
+
+// Jail is a sandbox a process is started in (internal/sandbox implements
+// it; Spec.Jail).
+type Jail interface {
+	// Start starts cmd inside the sandbox. It may rewrite cmd first (to
+	// start the sandbox's init, which runs cmd's program in turn); Run
+	// then waits for and signals the process Start started. An error
+	// means nothing of cmd runs, and nothing the jail started is left.
+	Start(cmd *exec.Cmd) (Jailed, error)
+	// Supervises reports that the jail itself ends everything it runs when
+	// aq dies, so Run starts no supervisor.
+	Supervises() bool
+}
+
+// Jailed is one process started by a Jail.
+type Jailed interface {
+	// Exit says how the program itself ended, given how the process Start
+	// started ended (an init reports its program's end): the exit status,
+	// -1 for a signal, and the signal's name.
+	Exit(st *os.ProcessState) (code int, signal string)
+	// Close releases what the jail held once every process of the run is
+	// gone, and reports whether the kernel killed one of them for memory.
+	Close() (oom bool, err error)
 }
 
 var errNoTag = errors.New("process: a tag (the job id) is required")
@@ -174,7 +210,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	// The supervisor first: there is no instant in which the engine runs
 	// and an aq that dies leaves it unwatched.
 	var sup *supervisor
-	if s.Supervisor != "" {
+	if s.Supervisor != "" && (s.Jail == nil || !s.Jail.Supervises()) {
 		var err error
 		if sup, err = startSupervisor(s.Supervisor, supervision{Tag: s.Tag, Scope: s.Scope, Grace: grace}); err != nil {
 			return Result{}, fmt.Errorf("process: %s not started: %w", s.Path, err)
@@ -183,7 +219,14 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	}
 
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	var jailed Jailed
+	if s.Jail != nil {
+		j, err := s.Jail.Start(cmd)
+		if err != nil {
+			return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
+		}
+		jailed = j
+	} else if err := cmd.Start(); err != nil {
 		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
 	}
 	pgid := cmd.Process.Pid // the child leads its new group
@@ -191,6 +234,9 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	if err != nil { // the child runs outside the group aq could kill: stop it
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+		if jailed != nil {
+			_, _ = jailed.Close()
+		}
 		return Result{}, fmt.Errorf("process: start %s: %w", s.Path, err)
 	}
 	defer g.close()
@@ -242,6 +288,13 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	if st := cmd.ProcessState; st != nil {
 		res.ExitCode = st.ExitCode()
 		res.Signal = exitSignal(st)
+		if jailed != nil {
+			res.ExitCode, res.Signal = jailed.Exit(st)
+		}
+	}
+	var jailErr error
+	if jailed != nil {
+		res.OOM, jailErr = jailed.Close()
 	}
 	var exitErr *exec.ExitError
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {
@@ -249,7 +302,7 @@ func Run(ctx context.Context, s Spec) (Result, error) {
 	} else {
 		waitErr = nil
 	}
-	res.Warning = errors.Join(waitErr, sweepErr)
+	res.Warning = errors.Join(waitErr, sweepErr, jailErr)
 	return res, nil
 }
 

@@ -8,7 +8,10 @@ package secrets
 
 import (
 	"bytes"
+	"encoding/base64"
+	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -128,27 +131,67 @@ func NewRedactor(env []string, values ...string) *Redactor {
 // FromEnviron is NewRedactor(os.Environ(), values...).
 func FromEnviron(values ...string) *Redactor { return NewRedactor(os.Environ(), values...) }
 
-// Add registers more secret values.
+// Add registers more secret values, each with its common encodings (see
+// Encodings): a job that prints a token base64- or URL-encoded must not get
+// it past the mask into a log or an uploaded artifact.
 func (r *Redactor) Add(values ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	have := make(map[string]bool, len(r.values))
+	for _, v := range r.values {
+		have[string(v)] = true
+	}
 	for _, v := range values {
 		v = strings.TrimSpace(v)
 		if len(v) < minSecretLen {
 			continue
 		}
-		dup := false
-		for _, have := range r.values {
-			if string(have) == v {
-				dup = true
-				break
+		for _, e := range append([]string{v}, Encodings(v)...) {
+			if !have[e] {
+				have[e] = true
+				r.values = append(r.values, []byte(e))
 			}
-		}
-		if !dup {
-			r.values = append(r.values, []byte(v))
 		}
 	}
 	sort.Slice(r.values, func(i, j int) bool { return len(r.values[i]) > len(r.values[j]) })
+}
+
+// minEncoded is the shortest encoded form masked: shorter runs of base64
+// would mask ordinary text.
+const minEncoded = 8
+
+// Encodings are the forms of secret v that are masked besides v itself:
+// its URL-encodings (query and path escaping) when they differ from v, and
+// its base64 in the standard and the URL alphabet at each of the three
+// alignments it can have inside a longer base64 stream (the characters that
+// depend on v alone: so `printf %s "$TOKEN" | base64` is masked, and so is
+// the token inside base64 of a larger text). A wrapped base64 (76
+// characters a line) is masked line by line only where a line holds a
+// whole aligned run.
+func Encodings(v string) []string {
+	var out []string
+	add := func(e string) {
+		if len(e) >= minEncoded && e != v && !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	add(url.QueryEscape(v))
+	add(url.PathEscape(v))
+	n := len(v)
+	for off := 0; off < 3; off++ {
+		buf := make([]byte, off+n)
+		copy(buf[off:], v)
+		enc := base64.StdEncoding.EncodeToString(buf)
+		start := (8*off + 5) / 6   // the first character made of v's bits only
+		end := (8 * (off + n)) / 6 // past the last one
+		if end-start < minEncoded {
+			continue
+		}
+		core := enc[start:end]
+		add(core)
+		add(strings.NewReplacer("+", "-", "/", "_").Replace(core))
+	}
+	return out
 }
 
 // Bytes returns b with every secret replaced by Mask. b is not modified.

@@ -2,6 +2,8 @@ package secrets
 
 import (
 	"bytes"
+	"encoding/base64"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -95,5 +97,47 @@ func TestWriterFlushesLongLinesWithoutLeaking(t *testing.T) {
 	}
 	if !strings.HasSuffix(out.String(), "***\n") {
 		t.Fatalf("unexpected tail %q", out.String()[len(out.String())-20:])
+	}
+}
+
+// TestRedactorMasksEncodings (issue #26, finding 4): base64 of a secret —
+// alone, inside the base64 of a longer text at each alignment, in the URL
+// alphabet — and its URL-encoding are masked in anything written through
+// the Redactor, so a job cannot get a token past the mask by encoding it.
+func TestRedactorMasksEncodings(t *testing.T) {
+	tok := "aqf_Tok+en/with=odd&chars?_0123456789"
+	r := NewRedactor(nil, tok)
+	for _, c := range []struct{ name, text string }{
+		{"base64", base64.StdEncoding.EncodeToString([]byte(tok))},
+		{"base64 with a newline after", base64.StdEncoding.EncodeToString([]byte(tok + "\n"))},
+		{"inside base64, offset 1", base64.StdEncoding.EncodeToString([]byte("x" + tok + "tail"))},
+		{"inside base64, offset 2", base64.StdEncoding.EncodeToString([]byte("xy" + tok + "tail"))},
+		{"inside base64, offset 3", base64.StdEncoding.EncodeToString([]byte("xyz" + tok))},
+		{"base64url", base64.URLEncoding.EncodeToString([]byte("ab" + tok))},
+		{"raw base64url", base64.RawURLEncoding.EncodeToString([]byte(tok))},
+		{"query-escaped", "https://x.example/?t=" + url.QueryEscape(tok)},
+		{"path-escaped", "https://x.example/" + url.PathEscape(tok) + "/y"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := r.String("out: " + c.text + " end")
+			if !strings.Contains(got, Mask) {
+				t.Fatalf("nothing masked in %q", got)
+			}
+			// What is left of the encoding carries at most a few bits of
+			// the token at each end: none of its encoded forms.
+			for _, e := range append([]string{tok}, Encodings(tok)...) {
+				if strings.Contains(got, e) {
+					t.Fatalf("%q still holds %q", got, e)
+				}
+			}
+		})
+	}
+	// Ordinary text is untouched, and short secrets add no encodings that
+	// would mask it.
+	if got := r.String("plain words and base64 aGVsbG8gd29ybGQ= stay"); got != "plain words and base64 aGVsbG8gd29ybGQ= stay" {
+		t.Fatalf("masked %q", got)
+	}
+	if e := Encodings("abcd"); len(e) != 0 {
+		t.Fatalf("a 4-byte secret got encodings %q", e)
 	}
 }

@@ -137,7 +137,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 func TestBoardTmuxLocal(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
 	testenv.Slow(t, "drives the live board in a real tmux")
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
 	h.Submit(t, "tmux-broken", scriptJob("app", "exit 2", "retry: {max: 0}"))
@@ -421,7 +421,7 @@ func TestStatusIntervalBadInput(t *testing.T) {
 // gives the engine's own lines; an unknown job is one line and exit 2.
 func TestJobLogsFollowLocal(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	stream := filepath.Join(mark, "stream.jsonl")
 	testenv.WriteFile(t, stream, `{"type":"system","subtype":"init","model":"claude-x","session_id":"s-9","claude_code_version":"2.1.0"}

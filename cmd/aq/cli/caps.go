@@ -128,7 +128,8 @@ func runCaps(ctx context.Context, f *Factory, opts *capsOptions) error {
 	if err != nil {
 		return err
 	}
-	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, HelpTimeout: opts.HelpTimeout, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))})
+	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, HelpTimeout: opts.HelpTimeout, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)),
+		Engines: cfg.RunEngines(useFleet(cfg)), EnginesListed: cfg.EnginesExplicit()})
 	if err != nil {
 		var typed *aqerr.Error
 		switch {

@@ -77,9 +77,11 @@ func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...strin
 	}
 	s := coordtest.Start(t, co)
 	e.stub = s.Server
+	// AQ_SANDBOX=off: the jobs' engines (blocking) signal the test through
+	// files outside their worktrees, which a sandbox keeps from the host.
 	e.h.Env = append([]string{
-		"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa",
-		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
+		"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=fa", "AQ_ENGINES=all",
+		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_SANDBOX=off",
 	}, env...)
 	if broker {
 		e.h.Env = append(e.h.Env, "AQ_SB_CONNECTION_STRING="+e.peer.ConnectionString())
@@ -490,6 +492,9 @@ func TestDemoCoordinatorBrokerFlags(t *testing.T) {
 		{[]string{"--broker-connection-string-file", remote}, "not loopback"},
 		{[]string{"--routes", "newest"}, "--routes \"newest\" is not a route set"},
 		{[]string{"--routes", "legacy", "--broker-connection-string-file", remote}, "publishes no dispatch messages"},
+		{[]string{"--log-cap", "0"}, "--log-cap-per-job 64, --log-cap 0"},
+		{[]string{"--log-cap-per-job", "2048"}, "the per-job cap at most the total"},
+		{[]string{"--log-cap", "lots"}, `invalid argument "lots" for "--log-cap"`},
 	} {
 		_, errOut, code := runAQ(t, append([]string{"demo", "coordinator", "--listen", "127.0.0.1:0"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "c2VjcmV0") {

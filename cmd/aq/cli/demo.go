@@ -268,6 +268,9 @@ type demoCoordinatorOptions struct {
 	// Routes is the route set: full (docs/contract.md) or legacy (the coordinator
 	// in service today).
 	Routes string
+	// LogCapJob and LogCap bound the live log output kept, per job and in
+	// all, in MiB.
+	LogCapJob, LogCap int
 	// Breaks are contract rules the stub breaks on purpose (coord.AllBreaks).
 	Breaks []string
 }
@@ -286,11 +289,14 @@ It is not the coordinator.
 
   aq demo coordinator --listen 127.0.0.1:8787
   export AQ_FLEET=1 AQ_FLEET_API=http://127.0.0.1:8787/api AQ_FLEET_TOKEN=<token>
+  export AQ_ENGINES=all   # to run script jobs (a fleet factory does not by default)
   aq submit job.md && aq run --once
 
 Fault injection: --fail-rate 0.3 answers 30% of requests 503; --latency 200ms
 delays each. GET /fleet/_stats counts requests per route. --state FILE keeps
-the state across restarts.
+the state across restarts, and the jobs' live logs and artifacts on disk
+beside it (FILE.d/), bounded by --log-cap-per-job and --log-cap (the oldest
+jobs' live logs go first).
 
 With a broker (--broker-connection-string-file F, or AQ_SB_CONNECTION_STRING)
 the stub also publishes a targeted Service Bus message per queued job
@@ -313,7 +319,8 @@ bug each, to see aq fleet check catch them (docs/contract.md): stale-epoch
 re-sent with a new checkpoint is answered 200 and dropped), resend-conflict
 (a re-sent report is refused 409), ignore-not-before (a park's notBefore is
 ignored and the attempt counted), double-lease (accept hands out a held
-job), frozen-version (the queue-state version never moves).`,
+job), frozen-version (the queue-state version never moves), log-stale-epoch
+(a live log chunk of a stale lease epoch is appended).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDemoCoordinator(cmd.Context(), f, o)
@@ -333,7 +340,9 @@ job), frozen-version (the queue-state version never moves).`,
 	fl.StringVar(&o.BrokerFile, "broker-connection-string-file", "", "file holding a Service Bus connection string: publish a dispatch message per queued job (default: AQ_SB_CONNECTION_STRING, if set)")
 	fl.StringVar(&o.BrokerTopic, "broker-topic", "", "topic to publish to (default: AQ_SB_TOPIC, fleet-dispatch)")
 	fl.StringSliceVar(&o.Breaks, "break", nil, "contract rules to break on purpose, for aq fleet check: "+strings.Join(coord.AllBreaks, ", "))
-	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (docs/contract.md) or legacy (the coordinator in service today: no accept, fail, deregister, factories list)")
+	fl.StringVar(&o.Routes, "routes", coord.RoutesFull, "route set: full (docs/contract.md) or legacy (the coordinator in service today: no accept, fail, deregister, factories list, live log)")
+	fl.IntVar(&o.LogCapJob, "log-cap-per-job", coord.DefaultLogJobCap>>20, "live log output kept per job, MiB (a job's older runs go first)")
+	fl.IntVar(&o.LogCap, "log-cap", coord.DefaultLogCap>>20, "live log output kept in all, MiB (the oldest jobs' go first)")
 	return configFlags(cmd, config.GroupBroker)
 }
 
@@ -344,10 +353,13 @@ func runDemoCoordinator(ctx context.Context, f *Factory, o *demoCoordinatorOptio
 	if o.Routes != coord.RoutesFull && o.Routes != coord.RoutesLegacy {
 		return aqerr.Usagef("use --routes full (docs/contract.md) or --routes legacy (the coordinator in service today)", "--routes %q is not a route set", o.Routes)
 	}
+	if o.LogCapJob < 1 || o.LogCap < 1 || o.LogCapJob > o.LogCap {
+		return aqerr.Usagef("give MiB, at least 1, the per-job cap at most the total", "--log-cap-per-job %d, --log-cap %d", o.LogCapJob, o.LogCap)
+	}
 	opts := coord.Options{
 		LeaseTTL: o.LeaseTTL, StaleAfter: o.StaleAfter, ReapEvery: o.ReapEvery, MaxBackoff: o.MaxBackoff,
 		FailRate: o.FailRate, Latency: o.Latency, FaultRoutes: o.FaultRoutes, StateFile: o.State, Log: f.Logger(),
-		Routes: o.Routes, Breaks: o.Breaks,
+		Routes: o.Routes, Breaks: o.Breaks, LogJobCap: int64(o.LogCapJob) << 20, LogCap: int64(o.LogCap) << 20,
 	}
 	for _, b := range o.Breaks {
 		if !slices.Contains(coord.AllBreaks, b) {

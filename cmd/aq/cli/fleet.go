@@ -16,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -124,7 +125,9 @@ func runFleetBroker(ctx context.Context, f *Factory, cfg *config.Config, opts *r
 // fleetTally counts a fleet run's results for its exit code.
 type fleetTally struct {
 	ran, failed int
-	last        *fleet.Result
+	// refused counts jobs whose report the coordinator refused for good.
+	refused int
+	last    *fleet.Result
 }
 
 func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
@@ -132,6 +135,9 @@ func (t *fleetTally) add(f *Factory, opts *runOptions, r *fleet.Result) {
 	t.last = r
 	if r.Outcome.Failed() && !r.Outcome.IsParked() {
 		t.failed++
+	}
+	if r.ReportRefused != "" {
+		t.refused++
 	}
 	printFleetResult(f, opts, r)
 }
@@ -170,6 +176,10 @@ func (t *fleetTally) exit() error {
 	case last != nil && (last.Fenced || last.Outcome.Reason == job.ReasonLeaseLost):
 		// Lease lost counts as fenced (docs/contract.md, "Leases and fencing"): another factory may own it.
 		return &aqerr.Silent{Code: aqerr.Fenced}
+	case t.refused > 0:
+		// A job ran (or was stopped before its engine) and the
+		// coordinator refused its report: not 0, and not "the job failed".
+		return &aqerr.Silent{Code: aqerr.ReportRefused}
 	case failed > 0:
 		return &aqerr.Silent{Code: aqerr.Failed}
 	case last != nil && last.Outcome.IsParked():
@@ -181,10 +191,11 @@ func (t *fleetTally) exit() error {
 // fleetError maps the fleet package's typed errors to exit codes.
 func fleetError(err error) error {
 	var (
-		ae *fleet.AuthError
-		ce *fleet.CredentialsError
-		te *fleet.TransientError
-		ra *fleet.RouteAbsentError
+		ae  *fleet.AuthError
+		ce  *fleet.CredentialsError
+		te  *fleet.TransientError
+		ra  *fleet.RouteAbsentError
+		ctr *fleet.ContractError
 	)
 	switch {
 	case errors.Is(err, fleet.ErrNoJob):
@@ -193,6 +204,13 @@ func fleetError(err error) error {
 		return aqerr.Wrap(aqerr.AuthFail, err, ae.Error(), ae.Fix())
 	case errors.As(err, &ce):
 		return aqerr.Wrap(aqerr.Usage, err, ce.Error(), ce.Fix)
+	case hostfault.Is(err):
+		return aqerr.Wrap(aqerr.Failed, err, err.Error()+"; no job was taken",
+			"free space on $AQ_HOME's file system, or make it writable (or set AQ_HOME to one that is): docs/troubleshooting.md#host_unavailable")
+	case errors.As(err, &ctr):
+		// Nothing ran: a claim, an accept or an enrollment answered with
+		// something that is not the contract's.
+		return aqerr.Wrap(aqerr.Usage, err, ctr.Error(), ctr.Fix())
 	case errors.As(err, &te):
 		return aqerr.Wrap(aqerr.Failed, err, te.Error(), "check AQ_FLEET_API and that the coordinator is up; reports are kept in $AQ_HOME/spool and re-sent")
 	case errors.As(err, &ra) && !ra.Optional():
@@ -202,22 +220,75 @@ func fleetError(err error) error {
 	return err
 }
 
+// leaseLostText says exactly what became of a job whose lease was lost:
+// what is on origin and what the coordinator was told. docs/fleet.md
+// ("Lease lost") and docs/troubleshooting.md quote it.
+func leaseLostText(r *fleet.Result) string {
+	o := r.Outcome
+	id := job.Show(r.JobID)
+	work := fmt.Sprintf("its work is checkpointed on aq/wip/%s on this host, not pushed (the lease may be another factory's)", id)
+	switch {
+	case o.Checkpoint == "":
+		work = "no checkpoint was taken"
+	case o.WIPPushed:
+		work = fmt.Sprintf("its work is checkpointed and pushed to origin's aq/wip/%s", id)
+	}
+	if !o.WIPPushed && o.OriginCheckpoint != "" {
+		work += fmt.Sprintf("; origin keeps the earlier checkpoint %s", shortSHA(o.OriginCheckpoint))
+	}
+	told := map[string]string{
+		"delivered": "the coordinator was told (/fleet/fail lease_lost, report delivered) and has the job in " + string(r.Stage),
+		"spooled":   "its /fleet/fail (lease_lost) is spooled in $AQ_HOME/spool and is re-sent until the coordinator takes it",
+	}[r.Report]
+	if told == "" {
+		told = "its /fleet/fail (lease_lost) was not taken (report " + r.Report + ")"
+	}
+	return work + "; nothing else was pushed; " + told
+}
+
+func shortSHA(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+// endText is how a job ended, for a line that goes on to its report.
+func endText(r *fleet.Result) string {
+	o := r.Outcome
+	switch {
+	case o.Reason == job.ReasonReportRefused:
+		return "was stopped before its engine"
+	case o.Failed():
+		return fmt.Sprintf("failed (%s: %s)", o.Reason, job.Printable(o.Detail, false))
+	}
+	return fmt.Sprintf("ended %s (%s)", o.Stage, shippedText(o))
+}
+
 func printFleetResult(f *Factory, opts *runOptions, r *fleet.Result) {
 	if opts.JSON {
 		_ = writeJSONLine(f.IO.Out, r) // stdout: nothing to do about a closed pipe
 		return
 	}
 	o := r.Outcome
+	id, detail := job.Show(r.JobID), job.Printable(o.Detail, false)
 	switch {
+	case r.ReportRefused != "":
+		fmt.Fprintf(f.IO.Err, "aq: job %s %s, but the coordinator refused its report: %s; the coordinator does not have the job's outcome (`aq job show %s`)\n",
+			id, endText(r), job.Printable(r.ReportRefused, false), id)
+	case r.Refused:
+		fmt.Fprintf(f.IO.Err, "aq: job %s refused (%s): %s; nothing of it ran here; the coordinator has it in %s (report %s)\n", id, o.Reason, detail, r.Stage, r.Report)
+	case o.Reason == job.ReasonLeaseLost && !r.Fenced:
+		fmt.Fprintf(f.IO.Err, "aq: job %s lost its lease (lease_lost): %s; %s\n", id, detail, leaseLostText(r))
 	case r.Fenced || o.Reason == job.ReasonLeaseLost:
-		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", r.JobID, o.Reason, o.Detail, r.JobID)
+		fmt.Fprintf(f.IO.Err, "aq: job %s stopped (%s): %s; nothing was pushed or reported for it; its work is checkpointed locally on aq/wip/%s\n", id, o.Reason, detail, id)
 	case o.IsParked():
 		fmt.Fprintf(f.IO.Err, "aq: job %s parked: %s until %s (not a failure: its lease is released for that long, report %s): %s\n",
-			r.JobID, o.Parked, clockText(o.ParkedUntil, time.Now()), r.Report, o.Detail)
+			id, o.Parked, clockText(o.ParkedUntil, time.Now()), r.Report, detail)
 	case o.Failed():
-		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", r.JobID, o.Reason, o.Detail, r.Stage, r.Report)
+		fmt.Fprintf(f.IO.Err, "aq: job %s failed (%s): %s; the coordinator has it in %s (report %s)\n", id, o.Reason, detail, r.Stage, r.Report)
 	default:
-		fmt.Fprintf(f.IO.Out, "job %s: %s (%s; epoch %d, report %s)\n", r.JobID, r.Stage, shippedText(o), r.LeaseEpoch, r.Report)
+		fmt.Fprintf(f.IO.Out, "job %s: %s (%s; epoch %d, report %s)\n", id, r.Stage, shippedText(o), r.LeaseEpoch, r.Report)
 	}
 }
 
@@ -236,7 +307,18 @@ func runFleetSubmit(ctx context.Context, f *Factory, opts *submitOptions) error 
 	if err != nil {
 		return err
 	}
-	ms, err := readManifests(f, opts.Files, func(file string, raw []byte) (*job.Job, error) { return manifest.Parse(file, raw, cat) })
+	ms, err := readManifests(f, opts.Files, func(file string, raw []byte) (*job.Job, error) {
+		j, err := manifest.Parse(file, raw, cat)
+		if err != nil {
+			return nil, err
+		}
+		// What every factory would refuse (a repo by URL or path) is
+		// refused here, before it is posted.
+		if ref := manifest.Check(j, manifest.Policy{Fleet: true}); ref != nil {
+			return nil, manifest.Errors{{File: file, Msg: ref.Msg}}
+		}
+		return j, nil
+	})
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ func fleetEnvRoutes(t *testing.T, routes string) (s *coord.Served, dir, origin s
 	base := filepath.Join(dir, "src")
 	origin = testenv.AddOrigin(t, testenv.NewRepo(t, base, "app", nil))
 	for k, v := range map[string]string{
-		"AQ_FLEET": "1", "AQ_FLEET_API": s.API, "AQ_FLEET_TOKEN": s.EnrollToken(), "AQ_FACTORY_ID": "cli-factory",
+		"AQ_FLEET": "1", "AQ_FLEET_API": s.API, "AQ_FLEET_TOKEN": s.EnrollToken(), "AQ_FACTORY_ID": "cli-factory", "AQ_ENGINES": "all",
 		"AQ_REPO_BASE": base, "AQ_KILL_GRACE": "200ms", "AQ_HEARTBEAT_SEC": "1", "AQ_FLEET_LEASE_RENEW_SEC": "1", "AQ_POLL_SECONDS": "1",
 	} {
 		t.Setenv(k, v)

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,7 +16,6 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
-	"github.com/aqfleet/aq/internal/mdmeta"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -23,8 +23,9 @@ import (
 // engine's output rendered for a person through engines.Transcript (or raw),
 // and the job's stage changes, until the job ends. The log is read from this
 // host's $AQ_HOME/logs/<id>/stdout.log while it grows; a fleet job that runs
-// or ran on another factory is read from the coordinator: its events while
-// it runs, its engine-stdout artifact once it ended.
+// or ran on another factory is read from the coordinator: its events, and
+// its live log while it runs (GET /fleet/jobs/:id/log, long-polled) — or,
+// from a coordinator without one, its engine-stdout artifact once it ended.
 
 // jobWatch says where a job is. Poll returns the stage changes since the
 // last call, as lines for a person, and whether the job has ended.
@@ -41,8 +42,11 @@ type follower struct {
 	// (nil: no coordinator).
 	logPath string
 	remote  *fleet.Client
-	raw     bool
-	every   time.Duration
+	// live follows the job's live log at the coordinator (nil: the job
+	// runs here, or local mode).
+	live  *remoteLog
+	raw   bool
+	every time.Duration
 	// meta receives what is not the engine's output (stage changes,
 	// notes) when raw keeps stdout to the engine's own lines; nil: emit.
 	meta func(string)
@@ -74,6 +78,15 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 			// written before its stage moves.
 			fo.readLocal(emit, false)
 		}
+		if fo.live != nil && !first {
+			// Long-polled: this is the loop's wait while the job runs.
+			t0 := time.Now()
+			if got := fo.readLive(ctx, emit, every); !got {
+				if !sleepCtx(ctx, every-time.Since(t0)) {
+					return nil
+				}
+			}
+		}
 		changes, ended, err := fo.watch.Poll(ctx)
 		switch {
 		case err != nil && first:
@@ -89,27 +102,212 @@ func (fo *follower) run(ctx context.Context, emit func(string)) error {
 				fo.note(emit, "· the coordinator answers again")
 			}
 		}
+		if ended && fo.live != nil && !first {
+			// The run's last lines before its end: its factory sent them
+			// before the final report.
+			fo.finishLive(ctx, emit)
+		}
 		for _, c := range changes {
 			fo.note(emit, c)
 		}
 		if first {
 			fo.readLocal(emit, false) // the history first, then the log so far
+			switch {
+			case fo.live != nil && ended:
+				fo.finishLive(ctx, emit)
+			case fo.live != nil:
+				fo.readLive(ctx, emit, 0)
+			}
 			first = false
 		}
 		if ended {
 			fo.readLocal(emit, true)
-			if !fo.sawLocal && fo.remote != nil {
+			switch {
+			case fo.live != nil && fo.live.shown:
+				fo.liveSummary(emit)
+			case !fo.sawLocal && fo.remote != nil:
 				fo.readRemote(ctx, emit)
 			}
 			return nil
 		}
-		t := time.NewTimer(every)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if fo.live == nil && !sleepCtx(ctx, every) {
 			return nil
-		case <-t.C:
 		}
+	}
+}
+
+// sleepCtx waits d; false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// remoteLog is where a follower is in a job's live log: the run it follows
+// (from the oldest the coordinator keeps, each to its end, then the next)
+// and its offset in that run's stream.
+type remoteLog struct {
+	c      *fleet.Client
+	epoch  int64 // 0: no run yet
+	offset int64
+	// off: the coordinator has no live log, or answered what is not one;
+	// the engine's output comes from the artifact at the job's end.
+	off   bool
+	shown bool // some of the live log was shown
+	// ended: the run followed was read to its end, and no newer run began.
+	ended bool
+	gaps  int64 // bytes not streamed, in the runs shown
+	said  int64 // the run last announced
+}
+
+// readLive shows what the job's live log gained past the follower's place,
+// waiting up to wait for it (a long poll); it reports whether there was
+// something.
+func (fo *follower) readLive(ctx context.Context, emit func(string), wait time.Duration) bool {
+	lv := fo.live
+	if lv == nil || lv.off {
+		return false
+	}
+	got := false
+	for range 64 { // pages and runs: bounded, the next loop goes on
+		p, err := lv.c.ReadLog(ctx, fo.id, fleet.LogQuery{Epoch: lv.epoch, Offset: lv.offset, Wait: wait})
+		switch {
+		case fleet.IsRouteAbsent(err):
+			lv.off = true
+			fo.note(emit, "· the coordinator has no GET /fleet/jobs/:id/log: the engine's output shows when the job ends (from its artifacts)")
+			return got
+		case isRefused(err):
+			lv.off = true
+			fo.note(emit, "! the coordinator's live log cannot be read ("+err.Error()+"): the engine's output shows when the job ends (from its artifacts)")
+			return got
+		case err != nil:
+			return got // away: the stage poll says so, and the next call tries again
+		}
+		wait = 0
+		if lv.epoch == 0 {
+			if p.LeaseEpoch == 0 {
+				return got // no run has streamed yet
+			}
+			lv.epoch, lv.offset = p.LeaseEpoch, 0
+			if len(p.Runs) > 0 && p.Runs[0].LeaseEpoch != p.LeaseEpoch {
+				lv.epoch = p.Runs[0].LeaseEpoch // from the oldest run kept
+				continue
+			}
+		}
+		lv.ended = false
+		if lv.said != lv.epoch {
+			lv.said = lv.epoch
+			fo.note(emit, fmt.Sprintf("· engine output of attempt %d, live from factory %s", p.Attempt, orDash(p.FactoryID)))
+		}
+		for _, r := range p.Records {
+			got, lv.shown = true, true
+			if r.Kind == fleet.LogGap {
+				fo.flushPartial(emit)
+				lv.gaps += r.Size
+				msg := fmt.Sprintf("… %d bytes not streamed: they are in the job's final artifact (aq job logs --stream stdout %s) …", r.Size, fo.id)
+				if fo.rec != nil {
+					fo.rec(logRecord{Job: fo.id, Kind: "gap", Text: msg})
+					continue
+				}
+				fo.note(emit, msg)
+				continue
+			}
+			fo.feed([]byte(r.Text), emit)
+		}
+		lv.offset = p.Next
+		if !p.Ended || p.Next < runSize(p) {
+			if len(p.Records) > 0 && p.Next < runSize(p) {
+				continue // the answer was capped: read on
+			}
+			return got
+		}
+		// The run is over: on to the next one, if any.
+		next := int64(0)
+		for _, r := range p.Runs {
+			if r.LeaseEpoch > lv.epoch {
+				next = r.LeaseEpoch
+				break
+			}
+		}
+		if next == 0 {
+			fo.flushPartial(emit)
+			lv.ended = true
+			return got
+		}
+		fo.flushPartial(emit)
+		lv.epoch, lv.offset = next, 0
+	}
+	return got
+}
+
+// runSize is the length of the page's run as the coordinator lists it.
+func runSize(p *fleet.LogPage) int64 {
+	for _, r := range p.Runs {
+		if r.LeaseEpoch == p.LeaseEpoch {
+			return r.Size
+		}
+	}
+	return p.Next
+}
+
+// finishLive reads the live log to the end of its last run once the job
+// ended: its factory sent the end before the final report, so this is
+// short; a stream that never ends (its factory lost) is left after a few
+// tries.
+func (fo *follower) finishLive(ctx context.Context, emit func(string)) {
+	for range 3 {
+		fo.readLive(ctx, emit, 2*time.Second)
+		if fo.live.off || fo.live.ended || ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// liveSummary says, at the end, what the live log did not carry.
+func (fo *follower) liveSummary(emit func(string)) {
+	lv := fo.live
+	switch {
+	case lv.gaps > 0:
+		fo.note(emit, fmt.Sprintf("· %d bytes of the engine's output were not streamed; the whole log is the job's artifact: aq job logs --stream stdout %s", lv.gaps, fo.id))
+	case !lv.ended:
+		fo.note(emit, "· the live log did not reach its end; the whole log is the job's artifact: aq job logs --stream stdout "+fo.id)
+	}
+}
+
+// isRefused: the coordinator answered, with what aq cannot take (a 4xx,
+// or a 2xx that is not the contract's).
+func isRefused(err error) bool {
+	var se *fleet.StatusError
+	return errors.As(err, &se)
+}
+
+// feed renders b, the engine's output, line by line; a line's start waits
+// for its end.
+func (fo *follower) feed(b []byte, emit func(string)) {
+	fo.partial = append(fo.partial, b...)
+	for {
+		i := bytes.IndexByte(fo.partial, '\n')
+		if i < 0 {
+			break
+		}
+		fo.line(fo.partial[:i], emit)
+		fo.partial = fo.partial[i+1:]
+	}
+}
+
+// flushPartial renders a last line without its newline.
+func (fo *follower) flushPartial(emit func(string)) {
+	if len(fo.partial) > 0 {
+		fo.line(fo.partial, emit)
+		fo.partial = nil
 	}
 }
 
@@ -147,23 +345,14 @@ func (fo *follower) readLocal(emit func(string), final bool) {
 		n, err := f.Read(buf)
 		if n > 0 {
 			fo.offset += int64(n)
-			fo.partial = append(fo.partial, buf[:n]...)
-			for {
-				i := bytes.IndexByte(fo.partial, '\n')
-				if i < 0 {
-					break
-				}
-				fo.line(fo.partial[:i], emit)
-				fo.partial = fo.partial[i+1:]
-			}
+			fo.feed(buf[:n], emit)
 		}
 		if err != nil {
 			break
 		}
 	}
-	if final && len(fo.partial) > 0 {
-		fo.line(fo.partial, emit)
-		fo.partial = nil
+	if final {
+		fo.flushPartial(emit)
 	}
 }
 
@@ -347,6 +536,8 @@ func newFollower(ctx context.Context, f *Factory, id string, raw bool) (*followe
 		fo := &follower{id: id, watch: &fleetWatch{c: c, id: id}, remote: c, raw: raw, every: time.Second}
 		if ranHere(cfg.StateDir(), id) || exists(logPath) {
 			fo.logPath = logPath
+		} else {
+			fo.live = &remoteLog{c: c}
 		}
 		return fo, nil
 	}
@@ -370,8 +561,8 @@ func ranHere(stateDir, id string) bool {
 // checkJobID refuses an id that cannot name a job (and would escape the
 // logs directory).
 func checkJobID(id string) error {
-	if !mdmeta.NamePattern.MatchString(id) || strings.Contains(id, "..") {
-		return aqerr.Usagef("a job id is letters, digits, '.', '_' and '-' (`aq status` lists the jobs)", "%q is not a job id", id)
+	if msg := job.CheckID(id); msg != "" {
+		return aqerr.Usagef("a job id is letters, digits, '.', '_' and '-' (`aq status` lists the jobs)", "%s is not a job id: it %s", job.Show(id), msg)
 	}
 	return nil
 }

@@ -95,9 +95,11 @@ func newJobShowCmd(f *Factory) *cobra.Command {
 func printJob(w io.Writer, v JobView) error {
 	s := v.State
 	tw := table(w)
+	// Everything shown may have come from a job's author (a title, a
+	// detail quoting the engine): no escape sequence reaches the terminal.
 	row := func(k, val string) {
 		if val != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, val)
+			fmt.Fprintf(tw, "%s\t%s\n", k, job.Printable(val, false))
 		}
 	}
 	row("id", s.ID)
@@ -142,7 +144,7 @@ func printJob(w io.Writer, v JobView) error {
 			if h.Detail != "" {
 				line += ": " + h.Detail
 			}
-			fmt.Fprintln(w, line)
+			fmt.Fprintln(w, job.Printable(line, false))
 		}
 	}
 	return nil
@@ -170,8 +172,9 @@ event (kind: attempt, system, text, tool, tool-error, usage, result,
 error) and {job, kind: "event", text} for each stage change or note.
 
 In fleet mode a job that ran (or runs) on another factory is read from the
-coordinator: its events while it runs, and its logs from the artifacts its
-factory uploaded when it ended.`,
+coordinator: with -f its events and its live log while it runs (about a
+second behind its engine; gaps shown as gaps), and its logs from the
+artifacts its factory uploaded when it ended.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := f.Config()
@@ -225,8 +228,9 @@ type logRecord struct {
 	// Stream names the log a line was read from as written (stdout,
 	// stderr, verify); empty with -f.
 	Stream string `json:"stream,omitempty"`
-	// Kind is, with -f, the engine event's kind (engines.Note) or "event"
-	// for a stage change or a note of aq's.
+	// Kind is, with -f, the engine event's kind (engines.Note), "event"
+	// for a stage change or a note of aq's, or "gap" for a stretch of a
+	// live log its factory could not stream.
 	Kind  string         `json:"kind,omitempty"`
 	Text  string         `json:"text"`
 	Usage *engines.Usage `json:"usage,omitempty"`

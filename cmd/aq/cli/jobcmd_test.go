@@ -14,7 +14,7 @@ import (
 // usage error (exit 2, one line) for an unknown or invalid id.
 func TestJobCommands(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	built, flop := testenv.ID("built"), testenv.ID("flop")
 	h.Submit(t, "built", scriptJob("app", "echo hello from built\necho warn >&2\necho x > x.txt", "ship: none"))

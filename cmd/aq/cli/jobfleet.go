@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/fleet"
+	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/job"
 )
@@ -82,6 +83,9 @@ type FleetJobView struct {
 	Missing []string `json:"missing,omitempty"`
 	// Logs is this host's log directory for the job, when it ran here.
 	Logs string `json:"logs,omitempty"`
+	// Here is this factory's record of the job, when it ran here: it says
+	// what the coordinator may not know, such as a report it refused.
+	Here *jobstate.Record `json:"here,omitempty"`
 }
 
 func fleetJobShow(ctx context.Context, f *Factory, id string, asJSON bool) error {
@@ -115,6 +119,11 @@ func fleetJobShow(ctx context.Context, f *Factory, id string, asJSON bool) error
 	if dir := filepath.Join(cfg.LogsDir(), id); exists(dir) {
 		v.Logs = dir
 	}
+	if st, err := jobstate.Open(filepath.Join(cfg.StateDir(), "jobs")); err == nil {
+		if rec, err := st.Get(id); err == nil {
+			v.Here = &rec
+		}
+	}
 	if asJSON {
 		return writeJSON(f.IO.Out, v)
 	}
@@ -126,7 +135,7 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 	tw := table(w)
 	row := func(k, val string) {
 		if val != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, val)
+			fmt.Fprintf(tw, "%s\t%s\n", k, job.Printable(val, false))
 		}
 	}
 	row("id", j.ID)
@@ -146,6 +155,10 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 		row("deps", strings.Join(j.Deps, ", "))
 	}
 	row("logs (this host)", v.Logs)
+	if h := v.Here; h != nil && h.ReportRefused != "" {
+		row("report (this host)", "refused by the coordinator: "+h.ReportRefused+"; this host ended the job "+orDash(string(h.Stage))+
+			reasonText(h.Reason)+", which the coordinator does not know")
+	}
 	if in := j.Insights; in != nil {
 		row("insights", fmt.Sprintf("engine %s, model %s, tokens in/out %d/%d, cost $%.4f, turns %d, wall %dms, files %d +%d/-%d",
 			in.Engine, in.Model, in.TokensIn, in.TokensOut, in.CostUSD, in.Turns, in.WallMS, in.FilesChanged, in.LinesAdded, in.LinesDeleted))
@@ -166,7 +179,7 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 			if e.Detail != "" {
 				line += ": " + e.Detail
 			}
-			fmt.Fprintln(w, line)
+			fmt.Fprintln(w, job.Printable(line, false))
 		}
 	}
 	if len(v.Artifacts) > 0 {
@@ -183,6 +196,13 @@ func printFleetJob(w io.Writer, v FleetJobView) error {
 		fmt.Fprintf(w, "\n(the coordinator has no %s: not shown)\n", m)
 	}
 	return nil
+}
+
+func reasonText(r job.Reason) string {
+	if r == "" {
+		return ""
+	}
+	return " (" + string(r) + ")"
 }
 
 // fleetAct applies action and says what became of the job.

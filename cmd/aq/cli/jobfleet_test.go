@@ -192,7 +192,7 @@ func TestJobLogsFollowFleetFromAnotherHost(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("logs -f: %d %q", code, errOut)
 	}
-	for _, want := range []string{"◆ ", "stage shipped", "engine output of attempt 1, from factory cli-factory", "→ Edit src/main.go", "■ result: success", "$0.5000"} {
+	for _, want := range []string{"◆ ", "stage shipped", "engine output of attempt 1, live from factory cli-factory", "→ Edit src/main.go", "■ result: success", "$0.5000"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("logs -f lacks %q:\n%s", want, out)
 		}

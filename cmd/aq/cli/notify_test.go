@@ -20,7 +20,7 @@ import (
 // no log line and `aq config` masks it.
 func TestRunNotifies(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	fakeGH(t, h)
 	repo := h.Repo(t, "app", nil)
 	testenv.AddOrigin(t, repo)
@@ -88,7 +88,7 @@ func TestRunNotifies(t *testing.T) {
 // nothing taken, and the value is not quoted.
 func TestRunBadNotifyURL(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "kept", scriptJob("app", "echo x > x.txt", "ship: branch"))
 	bad := filepath.Join(t.TempDir(), "url")

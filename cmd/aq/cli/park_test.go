@@ -20,7 +20,7 @@ import (
 // requeue by hand clears the job's own wait but not the engine's hold.
 func TestRunOnceParks(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	reset := time.Now().Add(2 * time.Hour).Truncate(time.Second)
 	bin := parkedClaude(t, reset)

@@ -20,10 +20,13 @@ import (
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/agent/local"
+	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 )
 
 // IO is where a command reads and writes. User output goes to Out; logs and
@@ -75,9 +78,19 @@ func (f *Factory) Local() (*local.Agent, error) {
 			f.localErr = err
 			return
 		}
-		f.local, f.localErr = local.New(cfg, f.Logger(), f.Redactor(), local.Parts{})
+		f.local, f.localErr = local.New(cfg, f.Logger(), f.Redactor(), local.Parts{Queue: []queue.Option{f.queueWait()}})
 	})
 	return f.local, f.localErr
+}
+
+// queueWait makes the queue's lock waits obey the command's context
+// (Ctrl-C, SIGTERM) and say, after a second, what they wait for.
+func (f *Factory) queueWait() queue.Option {
+	ctx := context.Background()
+	if f.active != nil && f.active.Context() != nil {
+		ctx = f.active.Context()
+	}
+	return queue.WithWait(ctx, func(msg string) { fmt.Fprintln(f.IO.Err, "aq: "+msg) })
 }
 
 // Config loads and validates the configuration once.
@@ -121,8 +134,12 @@ func (f *Factory) Logger() *slog.Logger {
 // Main runs aq with the process's arguments and standard streams under a
 // context that is cancelled on SIGINT/SIGTERM, and returns the exit code.
 func Main() int {
-	// An engine's supervisor is aq re-executed: it must not parse a command
-	// line or start anything else (internal/process, supervise.go).
+	// A sandbox's init and an engine's supervisor are aq re-executed: they
+	// must not parse a command line or start anything else
+	// (internal/sandbox, init_linux.go; internal/process, supervise.go).
+	if code, ok := sandbox.MaybeInit(); ok {
+		return code
+	}
 	if code, ok := process.MaybeSupervise(); ok {
 		return code
 	}
@@ -161,7 +178,9 @@ func run(ctx context.Context, args []string, io IO, supervisor string) int {
 	}
 	code := aqerr.ExitCode(err)
 	if !aqerr.IsSilent(err) {
-		msg := f.Redactor().String(aqerr.Message(err))
+		// An error may quote what a coordinator, a manifest or an engine
+		// said: shown, never obeyed (no escape sequence reaches a terminal).
+		msg := job.Printable(f.Redactor().String(aqerr.Message(err)), false)
 		fmt.Fprintln(io.Err, "aq: "+msg)
 	}
 	return int(code)

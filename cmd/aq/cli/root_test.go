@@ -200,16 +200,28 @@ func TestErrorMessagesAreRedacted(t *testing.T) {
 	}
 }
 
-// binHome is an AQ_HOME for the binary, with $MARK for the scripts.
-func binHome(t *testing.T) (*testenv.Home, string) {
+// binHome is an AQ_HOME for the binary; its engines run sandboxed, as by
+// default.
+func binHome(t *testing.T) *testenv.Home {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs the aq binary")
 	}
 	h := testenv.NewHome(t)
-	mark := t.TempDir()
-	h.Env = append(h.Env, "MARK="+mark)
 	h.Bin = testenv.BuildAQ(t)
+	return h
+}
+
+// markedHome is binHome for tests whose engines write markers to a folder
+// outside their worktree (MARK, returned), which the sandbox would keep
+// from the host: their engines run unsandboxed (AQ_SANDBOX=off).
+func markedHome(t *testing.T) (*testenv.Home, string) {
+	t.Helper()
+	h := binHome(t)
+	mark := t.TempDir()
+	// MARK reaches the engines as an operator passes a variable
+	// (AQ_ENGINE_ENV): an engine's environment is built, not inherited.
+	h.Env = append(h.Env, "MARK="+mark, "AQ_ENGINE_ENV=MARK", "AQ_SANDBOX=off")
 	return h, mark
 }
 

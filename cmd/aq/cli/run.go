@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/hostfault"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -52,11 +53,17 @@ one message works (docs/ondemand.md):
   --job ID  accept that one job (POST /fleet/accept), run it, exit — for a
             controller that starts one replica per job
 
-Exit codes: 0 the job(s) succeeded, 1 a job failed, 2 usage or configuration
-error, 3 no runnable job (no message within --wait; --job: no such job to
-accept; or the job was parked: its engine's rate or usage limit stopped it,
-and it runs again once the limit resets), 4 the job was fenced (--job: another factory holds it), 5 the
-coordinator refused this factory's credentials.`,
+Exit codes: 0 the job(s) succeeded, 1 a job failed (or was refused as
+invalid: invalid_job, invalid_manifest), 2 usage or configuration error,
+nothing was done (also: the coordinator answered with something that is not
+its API's JSON — check AQ_FLEET_API), 3 no runnable job (no message within
+--wait; --job: no such job to accept; or the job was parked: its engine's
+rate or usage limit stopped it, and it runs again once the limit resets), 4
+the job was fenced or its lease lost (--job: another factory holds it), 5
+the coordinator refused this factory's credentials, 6 the coordinator
+refused the job's report (a 4xx, or an answer that is not its API's JSON):
+it does not have the job's outcome, which is kept in $AQ_HOME/spool/dead and
+shown by aq job show.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -139,6 +146,13 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 		last = res
 		if res.Outcome.Failed() && !res.Outcome.IsParked() {
 			failed++
+		}
+		var unrecorded *queue.MovedUnrecordedError
+		if errors.As(err, &unrecorded) {
+			// The job moved (its manifest's folder), but $AQ_HOME took no
+			// state: said in the job's one line, not as a second error.
+			res.Outcome.Detail += "; $AQ_HOME could not record this (" + hostfault.Cause(unrecorded.Err) + "): the job is in " + string(unrecorded.To) + " all the same"
+			err = nil
 		}
 		printResult(f, opts, res)
 		if err != nil {

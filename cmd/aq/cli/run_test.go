@@ -39,7 +39,7 @@ func noTagged(t *testing.T, name string) {
 // run every job exactly once.
 func TestRunConcurrentProcessesTakeEachJobOnce(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	const jobs, procs = 20, 4
 	for r := range 5 {
 		h.Repo(t, fmt.Sprintf("repo%d", r), nil)
@@ -100,7 +100,7 @@ echo "$AQ_JOB_ID" > out.txt`, "ship: branch"))
 // aq processes as jobs taking them at once (they wait for the repo lock).
 func TestRunSameRepoSerially(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "one", nil)
 	const jobs = 4
 	// mkdir is atomic: a second job inside the repo at the same time fails
@@ -135,7 +135,7 @@ rmdir "$MARK/inside" 2>/dev/null || true`
 // would wait in vain until their own deadline and fail.
 func TestRunDifferentReposInParallel(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, _ := binHome(t)
+	h, _ := markedHome(t)
 	for _, r := range []string{"left", "right"} {
 		h.Repo(t, r, nil)
 	}
@@ -186,7 +186,7 @@ func TestRunKill9MidJob(t *testing.T) {
 	for _, next := range []string{"status", "run"} {
 		t.Run("recovered_by_"+next, func(t *testing.T) {
 			t.Parallel()
-			h, mark := binHome(t)
+			h, mark := markedHome(t)
 			repo := h.Repo(t, "app", nil)
 			k9 := testenv.ID("k9-" + next)
 			h.Submit(t, k9, scriptJob("app", k9Script, "ship: branch"))
@@ -285,7 +285,7 @@ func TestRunSignalToAQ(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
-			h, mark := binHome(t)
+			h, mark := markedHome(t)
 			repo := h.Repo(t, "app", map[string]string{"keep.txt": "keep\n", "doomed.txt": "doomed\n", ".gitignore": "*.log\n"})
 			sigID := testenv.ID("sig-" + sig.String())
 			h.Submit(t, sigID, scriptJob("app", `if [ -f new.txt ]; then echo resumed > "$MARK/resumed"; exit 0; fi
@@ -335,7 +335,7 @@ wait`, "ship: none"))
 // TestRunFailureReasons: every failure reason of local mode is reachable from
 // a manifest and recorded in the job's sidecar; aq run --once exits 1.
 func TestRunFailureReasons(t *testing.T) {
-	wait := "touch \"$MARK/started\"\nsleep 30"
+	wait := "sleep 30"
 	cases := []struct {
 		name       string
 		front      string
@@ -360,7 +360,7 @@ func TestRunFailureReasons(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			h, _ := binHome(t)
+			h := binHome(t)
 			h.Repo(t, "app", nil)
 			id := testenv.ID(strings.ReplaceAll(c.name, "_", "-"))
 			h.Submit(t, id, c.front)
@@ -402,7 +402,7 @@ func TestRunFailureReasons(t *testing.T) {
 // and is kept as .corrupt.
 func TestRunInvalidManifestInQueue(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	edited, garbled := testenv.ID("edited"), testenv.ID("garbled")
 	h.Submit(t, edited, scriptJob("app", "true"))
@@ -435,7 +435,7 @@ func TestRunInvalidManifestInQueue(t *testing.T) {
 // runs once more, then goes to dead_letter.
 func TestRunRetriesWithBackoff(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "retry", scriptJob("app", `echo "$AQ_JOB_ID" >> "$MARK/runs"; exit 4`, "retry: {max: 1, backoff: 2s}"))
 	if r := h.Run(t, "run", "--once"); r.Code != 1 {
@@ -482,17 +482,18 @@ func TestRunRetriesWithBackoff(t *testing.T) {
 }
 
 // TestRunSecretsMasked: secrets the engine prints are *** in the job logs and
-// in aq's own output; AQ_FLEET_TOKEN is not in the engine's environment.
+// in aq's own output; AQ_FLEET_TOKEN and GITHUB_TOKEN are not in the
+// engine's environment (issue #26), a credential AQ_ENGINE_ENV passes is.
 func TestRunSecretsMasked(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	const gh, fleet = "ghp_abcdefghijklmnop0123456789", "aqft_0123456789abcdef"
-	h.Env = append(h.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet, "MY_SERVICE_PASSWORD=hunter2hunter2")
-	h.Submit(t, "sec", scriptJob("app", `echo "token=$GITHUB_TOKEN pass=$MY_SERVICE_PASSWORD fleet=${AQ_FLEET_TOKEN:-absent}"
-echo "err token=$GITHUB_TOKEN" >&2
+	h.Env = append(h.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet, "MY_SERVICE_PASSWORD=hunter2hunter2", "AQ_ENGINE_ENV=MARK,MY_SERVICE_PASSWORD")
+	h.Submit(t, "sec", scriptJob("app", `echo "token=${GITHUB_TOKEN:-absent} pass=$MY_SERVICE_PASSWORD fleet=${AQ_FLEET_TOKEN:-absent}"
+echo "err pass=$MY_SERVICE_PASSWORD" >&2
 env > "$MARK/env"
-echo x > x.txt`, "verify: echo verify token=$GITHUB_TOKEN"))
+echo x > x.txt`, "verify: echo verify pass=$MY_SERVICE_PASSWORD token=${GITHUB_TOKEN:-absent}"))
 	r := h.Run(t, "run", "--once")
 	if r.Code != 0 {
 		t.Fatalf("%s", r)
@@ -509,13 +510,14 @@ echo x > x.txt`, "verify: echo verify token=$GITHUB_TOKEN"))
 			}
 		}
 	}
-	for _, want := range []string{"token=*** pass=*** fleet=absent", "err token=***", "verify token=***"} {
+	for _, want := range []string{"token=absent pass=*** fleet=absent", "err pass=***", "verify pass=*** token=absent"} {
 		if !strings.Contains(logs.Stdout, want) {
 			t.Errorf("logs lack %q:\n%s", want, logs.Stdout)
 		}
 	}
-	if env := testenv.ReadFile(t, filepath.Join(mark, "env")); strings.Contains(env, "AQ_FLEET_TOKEN") || !strings.Contains(env, "GITHUB_TOKEN=") {
-		t.Errorf("engine environment: AQ_FLEET_TOKEN must be absent, GITHUB_TOKEN present")
+	if env := testenv.ReadFile(t, filepath.Join(mark, "env")); strings.Contains(env, "AQ_FLEET_TOKEN") || strings.Contains(env, "GITHUB_TOKEN=") || strings.Contains(env, "AQ_HOME=") ||
+		!strings.Contains(env, "MY_SERVICE_PASSWORD=") {
+		t.Errorf("engine environment: AQ_FLEET_TOKEN, GITHUB_TOKEN and AQ_HOME must be absent, MY_SERVICE_PASSWORD (AQ_ENGINE_ENV) present")
 	}
 }
 
@@ -523,7 +525,7 @@ echo x > x.txt`, "verify: echo verify token=$GITHUB_TOKEN"))
 // (exit 2) in one line that names it.
 func TestRunHomeNotWritable(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	file := filepath.Join(t.TempDir(), "plain-file")
 	testenv.WriteFile(t, file, "not a directory")
 	h.Env = append(h.Env, "AQ_HOME="+filepath.Join(file, "home"))
@@ -542,7 +544,7 @@ func TestRunHomeNotWritable(t *testing.T) {
 // more wait, and says so when nothing is queued at all.
 func TestRunOnceSaysWhyNothingRuns(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	bin := t.TempDir()
 	for _, tool := range []string{"git", "sh"} { // a PATH without claude, whatever this host has
@@ -582,7 +584,7 @@ func TestRunOnceSaysWhyNothingRuns(t *testing.T) {
 // TestRunExitCodes: 3 with nothing to run, 0 on success, 1 on failure.
 func TestRunExitCodes(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	if r := h.Run(t, "run", "--once"); r.Code != 3 || !strings.Contains(r.Stderr, "no runnable job") {
 		t.Errorf("empty queue: %s", r)
@@ -613,7 +615,7 @@ func sortedKeys(m map[string]string) []string {
 // run.
 func TestRunQueueProblemDoesNotStopRun(t *testing.T) {
 	t.Parallel() // its own home and job ids: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "fine", scriptJob("app", "echo ok > ok.txt"))
 	if err := os.Mkdir(filepath.Join(h.Queue("inbox"), "weird.json"), 0o755); err != nil {

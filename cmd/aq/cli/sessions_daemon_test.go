@@ -60,8 +60,11 @@ func newSessionFleet(t *testing.T, slots int, factories ...string) *sessionFleet
 				testenv.Git(t, h.RepoBase, "clone", "-q", origins[repo], repo)
 			}
 		}
+		// AQ_SANDBOX=off: the jobs' engines wait for files outside their
+		// worktrees, which a sandbox keeps from the host.
 		h.Env = []string{
-			"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=" + id,
+			"AQ_SANDBOX=off",
+			"AQ_FLEET=1", "AQ_FLEET_API=" + s.API, "AQ_FLEET_TOKEN=" + s.EnrollToken(), "AQ_FACTORY_ID=" + id, "AQ_ENGINES=all",
 			"AQ_FACTORY_POOL=" + sessionPool, "AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1",
 			"AQ_SB_CONNECTION_STRING=" + f.peer.ConnectionString(), "AQ_SB_SESSIONS=1", "AQ_SLOTS=" + strconv.Itoa(slots),
 			"AQ_METRICS_ADDR=127.0.0.1:0",

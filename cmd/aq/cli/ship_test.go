@@ -43,7 +43,7 @@ echo "fake gh: unexpected $*" >&2; exit 1
 // ship: merge also enables auto-merge with branch deletion.
 func TestShipPRAndMerge(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	calls, body := fakeGH(t, h)
 	repo := h.Repo(t, "app", nil)
 	origin := testenv.AddOrigin(t, repo)
@@ -84,7 +84,7 @@ func TestShipPRAndMerge(t *testing.T) {
 // as capability_mismatch naming has:gh.
 func TestShipPRWithoutGH(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Env = append(h.Env, "PATH=/usr/bin:/bin") // no gh here
 	if _, err := os.Stat("/usr/bin/gh"); err == nil {
 		t.Skip("gh is installed in /usr/bin")

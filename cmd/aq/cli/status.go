@@ -17,6 +17,7 @@ import (
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/lockwait"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -195,6 +196,9 @@ func runStatus(ctx context.Context, f *Factory, opts *statusOptions, intervalSet
 
 func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, now time.Time) (*Board, error) {
 	recovered, err := a.Recover(ctx)
+	if lockwait.IsInterrupted(err) {
+		return nil, err // Ctrl-C or SIGTERM while the queue's lock was held
+	}
 	if err != nil {
 		// Repairs that failed for some jobs; the board shows the rest.
 		f.Logger().Warn("the local queue needs attention", "err", err)

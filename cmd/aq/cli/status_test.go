@@ -14,7 +14,7 @@ import (
 // why, inbox jobs this host cannot run and why, and failed jobs.
 func TestStatusBoard(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)
 	h.Submit(t, "broken", scriptJob("app", "exit 2"))

@@ -31,7 +31,7 @@ func queued(t *testing.T, h *testenv.Home, stage string) []string {
 // of the batch is enqueued.
 func TestSubmitInvalidManifest(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	dir := t.TempDir()
 	good := testenv.Manifest(t, dir, "good", scriptJob("app", "true"))
 	bad := filepath.Join(dir, "bad.md")
@@ -73,7 +73,7 @@ func TestSubmitInvalidManifest(t *testing.T) {
 // refused naming the existing job; so is an existing id.
 func TestSubmitDuplicates(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	dir := t.TempDir()
 	first := testenv.Manifest(t, dir, "first", scriptJob("app", "true", "idempotencyKey: TRACK-1234"))
 	r := h.Run(t, "submit", "--json", first)

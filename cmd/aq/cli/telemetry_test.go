@@ -21,7 +21,7 @@ import (
 // never the exporter's credentials (which the collector did get).
 func TestRunTracesLocalJob(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	rcv := otlptest.Start(t)
 	h.Env = append(h.Env, "OTEL_EXPORTER_OTLP_ENDPOINT="+rcv.URL(), "OTEL_SERVICE_NAME=aq-test",
@@ -112,7 +112,7 @@ echo '::aq-usage tokens_in=1200 tokens_out=300 tokens_cached=7 cost_usd=0.125 tu
 // Bad OTEL_* input is one clear line and exit 2, before any job is taken.
 func TestRunBadOTELEndpoint(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "untouched", scriptJob("app", "echo x > x.txt", "ship: branch"))
 	for _, c := range []struct{ env, want string }{
@@ -141,7 +141,7 @@ func TestRunBadOTELEndpoint(t *testing.T) {
 // log says once that spans are dropped.
 func TestRunOTLPEndpointDown(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, _ := binHome(t)
+	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "untraced", scriptJob("app", "echo x > x.txt", "ship: branch"))
 	h.Env = append(h.Env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1") // nothing listens on port 1

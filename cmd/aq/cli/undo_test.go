@@ -20,7 +20,7 @@ import (
 // job and names the jobs that wait for it.
 func TestUndoAMistakeLocal(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
-	h, mark := binHome(t)
+	h, mark := markedHome(t)
 	h.Repo(t, "webapp", nil)
 	dir := t.TempDir()
 	id := testenv.ID("norepo")

@@ -1,0 +1,143 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestLoginsWriteBack: a login the engine refreshed in its copy reaches
+// the original; one the host changed meanwhile keeps the host's; one
+// that does not rotate is never written back.
+func TestLoginsWriteBack(t *testing.T) {
+	host := t.TempDir()
+	creds := filepath.Join(host, ".claude", ".credentials.json")
+	settings := filepath.Join(host, ".claude", "settings.json")
+	for path, content := range map[string]string{creds: `{"refresh":"r1"}`, settings: `{"theme":"dark"}`} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := &Jail{p: Policy{JobDir: t.TempDir()}}
+	files := []LoginFile{
+		{Src: creds, Rel: ".claude/.credentials.json", Rotates: true},
+		{Src: settings, Rel: ".claude/settings.json"},
+		{Src: filepath.Join(host, "absent.json"), Rel: "absent.json", Rotates: true},
+	}
+	l, err := j.CopyLogins(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyOf := func(rel string) string { return filepath.Join(j.p.JobHome(), rel) }
+	if st, err := os.Stat(copyOf(".claude/.credentials.json")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("the copy: %v %v", st, err)
+	}
+	if _, err := os.Stat(copyOf("absent.json")); err == nil {
+		t.Error("a login file the host lacks was made up")
+	}
+	if notes := l.WriteBack(); len(notes) != 0 {
+		t.Errorf("nothing changed, yet: %v", notes)
+	}
+
+	// The engine refreshes its token (the refresh token rotates) and
+	// rewrites its settings.
+	os.WriteFile(copyOf(".claude/.credentials.json"), []byte(`{"refresh":"r2"}`), 0o600)
+	os.WriteFile(copyOf(".claude/settings.json"), []byte(`{"theme":"light"}`), 0o600)
+	notes := l.WriteBack()
+	if b, _ := os.ReadFile(creds); string(b) != `{"refresh":"r2"}` || len(notes) != 1 || !strings.Contains(notes[0], "written back") {
+		t.Errorf("the refreshed login was not written back: %q, notes %v", b, notes)
+	}
+	if b, _ := os.ReadFile(settings); string(b) != `{"theme":"dark"}` {
+		t.Errorf("settings, which do not rotate, were written back: %q", b)
+	}
+	if st, _ := os.Stat(creds); st.Mode().Perm() != 0o600 {
+		t.Errorf("the written-back login is %v, want 0600", st.Mode().Perm())
+	}
+
+	// The user logs in again on the host while the engine refreshes once
+	// more: the host's wins.
+	os.WriteFile(creds, []byte(`{"refresh":"user"}`), 0o600)
+	os.WriteFile(copyOf(".claude/.credentials.json"), []byte(`{"refresh":"r3"}`), 0o600)
+	notes = l.WriteBack()
+	if b, _ := os.ReadFile(creds); string(b) != `{"refresh":"user"}` || len(notes) != 1 || !strings.Contains(notes[0], "kept") {
+		t.Errorf("the host's newer login was overwritten: %q, notes %v", b, notes)
+	}
+}
+
+func TestSandboxEnv(t *testing.T) {
+	in := []string{"PATH=/usr/bin", "HOME=/root", "TMPDIR=/var/folders/x", "SSH_AUTH_SOCK=/tmp/ssh-x/agent", "XDG_RUNTIME_DIR=/run/user/0",
+		"HTTPS_PROXY=http://corp:8080", "no_proxy=corp", "ANTHROPIC_API_KEY=sk-x", "AQ_JOB_ID=j1"}
+	got := sandboxEnv(in, "/home/u", "/tmp", "http://127.0.0.1:3128")
+	for _, w := range []string{"PATH=/usr/bin", "HOME=/home/u", "TMPDIR=/tmp", "IS_SANDBOX=1", "ANTHROPIC_API_KEY=sk-x", "AQ_JOB_ID=j1",
+		"HTTPS_PROXY=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128", "ALL_PROXY=http://127.0.0.1:3128", "NO_PROXY=localhost,127.0.0.1,::1"} {
+		if !slices.Contains(got, w) {
+			t.Errorf("env lacks %s: %v", w, got)
+		}
+	}
+	for _, kv := range got {
+		for _, gone := range []string{"SSH_AUTH_SOCK=", "XDG_RUNTIME_DIR=", "HTTPS_PROXY=http://corp", "no_proxy=corp", "HOME=/root"} {
+			if strings.HasPrefix(kv, gone) {
+				t.Errorf("env keeps %s", kv)
+			}
+		}
+	}
+	none := sandboxEnv(in, "/home/u", "/tmp", "")
+	for _, kv := range none {
+		if strings.Contains(strings.ToLower(kv), "_proxy=") {
+			t.Errorf("no proxy, yet %s", kv)
+		}
+	}
+}
+
+func TestNewPolicy(t *testing.T) {
+	root := t.TempDir()
+	home := filepath.Join(root, "home")
+	aq := filepath.Join(root, "aq")
+	repo := filepath.Join(root, "src", "app")
+	wt := filepath.Join(aq, "worktrees", "app", "j1")
+	gitdir := filepath.Join(repo, ".git", "worktrees", "j1")
+	for _, d := range []string{wt, gitdir, filepath.Join(home, ".local", "bin"), filepath.Join(home, "go", "pkg", "mod"), filepath.Join(home, "tools", "bin")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(wt, ".git"), []byte("gitdir: "+gitdir+"\n"), 0o644)
+	os.WriteFile(filepath.Join(gitdir, "commondir"), []byte("../..\n"), 0o644)
+	engine := filepath.Join(home, ".local", "share", "claude", "versions", "2.1")
+	os.MkdirAll(filepath.Dir(engine), 0o755)
+	os.WriteFile(engine, nil, 0o755)
+	link := filepath.Join(home, ".local", "bin", "claude")
+	os.Symlink(engine, link)
+
+	p := NewPolicy(Paths{Worktree: wt, JobDir: filepath.Join(aq, "sandbox", "j1"), Home: home, Hide: []string{aq, filepath.Join(root, "src")},
+		Env: []string{"PATH=" + filepath.Join(home, "tools", "bin") + ":/usr/bin", "GOMODCACHE=" + filepath.Join(home, "mods")}, Engine: link})
+	if want := []string{filepath.Join(repo, ".git"), gitdir}; !slices.Equal(p.GitDirs, want) {
+		t.Errorf("git dirs %v, want %v", p.GitDirs, want)
+	}
+	for _, w := range []string{filepath.Join(home, "tools", "bin"), filepath.Join(home, ".local", "bin"), filepath.Dir(engine)} {
+		if !slices.Contains(p.ReadOnly, w) {
+			t.Errorf("read-only lacks %s: %v", w, p.ReadOnly)
+		}
+	}
+	if slices.Contains(p.ReadOnly, "/usr/bin") {
+		t.Error("a PATH entry outside the home and the hidden trees is bound again")
+	}
+	for _, w := range []string{filepath.Join(home, "go", "pkg", "mod"), filepath.Join(home, "mods")} {
+		if !slices.Contains(p.Caches, w) {
+			t.Errorf("caches lack %s: %v", w, p.Caches)
+		}
+	}
+	for _, w := range []string{aq, filepath.Join(root, "src")} {
+		if !slices.Contains(p.Hidden, w) {
+			t.Errorf("hidden lacks %s: %v", w, p.Hidden)
+		}
+	}
+	if os.Geteuid() == 0 && !slices.Contains(p.HiddenFiles, "/etc/shadow") {
+		t.Errorf("aq runs as root, yet /etc/shadow is not hidden: %v", p.HiddenFiles)
+	}
+}

@@ -1,0 +1,139 @@
+package sandbox
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Policy is what one job's engine (and its verify command) may touch. It is
+// the same on every platform; each platform enforces it its own way
+// (docs/sandbox.md): Linux with namespaces and Landlock, macOS with a
+// Seatbelt profile generated from it. Paths are absolute and clean.
+//
+// In words: the engine sees the host read-only, except Hidden (empty and
+// unreadable) and Home (replaced by the job's own home); it writes only to
+// its Worktree and the job's own directories (JobDir: home, tmp, state);
+// the job's git metadata (GitDirs) stays readable but read-only, so nothing
+// it plants there runs later; toolchains under Home or a hidden path
+// (ReadOnly) stay readable; package caches (Caches) are shared read-only
+// with a writable layer of the job's own; and its only route out is the
+// job's egress proxy (Net).
+type Policy struct {
+	// Worktree is the job's worktree: read-write, at its own path (git's
+	// worktree .git file names absolute paths).
+	Worktree string `json:"worktree"`
+	// GitDirs are the job's git metadata outside the worktree: the
+	// repository's common git dir and the worktree's own git dir.
+	// Read-only.
+	GitDirs []string `json:"gitDirs,omitempty"`
+	// Home is the user's home as the host knows it ($HOME; "" when
+	// unknown). Nothing of it is readable but ReadOnly and Caches entries
+	// below it: where the platform can, the job's home (JobHome) is seen at
+	// this path, so tools that find their state from $HOME (rustup, pyenv,
+	// go) keep working.
+	Home string `json:"home,omitempty"`
+	// JobDir is the job's own directory on the host, under $AQ_HOME: the
+	// engine's home (JobHome), its temporary directory (JobTmp), the state
+	// aq and the engine exchange (StateDir), and the writable layers of the
+	// caches. It lives as long as the run (the attempt and its repair
+	// rounds) and is removed after it.
+	JobDir string `json:"jobDir"`
+	// Hidden are unreadable (seen empty): $AQ_HOME, the repo base, /run,
+	// … — except the Worktree, GitDirs and JobDir paths below them.
+	Hidden []string `json:"hidden,omitempty"`
+	// HiddenFiles are single files made unreadable inside a readable tree
+	// (a cargo registry token inside ~/.cargo; /etc/shadow for a factory
+	// that runs as root).
+	HiddenFiles []string `json:"hiddenFiles,omitempty"`
+	// ReadOnly are readable even where they lie under Home or a Hidden
+	// path: toolchains, the engine's own binary.
+	ReadOnly []string `json:"readOnly,omitempty"`
+	// Caches are package caches below Home (the Go module and build
+	// caches, npm's, pip's, cargo's registry, …): shared read-only, with a
+	// writable layer of the job's own where the platform can (Linux:
+	// overlayfs), else of the job's own only.
+	Caches []string `json:"caches,omitempty"`
+	// Net is the engine's one route out.
+	Net Net `json:"net"`
+	// Limits are the job's cgroup limits (zero: none).
+	Limits Limits `json:"limits"`
+}
+
+// Net says how the engine reaches the network: only through the job's
+// egress proxy, which decides host by host (internal/egress). With neither
+// field set the engine has no network at all.
+type Net struct {
+	// ProxySocket is the unix socket of the job's proxy on the host. Inside
+	// a network namespace the sandbox bridges 127.0.0.1:ProxyBridgePort to
+	// it.
+	ProxySocket string `json:"proxySocket,omitempty"`
+	// ProxyPort is the proxy's TCP port on 127.0.0.1, for a sandbox without
+	// a network namespace of its own (Landlock alone, macOS): the only port
+	// the engine may connect to.
+	ProxyPort int `json:"proxyPort,omitempty"`
+}
+
+// ProxyBridgePort is where the engine finds its proxy inside a network
+// namespace of its own (HTTPS_PROXY=http://127.0.0.1:3128).
+const ProxyBridgePort = 3128
+
+// Limits are what the job's process tree may use (cgroup v2). Zero fields
+// are unlimited.
+type Limits struct {
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	Pids        int   `json:"pids,omitempty"`
+}
+
+// JobHome is the job's home on the host.
+func (p Policy) JobHome() string { return filepath.Join(p.JobDir, "home") }
+
+// JobTmp is the job's temporary directory on the host.
+func (p Policy) JobTmp() string { return filepath.Join(p.JobDir, "tmp") }
+
+// StateDir is a directory aq and the engine both reach at this same path:
+// what aq hands the engine in files (devin's prompt) and what the engine
+// leaves for aq (devin's trajectory).
+func (p Policy) StateDir() string { return filepath.Join(p.JobDir, "state") }
+
+// Writable lists what the engine may write, as host paths: its worktree,
+// and the job's home, temporary and state directories.
+func (p Policy) Writable() []string {
+	return []string{p.Worktree, p.JobHome(), p.JobTmp(), p.StateDir()}
+}
+
+// Clean returns p with every path cleaned, empty and duplicate entries
+// dropped, and the lists sorted, so two equal policies compare (and
+// generate) the same.
+func (p Policy) Clean() Policy {
+	clean := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		return filepath.Clean(s)
+	}
+	list := func(in []string) []string {
+		var out []string
+		for _, s := range in {
+			if s = clean(s); s != "" && !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	p.Worktree, p.Home, p.JobDir = clean(p.Worktree), clean(p.Home), clean(p.JobDir)
+	p.GitDirs, p.Hidden, p.HiddenFiles = list(p.GitDirs), list(p.Hidden), list(p.HiddenFiles)
+	p.ReadOnly, p.Caches = list(p.ReadOnly), list(p.Caches)
+	p.Net.ProxySocket = clean(p.Net.ProxySocket)
+	return p
+}
+
+// within reports whether path is dir or below it (both clean and
+// absolute).
+func within(path, dir string) bool {
+	if dir == "/" {
+		return strings.HasPrefix(path, "/")
+	}
+	return path == dir || strings.HasPrefix(path, dir+"/")
+}

@@ -1,0 +1,119 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// probe finds what this host can do: the Landlock ABI, whether a full
+// sandbox starts (a trial: the real init in new namespaces, building a
+// minimal view, bringing up loopback), and a delegated cgroup v2. When the
+// trial fails, the usual causes are read from their sysctls to say why.
+func probe(o Options) (Report, hostPlatform) {
+	r := Report{Level: LevelFull, LandlockABI: landlockABI()}
+	var missing []Missing
+	r.UserNS = trialUserNS(o.Init)
+	var plat hostPlatform
+	cg, cgWhy := findCgroup()
+	if cg != nil {
+		r.Cgroup = cg.dir
+		plat.cgroup = cg
+	} else {
+		r.CgroupWhy = cgWhy
+		missing = append(missing, Missing{Guarantee: GuaranteeLimits, Why: cgWhy})
+	}
+	switch {
+	case r.UserNS == "":
+		r.Mechanism = "namespaces"
+		if r.LandlockABI > 0 {
+			r.Mechanism = "namespaces+landlock"
+		}
+	case r.LandlockABI > 0 && o.Init != "":
+		r.Level, r.Mechanism = LevelPartial, "landlock"
+		net := "Landlock limits TCP connect to the proxy's port only; UDP and other protocols are not filtered (no network namespace: " + r.UserNS + ")"
+		if r.LandlockABI < 4 {
+			net = fmt.Sprintf("Landlock ABI %d cannot restrict the network at all (ABI 4, Linux 6.7, can; %s)", r.LandlockABI, r.UserNS)
+		}
+		procs := "other processes are visible, though not traceable or signalable (no pid namespace: " + r.UserNS + ")"
+		if r.LandlockABI < 6 {
+			procs = fmt.Sprintf("other processes are visible and can be signalled: Landlock ABI %d cannot scope signals (ABI 6, Linux 6.12, can; %s)", r.LandlockABI, r.UserNS)
+		}
+		missing = append(missing,
+			Missing{Guarantee: GuaranteeNetwork, Why: net},
+			Missing{Guarantee: GuaranteeProcesses, Why: procs},
+			Missing{Guarantee: GuaranteeStragglers, Why: "a daemonised process that drops the job's tag can outlive aq killed -9 (no pid namespace: " + r.UserNS + ")"})
+	default:
+		r.Level = LevelNone
+		why := r.UserNS
+		if o.Init != "" {
+			why += "; and no Landlock (Linux 5.13+ with landlock in the lsm= boot list)"
+		}
+		for _, g := range fullGuarantees {
+			missing = append(missing, Missing{Guarantee: g, Why: why})
+		}
+	}
+	r.finish(missing)
+	return r, plat
+}
+
+// trialUserNS starts a trial sandbox and says why it failed ("" when it
+// started).
+func trialUserNS(init string) string {
+	if init == "" {
+		return "no aq executable to run the sandbox's init with (aq's packages run in-process)"
+	}
+	dir, err := os.MkdirTemp("", "aq-sandbox-probe-")
+	if err != nil {
+		return "cannot make a directory for the trial sandbox: " + err.Error()
+	}
+	defer func() { _ = removeTree(dir) }() // a trial's leftovers in the temp dir are harmless
+	h := &Host{opts: Options{Init: init}, report: Report{Level: LevelFull}}
+	j := &Jail{h: h, level: LevelFull, p: Policy{Worktree: dir, JobDir: dir}.Clean()}
+	if err := makeJobDir(j.p); err != nil {
+		return "cannot make a directory for the trial sandbox: " + err.Error()
+	}
+	j.plat.view = view{Mounts: []mountOp{{Kind: mRoot, Src: "/", Dst: "/"}, {Kind: mHide, Dst: "/tmp"}, {Kind: mProc, Dst: "/proc"}}}
+	cmd := exec.Command("/bin/true")
+	run, err := j.startFull(cmd, true)
+	if err != nil {
+		return explainUserNS(err)
+	}
+	_ = cmd.Wait()
+	run.Exit(cmd.ProcessState)
+	_, _ = run.Close()
+	return ""
+}
+
+// explainUserNS names the usual cause of a trial that failed: the sysctls
+// that block user namespaces, else the error itself.
+func explainUserNS(err error) string {
+	read := func(p string) string {
+		b, rerr := os.ReadFile(p)
+		if rerr != nil {
+			return ""
+		}
+		return strings.TrimSpace(string(b))
+	}
+	var causes []string
+	if read("/proc/sys/user/max_user_namespaces") == "0" {
+		causes = append(causes, "user.max_user_namespaces=0")
+	}
+	if os.Getuid() != 0 && read("/proc/sys/kernel/unprivileged_userns_clone") == "0" {
+		causes = append(causes, "kernel.unprivileged_userns_clone=0")
+	}
+	if os.Getuid() != 0 && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1" {
+		causes = append(causes, "kernel.apparmor_restrict_unprivileged_userns=1 (Ubuntu 23.10+: allow aq in an AppArmor profile, docs/sandbox.md)")
+	}
+	msg := err.Error()
+	var se *StartError
+	if errors.As(err, &se) {
+		msg = se.Step + ": " + se.Err.Error()
+	}
+	if len(causes) > 0 {
+		return "user namespaces are blocked (" + strings.Join(causes, ", ") + ")"
+	}
+	return "a trial sandbox did not start (" + msg + ")"
+}
