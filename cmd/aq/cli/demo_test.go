@@ -13,13 +13,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/demo"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // TestDemoWholeBinary runs `aq demo --json` — both acts, the factories as
 // real `aq daemon` processes of the built binary — and requires every check
-// to pass, exit 0, JSON on stdout and the narration on stderr.
+// to pass, exit 0, JSON on stdout and the narration on stderr. Its act 2 is
+// the fleet act on the full route set, so it also holds what fleetdemo's
+// TestFleetDemo held when it ran that act once more in-process: the broker
+// path when Node and the peer are installed, and the narration of the kill,
+// the reaper, the 409, gc and the expected events (fleetdemo's own tests
+// run the legacy route set and the no-Node path).
 func TestDemoWholeBinary(t *testing.T) {
 	t.Parallel() // its own home, repos and processes: it runs beside the others
 	if testing.Short() {
@@ -48,10 +54,13 @@ func TestDemoWholeBinary(t *testing.T) {
 	if len(sum.Fleet.Checks) < 15 || len(sum.Fleet.Jobs) != 8 || sum.Fleet.Total == 0 || len(sum.Fleet.Requests) == 0 {
 		t.Fatalf("summary incomplete: %+v", sum.Fleet)
 	}
+	if demo.PeerMissing(os.Environ(), demo.FindPeerDir("")) == "" && sum.Fleet.Path != "broker" {
+		t.Errorf("Node and the peer are installed, but act 2 used the %s path (%s)", sum.Fleet.Path, sum.Fleet.PathNote)
+	}
 	if sum.Scale.Skipped == "" && (len(sum.Scale.Checks) < 8 || sum.Scale.Peak == 0) {
 		t.Fatalf("scale act summary incomplete: %+v", sum.Scale)
 	}
-	wants := []string{"Act 1 of 3", "Act 2 of 3", "Act 3 of 3: scale to zero", "kill -9", "409 Conflict", "aq demo: all"}
+	wants := []string{"Act 1 of 3", "Act 2 of 3", "Act 3 of 3: scale to zero", "kill -9", "the reaper:", "409 Conflict", "aq gc", "Expected events", "aq demo: all"}
 	if sum.Scale.Skipped == "" {
 		wants = append(wants, "Idle again")
 	}
