@@ -242,4 +242,21 @@ type Insights struct {
 	// Verify is the attempt's last verify (with the tail of its output when
 	// it failed): what the next attempt is told.
 	Verify *VerifyResult `json:"verify,omitempty"`
+	// EgressRefused are the destinations the job's egress proxy refused
+	// to its sandboxed engine, most refused first (docs/sandbox.md,
+	// "Network"): what an operator may want to allow in AQ_SANDBOX_NET.
+	EgressRefused []EgressRefusal `json:"egressRefused,omitempty"`
 }
+
+// EgressRefusal is one destination a job's egress proxy refused: how many
+// connections, and why (the rule that refused it, and how to allow it).
+type EgressRefusal struct {
+	Host  string `json:"host"`
+	Port  int    `json:"port"`
+	Count int    `json:"count"`
+	Why   string `json:"why,omitempty"`
+}
+
+// MaxEgressRefusals bounds Insights.EgressRefused: the destinations refused
+// most are kept.
+const MaxEgressRefusals = 20

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/aqfleet/aq/internal/testenv"
 )
@@ -223,4 +225,61 @@ func BenchmarkWorktreeDisk(b *testing.B) {
 	gitdir, _ := DiskUsage(admin)
 	b.ReportMetric(float64(total)/(1<<20), "worktree-MiB")
 	b.ReportMetric(float64(gitdir)/(1<<20), "gitdir-MiB")
+}
+
+// BenchmarkGitHardening is what keeping a repository's configuration from
+// running anything (harden.go) costs each git command: `git rev-parse
+// HEAD` in a linked worktree as git alone runs it (plain), with the
+// hardening worked out from its cache (cached: the configuration files
+// unchanged since the last command, the usual case), and worked out afresh
+// (cold: after a change to them, one `git config --list` more). Each op
+// runs the three, interleaved; the ratios are of medians of the same run.
+func BenchmarkGitHardening(b *testing.B) {
+	ctx := context.Background()
+	repo := benchRepo(b)
+	wt := addWorktree(b, repo, "bench", "main")
+	// A repository as a factory's are: something planted in its
+	// configuration to pin (a filter driver, a remote's upload-pack).
+	testenv.Git(b, repo, "config", "filter.planted.clean", "cat")
+	testenv.Git(b, repo, "config", "remote.origin.url", "/nowhere.git")
+	testenv.Git(b, repo, "config", "remote.origin.uploadpack", "git-upload-pack")
+	// Files changed within racyWindow are not cached: let them age.
+	time.Sleep(racyWindow + 100*time.Millisecond)
+	hardened := Git{ConfigDir: b.TempDir()}
+	plain := Git{unhardened: true}
+	run := func(g Git) time.Duration {
+		start := time.Now()
+		if _, err := g.Run(ctx, wt, "rev-parse", "HEAD"); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	run(hardened) // fills the cache
+	var tPlain, tCached, tCold []float64
+	b.ResetTimer()
+	for range b.N {
+		tPlain = append(tPlain, float64(run(plain).Microseconds()))
+		tCached = append(tCached, float64(run(hardened).Microseconds()))
+		hardenCache.Lock()
+		hardenCache.m = map[string]*hardenEntry{}
+		hardenCache.Unlock()
+		tCold = append(tCold, float64(run(hardened).Microseconds()))
+	}
+	b.StopTimer()
+	mp, mc, mo := medianF(tPlain), medianF(tCached), medianF(tCold)
+	b.ReportMetric(mp, "plain-µs")
+	b.ReportMetric(mc, "cached-µs")
+	b.ReportMetric(mo, "cold-µs")
+	b.ReportMetric(mc/mp, "cached-x-plain")
+	b.ReportMetric(mo/mp, "cold-x-plain")
+	b.ReportMetric(mc-mp, "cached-added-µs")
+}
+
+func medianF(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
 }

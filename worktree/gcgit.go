@@ -368,7 +368,10 @@ func baseWindow(ctx context.Context, g Git, dir string, tips []string, want map[
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	args := append([]string{"rev-list", "--max-count=" + strconv.Itoa(max), "--end-of-options"}, tips...)
-	cmd := g.at(dir).command(ctx, dir, args)
+	cmd, err := g.at(dir).command(ctx, dir, args, nil)
+	if err != nil {
+		return nil, nil, err
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -420,7 +423,10 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 	gd := g.at(dir)
 	logArgs := []string{"log", "--no-walk=unsorted", "--stdin", "-p", "--format=commit %H", "--no-color",
 		"--no-ext-diff", "--no-textconv", "--no-renames", "--diff-merges=off"}
-	logCmd := gd.command(ctx, dir, logArgs)
+	logCmd, err := gd.command(ctx, dir, logArgs, nil)
+	if err != nil {
+		return nil, err
+	}
 	logCmd.Stdin = strings.NewReader(strings.Join(shas, "\n") + "\n")
 	var logErr, pidErr bytes.Buffer
 	logCmd.Stderr = &logErr
@@ -429,7 +435,10 @@ func patchIDs(ctx context.Context, g Git, dir string, shas []string) (map[string
 		return nil, err
 	}
 	pidArgs := []string{"patch-id", "--stable"}
-	pidCmd := gd.command(ctx, dir, pidArgs)
+	pidCmd, err := gd.command(ctx, dir, pidArgs, nil)
+	if err != nil {
+		return nil, err
+	}
 	pidCmd.Stdin = pipe
 	var out bytes.Buffer
 	pidCmd.Stdout, pidCmd.Stderr = &out, &pidErr

@@ -29,6 +29,15 @@ type Git struct {
 	// Env is extra environment (KEY=value) for every run, e.g. an
 	// ssh command or a credential helper's settings.
 	Env []string
+	// ConfigDir is where aq writes the configuration files that keep a
+	// repository's own configuration from changing what git runs or
+	// where it pushes (harden.go); default: aq/git under the user's cache
+	// directory. Written only for a repository that needs one.
+	ConfigDir string
+
+	// unhardened runs git as the repository configures it: only the
+	// benchmark that measures the hardening's cost sets it.
+	unhardened bool
 }
 
 // waitDelay bounds how long a killed git's children (ssh, credential helpers,
@@ -81,15 +90,20 @@ func (g Git) run(ctx context.Context, dir string, env []string, args []string) (
 			return nil, gerr
 		}
 	}
-	cmd := g.command(ctx, dir, args)
-	cmd.Env = g.environ(env)
+	cmd, err := g.command(ctx, dir, args, env)
+	if err != nil {
+		return nil, err
+	}
 	return runCmd(ctx, cmd, dir, args)
 }
 
 // runStdin is run with stdin: git reads its input (`--stdin`) from in.
 func (g Git) runStdin(ctx context.Context, dir string, in io.Reader, args ...string) ([]byte, error) {
 	g = g.at(dir)
-	cmd := g.command(ctx, dir, args)
+	cmd, err := g.command(ctx, dir, args, nil)
+	if err != nil {
+		return nil, err
+	}
 	cmd.Stdin = in
 	return runCmd(ctx, cmd, dir, args)
 }
@@ -111,16 +125,27 @@ func runCmd(ctx context.Context, cmd *exec.Cmd, dir string, args []string) ([]by
 	return stdout.Bytes(), gerr
 }
 
-// command is an *exec.Cmd for git with g's environment, for callers that
-// stream its output.
-func (g Git) command(ctx context.Context, dir string, args []string) *exec.Cmd {
+// command is an *exec.Cmd for git in dir with g's environment, extra and
+// the hardening that keeps git from running what the repository planted
+// (harden.go), for callers that stream its output. An error means the
+// hardening could not be worked out: git is not run without it.
+func (g Git) command(ctx context.Context, dir string, args, extra []string) (*exec.Cmd, error) {
 	bin := g.Bin
 	if bin == "" {
 		bin = "git"
 	}
+	env := g.environ(extra)
+	if !g.unhardened {
+		more, err := g.hardenEnv(ctx, dir, env)
+		if err != nil {
+			return nil, &GitError{Args: append([]string(nil), args...), Dir: dir, ExitCode: -1,
+				Err: fmt.Errorf("cannot read the repository's configuration to keep git from running what it names: %w", err)}
+		}
+		env = append(env, more...)
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
-	cmd.Env = g.environ(nil)
+	cmd.Env = env
 	// A cancelled git is asked to stop (SIGTERM), not killed: git then
 	// removes the lock files it holds (a ref's, the index's). Killed, it
 	// left them behind, and every later update of that ref failed — a
@@ -129,7 +154,7 @@ func (g Git) command(ctx context.Context, dir string, args []string) *exec.Cmd {
 	// run). SIGKILL follows after waitDelay.
 	cmd.Cancel = func() error { return process.Terminate(cmd.Process) }
 	cmd.WaitDelay = waitDelay
-	return cmd
+	return cmd, nil
 }
 
 func (g Git) environ(extra []string) []string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,7 +49,10 @@ func TestExitCode(t *testing.T) {
 	t.Parallel()
 	repo := newRepo(t)
 	_, runErr := Git{}.Run(ctxT(t), repo, "rev-parse", "--verify", "-q", "no-such-ref")
-	cmd := Git{}.command(ctxT(t), repo, []string{"rev-parse", "--verify", "-q", "no-such-ref"})
+	cmd, err := Git{}.command(ctxT(t), repo, []string{"rev-parse", "--verify", "-q", "no-such-ref"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmdErr := cmd.Run()
 	_, stdinErr := Git{}.runStdin(ctxT(t), repo, strings.NewReader("no-such-ref\n"), "merge-base", "--is-ancestor", "HEAD", "no-such-ref")
 	for _, tc := range []struct {
@@ -114,7 +118,14 @@ func TestRunEnvironment(t *testing.T) {
 	t.Setenv("GIT_INDEX_FILE", "/somewhere/else/index")
 	t.Setenv("GIT_TERMINAL_PROMPT", "1")
 	t.Setenv("LC_ALL", "de_DE.UTF-8")
-	out, err := Git{Bin: "env", Env: []string{"AQ_EXTRA=1"}}.Run(ctxT(t), t.TempDir())
+	// A "git" that prints its environment (and is git for the reading of
+	// the configuration that hardening does first).
+	bin := filepath.Join(t.TempDir(), "git-env")
+	testenv.WriteFile(t, bin, "#!/bin/sh\nif [ \"$1\" = config ]; then exec git \"$@\"; fi\nexec env\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := Git{Bin: bin, Env: []string{"AQ_EXTRA=1"}}.Run(ctxT(t), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +136,11 @@ func TestRunEnvironment(t *testing.T) {
 	}
 	for k, want := range map[string]string{
 		"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_EDITOR": ":", "GIT_SEQUENCE_EDITOR": ":", "AQ_EXTRA": "1",
+		// Hardening (harden.go): no hook, no planted fsmonitor, only
+		// these transports.
+		"GIT_CONFIG_KEY_0": "core.hookspath", "GIT_CONFIG_VALUE_0": "/dev/null",
+		"GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
+		"GIT_ALLOW_PROTOCOL": "file:git:http:https:ssh",
 	} {
 		if env[k] != want {
 			t.Errorf("%s = %q, want %q", k, env[k], want)

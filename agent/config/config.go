@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -98,7 +99,13 @@ type Config struct {
 	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).
 	ClaudePermissionMode string
 	CodexSandbox         string
-	PriceTable           string
+	// SandboxNet (AQ_SANDBOX_NET) is what a sandboxed engine may reach
+	// through its job's egress proxy besides its own API endpoints.
+	SandboxNet egress.Rules
+	// SandboxEngineHosts (AQ_SANDBOX_ENGINE_HOSTS) replaces engines'
+	// built-in endpoints.
+	SandboxEngineHosts egress.EngineHostSet
+	PriceTable         string
 	// Engines (AQ_ENGINES) are the engines this factory may run and offer;
 	// nil: the default (RunEngines).
 	Engines []string

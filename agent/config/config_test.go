@@ -54,6 +54,8 @@ var sample = map[string]string{
 	"sandbox":                "on",
 	"sandbox_memory":         "8GiB",
 	"sandbox_pids":           "4096",
+	"sandbox_net":            "@registries,*.corp.example.com,10.20.0.0/16:443",
+	"sandbox_engine_hosts":   "claude=llm-gateway.example.com:443",
 	"price_table":            "/tmp/prices.json",
 	"engines":                "claude,script",
 	"engine_env":             "AWS_PROFILE,MY_TOOL_HOME",
@@ -274,6 +276,10 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "codex sandbox", env: map[string]string{"AQ_CODEX_SANDBOX": "yolo"}, want: []string{"AQ_CODEX_SANDBOX", "danger-full-access"}},
 		{name: "permission mode", env: map[string]string{"AQ_CLAUDE_PERMISSION_MODE": "yolo"}, want: []string{"AQ_CLAUDE_PERMISSION_MODE", "bypassPermissions"}},
 		{name: "depth interval not a duration", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "often"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "duration"}},
+		{name: "sandbox net bad host", env: map[string]string{"AQ_SANDBOX_NET": "github.com, exa mple.com"}, want: []string{`AQ_SANDBOX_NET="github.com, exa mple.com"`, `entry "exa mple.com" is not a host name`, "(use host, *.domain, host:port"}},
+		{name: "sandbox net bad port", args: []string{"--sandbox-net=github.com:https"}, want: []string{"--sandbox-net", `entry "github.com:https" has port "https"`, "1 to 65535"}},
+		{name: "sandbox net unknown set", file: "sandbox_net: \"@pip\"\n", want: []string{"sandbox_net in", `entry "@pip" is not a known set`, "@pypi"}},
+		{name: "sandbox engine hosts", env: map[string]string{"AQ_SANDBOX_ENGINE_HOSTS": "claude"}, want: []string{"AQ_SANDBOX_ENGINE_HOSTS", "is not engine=hosts"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/internal/sandbox"
 )
 
@@ -130,6 +131,24 @@ var Keys = []Key{
 		set: setOptionalEnum(func(c *Config) *string { return &c.ClaudePermissionMode }, "default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")},
 	{Name: "codex_sandbox", Group: GroupEngine, Env: []string{"AQ_CODEX_SANDBOX"}, Flag: "codex-sandbox", Usage: "codex --sandbox: read-only|workspace-write|danger-full-access (unset: danger-full-access inside aq's sandbox, which stands in for codex's own, workspace-write outside it)",
 		set: setOptionalEnum(func(c *Config) *string { return &c.CodexSandbox }, "read-only", "workspace-write", "danger-full-access")},
+	{Name: "sandbox_net", Group: GroupEngine, Env: []string{"AQ_SANDBOX_NET"}, Flag: "sandbox-net", Usage: "what a sandboxed engine may reach besides its own API, through the job's egress proxy: comma list of host, *.domain, host:port, an address or range, * (any public host), or a set such as @registries (docs/sandbox.md)",
+		set: func(c *Config, raw string) error {
+			r, err := egress.ParseRules(raw)
+			if err != nil {
+				return err
+			}
+			c.SandboxNet = r
+			return nil
+		}},
+	{Name: "sandbox_engine_hosts", Group: GroupEngine, Env: []string{"AQ_SANDBOX_ENGINE_HOSTS"}, Flag: "sandbox-engine-hosts", Usage: "replace engines' built-in API endpoints in the egress proxy: engine=host host;engine=host, e.g. claude=llm-gateway.example.com:443 (docs/sandbox.md)",
+		set: func(c *Config, raw string) error {
+			h, err := egress.ParseEngineHosts(raw)
+			if err != nil {
+				return err
+			}
+			c.SandboxEngineHosts = h
+			return nil
+		}},
 	{Name: "claude_telemetry", Group: GroupEngine, Type: "bool", Env: []string{"AQ_CLAUDE_TELEMETRY"}, Flag: "claude-telemetry", Default: "0", Usage: "switch Claude Code's own OpenTelemetry export on (CLAUDE_CODE_ENABLE_TELEMETRY=1 and the OTEL_* it needs) to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)",
 		set: setBool(func(c *Config) *bool { return &c.ClaudeTelemetry })},
 	{Name: "engines", Group: GroupEngine, Env: []string{"AQ_ENGINES"}, Flag: "engines", Usage: "the engines this factory may run and offer, of claude, codex, devin, script, or all (default: every coding engine found, and script outside fleet mode; script in fleet mode runs code from whoever can submit a job: docs/fleet.md)",

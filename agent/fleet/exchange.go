@@ -30,9 +30,21 @@ func (e *Exchange) JSON() bool {
 // classification, nothing learnt about routes. An error is a request that
 // got no answer (its text redacted, the URL's query dropped).
 func (c *Client) Exchange(ctx context.Context, method, path string, body []byte) (*Exchange, error) {
+	e, err := c.exchange(ctx, method, path, body, 30*time.Second)
+	if err != nil {
+		return nil, errors.New(c.redact(scrubURL(err.Error())))
+	}
+	return e, nil
+}
+
+// exchange sends one request with the client's headers, without retries
+// or classification, its try bounded by the client's PerTry up to most;
+// the answer's body is read up to 64 KiB. Exchange and the route probes
+// (raw) are its callers.
+func (c *Client) exchange(ctx context.Context, method, path string, body []byte, most time.Duration) (*Exchange, error) {
 	to := c.o.Budgets.PerTry
-	if to <= 0 || to > 30*time.Second {
-		to = 30 * time.Second
+	if to <= 0 || to > most {
+		to = most
 	}
 	ctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
@@ -47,7 +59,7 @@ func (c *Client) Exchange(ctx context.Context, method, path string, body []byte)
 	c.setHeaders(req.Header, body != nil)
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, errors.New(c.redact(scrubURL(err.Error())))
+		return nil, err
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))

@@ -1,12 +1,10 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"net/url"
@@ -320,30 +318,13 @@ func normalizeBody(body []byte, path string) string {
 }
 
 // raw sends one request with the client's headers, without retries or
-// classification (probes). Its body is read up to 64 KiB.
+// classification (probes), within 10 s at most. Its body is read up to 64 KiB.
 func (c *Client) raw(ctx context.Context, method, path string, body []byte) (int, string, []byte, error) {
-	to := c.o.Budgets.PerTry
-	if to <= 0 || to > 10*time.Second {
-		to = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, to)
-	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, rd)
+	e, err := c.exchange(ctx, method, path, body, 10*time.Second)
 	if err != nil {
 		return 0, "", nil, err
 	}
-	c.setHeaders(req.Header, body != nil)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, "", nil, err
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	return resp.StatusCode, resp.Header.Get("Content-Type"), data, nil
+	return e.Status, e.Header.Get("Content-Type"), e.Body, nil
 }
 
 // probes are harmless requests that tell whether an optional route exists:

@@ -900,19 +900,8 @@ func (c *checker) afterPark(ctx context.Context, id string, nb time.Time) (*flee
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// sleep waits d or until ctx ends (fleet.RealClock's wait).
+func sleep(ctx context.Context, d time.Duration) error { return fleet.RealClock{}.Sleep(ctx, d) }
 
 // setResend gives the re-send rule its verdict from what was re-sent.
 func (c *checker) setResend() {

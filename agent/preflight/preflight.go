@@ -33,7 +33,13 @@ type Host struct {
 	RepoURLs string
 	// LookPath finds a binary on PATH; nil: exec.LookPath.
 	LookPath func(name string) (string, error)
+	// Engines are the engines this host may run (config.RunEngines:
+	// AQ_ENGINES, or its default for the mode); nil: every engine.
+	Engines []string
 }
+
+// runs reports whether this host may run engine e.
+func (h Host) runs(e string) bool { return h.Engines == nil || slices.Contains(h.Engines, e) }
 
 func (h Host) lookPath(name string) bool {
 	look := h.LookPath
@@ -62,6 +68,10 @@ func Check(j *job.Job, h Host) []string {
 }
 
 func (h Host) engine(j *job.Job) string {
+	if j.Engine != "" && j.Engine != engines.Any && !h.runs(j.Engine) {
+		return fmt.Sprintf("engine %s is not among the engines this host runs (%s; AQ_ENGINES sets them, docs/fleet.md): aq run leaves the job in the inbox "+
+			"(add %s to AQ_ENGINES, or choose one of those engines)", j.Engine, strings.Join(h.Engines, ", "), j.Engine)
+	}
 	switch {
 	case slices.Contains(engines.Coding(), j.Engine): // found by their binary on PATH
 		if h.lookPath(j.Engine) {
@@ -70,13 +80,22 @@ func (h Host) engine(j *job.Job) string {
 		return fmt.Sprintf("engine %s is not installed on this host (no %q on PATH): aq run leaves the job in the inbox until it is "+
 			"(install %s, or choose another engine: engine: script runs a command of yours and needs no account, docs/local.md)", j.Engine, j.Engine, j.Engine)
 	case j.Engine == "" || j.Engine == engines.Any: // the first coding engine installed
+		var coding []string
 		for _, e := range engines.Coding() {
+			if !h.runs(e) {
+				continue
+			}
 			if h.lookPath(e) {
 				return ""
 			}
+			coding = append(coding, e)
+		}
+		if len(coding) == 0 {
+			return fmt.Sprintf("engine %s needs a coding engine, and the engines this host runs (%s; AQ_ENGINES sets them) name none: aq run leaves the job in the inbox "+
+				"(add claude, codex or devin to AQ_ENGINES)", orAny(j.Engine), strings.Join(h.Engines, ", "))
 		}
 		return fmt.Sprintf("engine %s needs one of %s, and none is installed on this host: aq run leaves the job in the inbox until one is "+
-			"(install one, or use engine: script with a script: command, docs/local.md)", orAny(j.Engine), strings.Join(engines.Coding(), ", "))
+			"(install one, or use engine: script with a script: command, docs/local.md)", orAny(j.Engine), strings.Join(coding, ", "))
 	}
 	return ""
 }

@@ -63,6 +63,11 @@ type RepairStarted struct {
 // from here on must not run the engine again.
 type Delivered struct{ Branch, Commit string }
 
+// EgressRefused: the job's egress proxy refused its sandboxed engine a
+// connection to a destination for the first time (the outcome's insights
+// count them all: Insights.EgressRefused).
+type EgressRefused struct{ Refusal job.EgressRefusal }
+
 func (Preparing) event()        {}
 func (EngineStarted) event()    {}
 func (Progress) event()         {}
@@ -71,3 +76,4 @@ func (CheckpointPushed) event() {}
 func (Delivered) event()        {}
 func (Verified) event()         {}
 func (RepairStarted) event()    {}
+func (EgressRefused) event()    {}

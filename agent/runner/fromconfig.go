@@ -28,8 +28,8 @@ type Parts struct {
 	Fleet bool
 	// Tracer records the runs' steps (nil: none).
 	Tracer trace.Tracer
-	// Egress starts sandboxed jobs' egress proxies (nil: no network in the
-	// sandbox).
+	// Egress starts sandboxed jobs' egress proxies (nil: EgressProxies
+	// from the configuration's AQ_SANDBOX_NET and AQ_SANDBOX_ENGINE_HOSTS).
 	Egress Egress
 }
 
@@ -49,6 +49,9 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 		if p.Log != nil {
 			p.Log.Warn(w)
 		}
+	}
+	if p.Egress == nil {
+		p.Egress = EgressProxies{Rules: cfg.SandboxNet, EngineHosts: cfg.SandboxEngineHosts, Log: p.Log}
 	}
 	eng := p.Engines
 	if eng == nil {

@@ -28,8 +28,9 @@ type Egress interface {
 	// Start starts the proxy of job jobID, whose engine is engine (its own
 	// API endpoints are allowed), listening on the unix socket sock, and
 	// also on 127.0.0.1 when tcp (a sandbox without a network namespace of
-	// its own reaches it there).
-	Start(ctx context.Context, jobID, engine, sock string, tcp bool) (EgressProxy, error)
+	// its own reaches it there). onRefusal is called for every connection
+	// it refuses, with the count for that destination so far.
+	Start(ctx context.Context, jobID, engine, sock string, tcp bool, onRefusal func(job.EgressRefusal)) (EgressProxy, error)
 }
 
 // EgressProxy is one job's running proxy.
@@ -37,6 +38,8 @@ type EgressProxy interface {
 	// Port is its TCP port on 127.0.0.1 (0 when it listens on the socket
 	// only).
 	Port() int
+	// Refusals are what it refused so far, most refused first.
+	Refusals() []job.EgressRefusal
 	// Close stops it.
 	Close() error
 }
@@ -87,7 +90,7 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 			ru.fail(job.ReasonSandboxUnavailable, "the job's sandbox could not be made: "+err.Error())
 			return false
 		}
-		proxy, err := eg.Start(ctx, ru.j.ID, ru.eng.Name(), sock, sb.Level() != sandbox.LevelFull)
+		proxy, err := eg.Start(ctx, ru.j.ID, ru.eng.Name(), sock, sb.Level() != sandbox.LevelFull, ru.egressRefused)
 		if err != nil {
 			ru.fail(job.ReasonSandboxUnavailable, "the job's egress proxy did not start: "+err.Error())
 			return false
@@ -133,6 +136,7 @@ func (ru *run) afterSandboxed() {
 func (ru *run) closeSandbox() {
 	ru.afterSandboxed()
 	if ru.proxy != nil {
+		ru.keepRefusals()
 		if err := ru.proxy.Close(); err != nil {
 			ru.log.Warn("the job's egress proxy did not stop cleanly", "err", err)
 		}

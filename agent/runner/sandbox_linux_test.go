@@ -147,7 +147,7 @@ type fakeEgress struct {
 	srv         *http.Server
 }
 
-func (e *fakeEgress) Start(_ context.Context, jobID, engine, sock string, tcp bool) (runner.EgressProxy, error) {
+func (e *fakeEgress) Start(_ context.Context, jobID, engine, sock string, tcp bool, _ func(job.EgressRefusal)) (runner.EgressProxy, error) {
 	e.job, e.engine, e.tcp = jobID, engine, tcp
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -159,8 +159,9 @@ func (e *fakeEgress) Start(_ context.Context, jobID, engine, sock string, tcp bo
 	go e.srv.Serve(ln)
 	return e, nil
 }
-func (e *fakeEgress) Port() int    { return 0 }
-func (e *fakeEgress) Close() error { e.closed = true; return e.srv.Close() }
+func (e *fakeEgress) Port() int                     { return 0 }
+func (e *fakeEgress) Refusals() []job.EgressRefusal { return nil }
+func (e *fakeEgress) Close() error                  { e.closed = true; return e.srv.Close() }
 
 // TestSandboxedRunReachesItsProxy: with an egress proxy, the sandboxed
 // engine finds it through its proxy variables (the bridge inside its

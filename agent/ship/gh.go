@@ -235,9 +235,15 @@ func (g GH) strategy() string {
 // run runs gh in dir with the shipping environment; stdout and stderr are
 // returned whatever happens.
 func (g GH) run(ctx context.Context, dir string, args ...string) (stdout, stderr string, err error) {
+	// gh runs git in dir (to read the remotes): that git runs nothing the
+	// repository's configuration names either.
+	env, err := g.Git.HardenedEnv(ctx, dir, g.environ())
+	if err != nil {
+		return "", "", err
+	}
 	cmd := exec.CommandContext(ctx, g.bin(), args...)
 	cmd.Dir = dir
-	cmd.Env = g.environ()
+	cmd.Env = env
 	cmd.WaitDelay = 5 * time.Second
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

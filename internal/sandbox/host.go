@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/aqfleet/aq/internal/egress"
 )
 
 // Options configure Open.
@@ -234,10 +236,9 @@ func sandboxEnv(env []string, home, tmp, proxy string) []string {
 	}
 	out = append(out, "HOME="+home, "TMPDIR="+tmp, "IS_SANDBOX=1")
 	if proxy != "" {
-		for _, k := range proxyVars {
-			out = append(out, k+"="+proxy)
-		}
-		out = append(out, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+		// The proxy variables (both spellings), NO_PROXY for loopback, and
+		// what makes Node's fetch, Yarn 2+ and the JVM follow them too.
+		out = egress.Env(proxy, out)
 	}
 	return out
 }

@@ -154,10 +154,11 @@ func runInit() int {
 	}
 	step("loopback")
 	if sockDir != nil {
-		path := "/proc/self/fd/" + strconv.Itoa(int(sockDir.Fd())) + "/" + filepath.Base(o.ProxySocket)
-		if err := bridge(path); err != nil {
+		ln, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(ProxyBridgePort))
+		if err != nil {
 			return fail(&StartError{Step: "proxy bridge", Err: err})
 		}
+		go bridge(ln, sockDir, filepath.Base(o.ProxySocket))
 	}
 	if o.Probe {
 		report(status{Started: true, Notes: notes})
@@ -285,23 +286,24 @@ func loopbackUp() error {
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
 
-// bridge listens on 127.0.0.1:ProxyBridgePort inside the sandbox and
-// carries each connection to the job's proxy at sock (on the host).
-func bridge(sock string) error {
-	ln, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(ProxyBridgePort))
-	if err != nil {
-		return err
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go carry(c, sock)
+// bridge carries each connection ln accepts (127.0.0.1:ProxyBridgePort
+// inside the sandbox) to the job's proxy: the unix socket name in the
+// folder dir (on the host, opened before the pivot), reached through
+// /proc/self/fd. bridge holds dir for as long as it accepts: were dir
+// unreachable, a garbage collection of init would close it (its
+// finalizer), and every connection after would be reset — a job's network
+// gone after the runtime's first collection (the 2-minute forced one at
+// the latest).
+func bridge(ln net.Listener, dir *os.File, name string) {
+	defer runtime.KeepAlive(dir)
+	sock := "/proc/self/fd/" + strconv.Itoa(int(dir.Fd())) + "/" + name
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
 		}
-	}()
-	return nil
+		go carry(c, sock)
+	}
 }
 
 func carry(c net.Conn, sock string) {

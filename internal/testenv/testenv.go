@@ -77,7 +77,9 @@ func Main(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "testenv:", err)
 		return 1
 	}
-	for _, kv := range append(gitEnv, "XDG_CONFIG_HOME="+filepath.Join(dir, "xdg")) {
+	// aq's git writes its configuration files under the cache directory
+	// (worktree.Git.ConfigDir): the scratch one, not the user's.
+	for _, kv := range append(gitEnv, "XDG_CONFIG_HOME="+filepath.Join(dir, "xdg"), "XDG_CACHE_HOME="+filepath.Join(dir, "cache")) {
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v)
 	}

@@ -29,7 +29,12 @@ import (
 // leave a daemonised straggler — and still does the job. Sandboxed (the
 // default, auto: full on this host) every escape fails and the job ships;
 // the same job with AQ_SANDBOX=off shows each escape succeeding, so the
-// test can tell.
+// test can tell. Two things hold in both modes: aq's settings and the
+// factory's tokens ($AQ_HOME, $GH_TOKEN) are not in the engine's
+// environment (it is built: docs/engines.md), and aq's own git runs
+// neither the hook nor the core.fsmonitor the engine planted (its git is
+// hardened: docs/sandbox.md) — unsandboxed, a plain git then shows both
+// plants live.
 func TestHostileEngine(t *testing.T) {
 	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
 		t.Skip("user namespaces are blocked on this host: no full sandbox to test")
@@ -105,6 +110,7 @@ func hostile(t *testing.T, mode string) {
 	}
 	probes := readProbes(t, filepath.Join(h.Dir, "logs", w.id, "stdout.log"))
 	t.Logf("AQ_SANDBOX=%s: %v", mode, probes)
+	w.checkAlways(t, probes)
 	if mode == "off" {
 		w.checkEscaped(t, probes)
 		return
@@ -122,6 +128,27 @@ func hostile(t *testing.T, mode string) {
 var escapes = []string{"read_aq_credentials", "read_other_job_manifest", "read_other_job_log", "read_other_worktree",
 	"read_other_repo", "read_ssh_key", "read_cloud_creds", "read_gh_token", "plant_hook", "plant_fsmonitor",
 	"reach_loopback", "reach_coordinator", "reach_forbidden_host", "see_aq", "signal_aq", "read_aq_environ"}
+
+// deniedAlways are the probes that fail with or without the sandbox: the
+// engine's environment is built from a documented base, which never holds
+// aq's settings or the tokens aq ships with.
+var deniedAlways = []string{"env_aq_home", "env_gh_token"}
+
+// checkAlways checks what holds in both modes: the probes deniedAlways
+// denied, and neither plant run by aq's own git.
+func (w hostileWorld) checkAlways(t *testing.T, probes map[string]string) {
+	t.Helper()
+	for _, p := range deniedAlways {
+		if probes[p] != "denied" {
+			t.Errorf("escape %s: %q, want denied in every mode (the engine's environment is built)", p, probes[p])
+		}
+	}
+	for what, marker := range map[string]string{"the planted post-commit hook": "/tmp/aq-hook-ran-" + w.nonce, "the planted core.fsmonitor": "/tmp/aq-fsmonitor-ran-" + w.nonce} {
+		if testenv.Exists(marker) {
+			t.Errorf("aq's git ran %s (%s exists)", what, marker)
+		}
+	}
+}
 
 func (w hostileWorld) checkContained(t *testing.T, probes map[string]string) {
 	t.Helper()
@@ -169,10 +196,16 @@ func (w hostileWorld) checkEscaped(t *testing.T, probes map[string]string) {
 	if len(marked("straggler-"+w.nonce)) == 0 {
 		t.Error("unsandboxed, the straggler did not outlive aq")
 	}
-	// What aq does with a plant in the shared .git is its own git's
-	// hardening (independent of the sandbox): recorded, not judged here.
-	t.Logf("planted post-commit hook run by aq: %v; planted core.fsmonitor run by aq: %v",
-		testenv.Exists("/tmp/aq-hook-ran-"+w.nonce), testenv.Exists("/tmp/aq-fsmonitor-ran-"+w.nonce))
+	// aq's git ran neither plant (checkAlways); a plain git in the
+	// repository runs both, so that check can fail.
+	repo := filepath.Join(w.h.RepoBase, "app")
+	testenv.Git(t, repo, "status", "--porcelain")
+	testenv.Git(t, repo, "commit", "--allow-empty", "-q", "-m", "a plain git's commit")
+	for what, marker := range map[string]string{"post-commit hook": "/tmp/aq-hook-ran-" + w.nonce, "core.fsmonitor": "/tmp/aq-fsmonitor-ran-" + w.nonce} {
+		if !testenv.Exists(marker) {
+			t.Errorf("a plain git did not run the planted %s: the plant is not live, and aq not running it proves nothing", what)
+		}
+	}
 }
 
 // countingListener listens on host:0 and counts what it accepts.

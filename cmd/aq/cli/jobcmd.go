@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -134,6 +136,7 @@ func printJob(w io.Writer, v JobView) error {
 	row("previous", previousText(s.Previous))
 	tw.Flush()
 	printRounds(w, s.Insights)
+	printRefused(w, s.Insights)
 	if len(s.History) > 0 {
 		fmt.Fprintln(w, "\nhistory:")
 		for _, h := range s.History {
@@ -467,6 +470,18 @@ func previousText(p *job.Previous) string {
 		t += fmt.Sprintf(" (after %d repair round%s)", p.RepairRounds, map[bool]string{true: "s"}[p.RepairRounds != 1])
 	}
 	return t
+}
+
+// printRefused lists what the job's egress proxy refused its sandboxed
+// engine: what an operator may want to allow in AQ_SANDBOX_NET.
+func printRefused(w io.Writer, in *job.Insights) {
+	if in == nil || len(in.EgressRefused) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\negress refused (docs/sandbox.md, \"Network\"):")
+	for _, r := range in.EgressRefused {
+		fmt.Fprintf(w, "  %s  %d×  %s\n", net.JoinHostPort(r.Host, strconv.Itoa(r.Port)), r.Count, r.Why)
+	}
 }
 
 // printRounds lists the engine's runs of a job's last attempt — the first

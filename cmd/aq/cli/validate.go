@@ -70,7 +70,7 @@ func warnHost(f *Factory, file string, j *job.Job, fleet bool) {
 		return
 	}
 	red := f.Redactor()
-	for _, w := range preflight.Check(j, preflight.Host{RepoBase: cfg.RepoBase, RepoURLs: cfg.RepoURLs}) {
+	for _, w := range preflight.Check(j, preflight.Host{RepoBase: cfg.RepoBase, RepoURLs: cfg.RepoURLs, Engines: cfg.RunEngines(fleet)}) {
 		if fleet {
 			w += " — in fleet mode the coordinator may give it to a factory that has it"
 		}

@@ -226,6 +226,13 @@ func TestValidateAndSubmitWarnWhatThisHostLacks(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 1 || !strings.Contains(errOut, "warning: repo webap") {
 		t.Errorf("validate --json: exit %d stdout %q stderr %q", code, out, errOut)
 	}
+	// An engine this host has but does not run (AQ_ENGINES) waits as one
+	// not installed would: said the same way.
+	t.Setenv("AQ_ENGINES", "claude,codex")
+	if _, errOut, code := runAQ(t, "validate", fine); code != 0 || errOut != fine+": warning: engine script is not among the engines this host runs "+
+		"(claude, codex; AQ_ENGINES sets them, docs/fleet.md): aq run leaves the job in the inbox (add script to AQ_ENGINES, or choose one of those engines)\n" {
+		t.Errorf("validate under AQ_ENGINES without script: exit %d stderr %q", code, errOut)
+	}
 }
 
 func TestValidateUsage(t *testing.T) {

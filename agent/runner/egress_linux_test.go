@@ -1,0 +1,121 @@
+package runner_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/egress"
+	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/job"
+)
+
+// TestSandboxedRunEgress: a sandboxed engine, through the job's real
+// egress proxy, reaches the host AQ_SANDBOX_NET names and is refused the
+// rest — a host not named, the metadata service — with the reason in the
+// answer; the first refusal of each destination is an event of the job,
+// and the job's insights count them all. The engine's environment is
+// built (engines.Environ: the factory's own proxy and JVM settings do not
+// pass as they are) with the proxy's variables over it: both spellings,
+// NODE_USE_ENV_PROXY, Yarn's, the JVM's.
+func TestSandboxedRunEgress(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+		t.Skipf("this host sandboxes at level %s", lvl)
+	}
+	var served atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		w.Write([]byte("allowed and served\n"))
+	}))
+	defer up.Close()
+	_, port, _ := net.SplitHostPort(up.Listener.Addr().String())
+	// The upstream lives on the host's loopback: its address and port are
+	// named, as an operator names an internal registry's.
+	rules, err := egress.ParseRules("127.0.0.1:" + port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The factory sits behind a proxy of its own and tunes Node and the JVM:
+	// none of it reaches the sandboxed engine as it is.
+	f.r.Env = append(f.r.Env, "HTTPS_PROXY=http://corp-proxy.invalid:3128", "no_proxy=.corp.invalid",
+		"NODE_USE_ENV_PROXY=0", "JAVA_TOOL_OPTIONS=-Dhttps.proxyHost=corp-proxy.invalid", "GH_TOKEN=gh-secret-egress")
+	f.r.Egress = runner.EgressProxies{Rules: rules, Env: f.r.Env}
+	var mu sync.Mutex
+	var events []job.EgressRefusal
+	o := runner.Options{Attempt: 1, OnEvent: func(e runner.Event) {
+		if r, ok := e.(runner.EgressRefused); ok {
+			mu.Lock()
+			events = append(events, r.Refusal)
+			mu.Unlock()
+		}
+	}}
+	// The engine talks to its proxy itself (bash, no curl needed), through
+	// the variables the sandbox gives it.
+	j := f.job("egress", `bash <<'SH'
+hp=${http_proxy#http://}
+req() { exec 3<>/dev/tcp/${hp%:*}/${hp##*:} && printf "$1" >&3 && cat <&3; exec 3<&-; }
+req "GET http://127.0.0.1:`+port+`/ok HTTP/1.0\r\n\r\n" > allowed.txt
+req "CONNECT evil.example:443 HTTP/1.0\r\n\r\n" > refused.txt
+req "CONNECT evil.example:443 HTTP/1.0\r\n\r\n" >> refused.txt
+req "GET http://169.254.169.254/latest/meta-data/ HTTP/1.0\r\n\r\n" > metadata.txt
+SH
+env | sort > env.txt`)
+	out := f.run(context.Background(), j, o)
+	if out.Failed() {
+		t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
+	}
+	files := testenv.TreeFiles(t, f.repo, out.Commit)
+	if !strings.Contains(files["allowed.txt"], "allowed and served") || served.Load() != 1 {
+		t.Errorf("the allowed host: %q (served %d)", files["allowed.txt"], served.Load())
+	}
+	env := map[string]string{}
+	for _, l := range strings.Split(files["env.txt"], "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			env[k] = v
+		}
+	}
+	proxy := env["http_proxy"]
+	if !strings.HasPrefix(proxy, "http://127.0.0.1:") {
+		t.Fatalf("the engine's proxy: %q\n%s", proxy, files["env.txt"])
+	}
+	for k, want := range map[string]string{
+		"HTTPS_PROXY": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy, "ALL_PROXY": proxy, "all_proxy": proxy,
+		"NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1",
+		"NODE_USE_ENV_PROXY": "1", "YARN_HTTPS_PROXY": proxy, "YARN_HTTP_PROXY": proxy,
+	} {
+		if env[k] != want {
+			t.Errorf("the engine's %s=%q, want %q", k, env[k], want)
+		}
+	}
+	if jt := env["JAVA_TOOL_OPTIONS"]; strings.Contains(jt, "corp-proxy") || !strings.Contains(jt, "-Dhttps.proxyHost=127.0.0.1") {
+		t.Errorf("the engine's JAVA_TOOL_OPTIONS=%q, want the job's proxy only", jt)
+	}
+	if _, ok := env["GH_TOKEN"]; ok {
+		t.Error("GH_TOKEN reached the sandboxed engine")
+	}
+	if got := files["refused.txt"]; strings.Count(got, "403 Forbidden") != 2 || !strings.Contains(got, "evil.example is not allowed: add it to AQ_SANDBOX_NET") {
+		t.Errorf("a host not named: %q", got)
+	}
+	if got := files["metadata.txt"]; !strings.Contains(got, "403 Forbidden") || !strings.Contains(got, "169.254.169.254 is a link-local address") {
+		t.Errorf("the metadata service: %q", got)
+	}
+	in := out.Insights.EgressRefused
+	if len(in) != 2 || in[0].Host != "evil.example" || in[0].Port != 443 || in[0].Count != 2 ||
+		in[1].Host != "169.254.169.254" || in[1].Port != 80 || in[1].Count != 1 || in[1].Why == "" {
+		t.Errorf("insights: %+v, want evil.example:443 twice then 169.254.169.254:80 once", in)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 2 || events[0].Count != 1 || events[1].Count != 1 {
+		t.Errorf("events: %+v, want the first refusal of each destination", events)
+	}
+}

@@ -1,0 +1,321 @@
+package egress
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseRules(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		open     bool
+	}{
+		{"", "", false},
+		{" , ,", "", false},
+		{"github.com", "github.com", false},
+		{"GitHub.COM.", "github.com", false},
+		{"*.example.com", "*.example.com", false},
+		{"api.example.com:8443", "api.example.com:8443", false},
+		{"*", "*", true},
+		{"*,github.com", "*,github.com", true},
+		{"10.1.2.3", "10.1.2.3", false},
+		{"10.1.2.3:5432", "10.1.2.3:5432", false},
+		{"10.0.0.0/8", "10.0.0.0/8", false},
+		{"10.9.9.9/8", "10.0.0.0/8", false}, // masked
+		{"fd00::1", "fd00::1", false},
+		{"[fd00::1]:443", "[fd00::1]:443", false},
+		{"[fd00::/8]:443", "[fd00::/8]:443", false},
+		{"::ffff:10.1.2.3", "10.1.2.3", false},
+		{"my_host.internal", "my_host.internal", false},
+		{"@go", "proxy.golang.org,sum.golang.org", false},
+		{"@GO", "proxy.golang.org,sum.golang.org", false},
+	} {
+		r, err := ParseRules(tc.in)
+		if err != nil {
+			t.Errorf("ParseRules(%q): %v", tc.in, err)
+			continue
+		}
+		if got := r.String(); got != tc.want || r.Open() != tc.open {
+			t.Errorf("ParseRules(%q) = %q open=%v, want %q open=%v", tc.in, got, r.Open(), tc.want, tc.open)
+		}
+	}
+}
+
+func TestParseRulesErrors(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"exa mple.com", `entry "exa mple.com" is not a host name`},
+		{"github.com,ex/ample", `entry "ex/ample" is not an address range`},
+		{"10.0.0.0/33", `entry "10.0.0.0/33" is not an address range`},
+		{"host:0", `entry "host:0" has port "0" (a port is 1 to 65535)`},
+		{"host:http", `entry "host:http" has port "http"`},
+		{"host:", `entry "host:" has an empty port`},
+		{"[fd00::1", `entry "[fd00::1" has an unclosed [`},
+		{"[fd00::1]x", `entry "[fd00::1]x" has text after ]`},
+		{"*.com", `entry "*.com" is too wide a wildcard`},
+		{"a.*.example.com", `entry "a.*.example.com" has a * that is not a leading *.`},
+		{"ex*ample.com", `has a * that is not a leading *.`},
+		{"-bad.example.com", `entry "-bad.example.com" is not a host name`},
+		{"@nope", `entry "@nope" is not a known set (the sets: @crates, @github, @go,`},
+		{strings.Repeat("a", 64) + ".com", `is not a host name`},
+	} {
+		_, err := ParseRules(tc.in)
+		if err == nil {
+			t.Errorf("ParseRules(%q): no error, want %q", tc.in, tc.want)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseRules(%q) = %q, want it to contain %q", tc.in, err, tc.want)
+		}
+		if !strings.Contains(err.Error(), "(use ") && !strings.Contains(err.Error(), "the sets:") {
+			t.Errorf("ParseRules(%q) = %q: the error does not say what an entry may be", tc.in, err)
+		}
+	}
+}
+
+func TestSetsParse(t *testing.T) {
+	for _, name := range SetNames() {
+		r, err := ParseRules(name)
+		if err != nil {
+			t.Fatalf("set %s: %v", name, err)
+		}
+		if r.Empty() {
+			t.Errorf("set %s allows nothing", name)
+		}
+	}
+	reg := SetHosts("@registries")
+	for _, s := range registrySets {
+		for _, h := range sets[s] {
+			if !slices.Contains(reg, h) {
+				t.Errorf("@registries lacks %s (of @%s)", h, s)
+			}
+		}
+	}
+	if slices.Contains(reg, "github.com") {
+		t.Error("@registries holds github.com: fetching any repository is its own set")
+	}
+	for engine := range engineHosts {
+		if _, err := ParseRules(strings.Join(EngineHosts(engine), ",")); err != nil {
+			t.Errorf("engine %s: %v", engine, err)
+		}
+	}
+}
+
+func TestEngineHostSet(t *testing.T) {
+	s, err := ParseEngineHosts(" claude = llm-gw.example.com:443 ; codex=api.openai.com, chatgpt.com;devin=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		engine string
+		env    []string
+		want   []string
+	}{
+		{"claude", nil, []string{"llm-gw.example.com:443"}},
+		{"codex", nil, []string{"api.openai.com", "chatgpt.com"}},
+		{"devin", nil, nil},
+		{"script", nil, nil},
+		{"claude", []string{"ANTHROPIC_BASE_URL=https://gw2.example.com:8443/anthropic"}, []string{"llm-gw.example.com:443", "gw2.example.com:8443"}},
+	} {
+		if got := s.For(tc.engine, tc.env); !slices.Equal(got, tc.want) {
+			t.Errorf("For(%s, %v) = %v, want %v", tc.engine, tc.env, got, tc.want)
+		}
+	}
+	var none EngineHostSet
+	if got := none.For("claude", []string{"ANTHROPIC_BASE_URL=http://[fd00::5]/v1"}); !slices.Equal(got, append(EngineHosts("claude"), "[fd00::5]")) {
+		t.Errorf("built-in claude with an IPv6 base URL = %v", got)
+	}
+	for _, bad := range []string{"claude", "=x.com", "claude=ex/ample.com"} {
+		if _, err := ParseEngineHosts(bad); err == nil {
+			t.Errorf("ParseEngineHosts(%q): no error", bad)
+		}
+	}
+}
+
+func TestSpecialKind(t *testing.T) {
+	for _, tc := range []struct {
+		addr    string
+		special bool
+	}{
+		{"127.0.0.1", true},
+		{"127.255.0.9", true},
+		{"::1", true},
+		{"10.1.2.3", true},
+		{"172.16.0.1", true},
+		{"172.32.0.1", false},
+		{"192.168.1.1", true},
+		{"169.254.169.254", true},
+		{"100.100.100.200", true}, // a cloud's metadata service in CGNAT space
+		{"0.0.0.0", true},
+		{"::", true},
+		{"224.0.0.1", true},
+		{"255.255.255.255", true},
+		{"fe80::1", true},
+		{"fe80::1%eth0", true},
+		{"fd00:ec2::254", true}, // AWS's IPv6 metadata service
+		{"::ffff:127.0.0.1", true},
+		{"::ffff:169.254.169.254", true},
+		{"64:ff9b::a9fe:a9fe", true},  // NAT64 of 169.254.169.254
+		{"64:ff9b::808:808", false},   // NAT64 of 8.8.8.8
+		{"2002:a9fe:a9fe::1", true},   // 6to4 of 169.254.169.254
+		{"2002:808:808::1", false},    // 6to4 of 8.8.8.8
+		{"2001:db8::1", true},         // documentation
+		{"2001:0:4136:e378::1", true}, // Teredo
+		{"8.8.8.8", false},
+		{"140.82.112.3", false},
+		{"2606:4700::6810:84e5", false},
+	} {
+		got := specialKind(netip.MustParseAddr(tc.addr)) != ""
+		if got != tc.special {
+			t.Errorf("specialKind(%s) special=%v, want %v", tc.addr, got, tc.special)
+		}
+	}
+}
+
+// TestDecisions is the proxy's two decisions as a table: on the name
+// before any lookup, then on the addresses it resolved to.
+func TestDecisions(t *testing.T) {
+	for _, tc := range []struct {
+		rules, host string
+		port        int
+		resolved    []string // nil: the name is refused before a lookup
+		refused     string   // "" allowed, else a part of why
+	}{
+		{"github.com", "github.com", 443, []string{"140.82.112.3"}, ""},
+		{"github.com", "github.com", 22, []string{"140.82.112.3"}, ""},
+		{"github.com:443", "github.com", 22, nil, "github.com is allowed on port 443 only: add github.com:22"},
+		{"github.com", "api.github.com", 443, nil, "api.github.com is not allowed: add it to AQ_SANDBOX_NET"},
+		{"*.github.com", "api.github.com", 443, []string{"140.82.112.6"}, ""},
+		{"*.github.com", "a.b.github.com", 443, []string{"140.82.112.6"}, ""},
+		{"*.github.com", "github.com", 443, nil, "not allowed"},
+		{"*.github.com", "evilgithub.com", 443, nil, "not allowed"},
+		{"", "github.com", 443, nil, "not allowed"},
+		{"*", "anything.example", 443, []string{"93.184.215.14"}, ""},
+		// A name that resolves to a special address is refused, whatever
+		// allowed the name.
+		{"*", "rebind.example", 443, []string{"169.254.169.254"}, "rebind.example resolved to 169.254.169.254, a link-local address"},
+		{"db.internal", "db.internal", 5432, []string{"10.1.2.3"}, "resolved to 10.1.2.3, a private address: name the address or its range"},
+		{"db.internal,10.0.0.0/8", "db.internal", 5432, []string{"10.1.2.3"}, ""},
+		{"db.internal,10.0.0.0/8:5432", "db.internal", 22, []string{"10.1.2.3"}, "a private address"},
+		{"localhost", "localhost", 8080, []string{"127.0.0.1", "::1"}, "a loopback address"},
+		{"*", "mixed.example", 443, []string{"140.82.112.3", "10.0.0.1"}, "resolved to 10.0.0.1"},
+		{"*", "mapped.example", 443, []string{"::ffff:127.0.0.1"}, "resolved to 127.0.0.1, a loopback address"},
+		// Addresses named in the request.
+		{"*", "169.254.169.254", 80, nil, "169.254.169.254 is a link-local address (the cloud metadata service lives there): name it"},
+		{"*", "10.0.0.5", 443, nil, "a private address"},
+		{"*", "fd00:ec2::254", 80, nil, "a private (unique local) address"},
+		{"*", "8.8.8.8", 443, []string{"8.8.8.8"}, ""},
+		{"github.com", "8.8.8.8", 443, nil, "8.8.8.8 is not allowed"},
+		{"8.8.8.8", "8.8.8.8", 443, []string{"8.8.8.8"}, ""},
+		{"127.0.0.1", "127.0.0.1", 9999, []string{"127.0.0.1"}, ""},
+		{"127.0.0.0/8:9999", "127.0.0.2", 9999, []string{"127.0.0.2"}, ""},
+		{"127.0.0.0/8:9999", "127.0.0.2", 9998, nil, "a loopback address"},
+	} {
+		r, err := ParseRules(tc.rules)
+		if err != nil {
+			t.Fatalf("rules %q: %v", tc.rules, err)
+		}
+		why := r.refuseName(tc.host, tc.port)
+		if why == "" {
+			if tc.resolved == nil {
+				t.Errorf("%q on %s:%d: the name passed, want it refused before a lookup (%q)", tc.rules, tc.host, tc.port, tc.refused)
+				continue
+			}
+			var addrs []netip.Addr
+			for _, a := range tc.resolved {
+				addrs = append(addrs, netip.MustParseAddr(a))
+			}
+			why = r.refuseAddrs(tc.host, tc.port, addrs)
+		} else if tc.resolved != nil {
+			t.Errorf("%q on %s:%d: refused before a lookup (%q), want a lookup", tc.rules, tc.host, tc.port, why)
+			continue
+		}
+		switch {
+		case tc.refused == "" && why != "":
+			t.Errorf("%q on %s:%d: refused (%s), want allowed", tc.rules, tc.host, tc.port, why)
+		case tc.refused != "" && !strings.Contains(why, tc.refused):
+			t.Errorf("%q on %s:%d: %q, want refused with %q", tc.rules, tc.host, tc.port, why, tc.refused)
+		}
+	}
+}
+
+func TestEnv(t *testing.T) {
+	env := Env("http://127.0.0.1:3128", []string{"PATH=/bin", "HTTPS_PROXY=http://corp:8080", "JAVA_TOOL_OPTIONS=-Xmx1g"})
+	get := func(k string) (string, int) {
+		v, n := "", 0
+		for _, kv := range env {
+			if key, val, _ := strings.Cut(kv, "="); key == k {
+				v, n = val, n+1
+			}
+		}
+		return v, n
+	}
+	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"} {
+		if v, n := get(k); v != "http://127.0.0.1:3128" || n != 1 {
+			t.Errorf("%s = %q (%d times)", k, v, n)
+		}
+	}
+	if v, _ := get("NODE_USE_ENV_PROXY"); v != "1" {
+		t.Errorf("NODE_USE_ENV_PROXY = %q", v)
+	}
+	if v, _ := get("PATH"); v != "/bin" {
+		t.Errorf("PATH = %q", v)
+	}
+	if v, n := get("JAVA_TOOL_OPTIONS"); n != 1 || !strings.HasPrefix(v, "-Xmx1g ") || !strings.Contains(v, "-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=3128") {
+		t.Errorf("JAVA_TOOL_OPTIONS = %q (%d times)", v, n)
+	}
+}
+
+// TestSetsDocumented: docs/sandbox.md's table of sets and of engine hosts
+// say what the code allows.
+func TestSetsDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "sandbox.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	row := func(first string) []string {
+		for _, line := range strings.Split(doc, "\n") {
+			if strings.HasPrefix(line, "| `"+first+"` |") {
+				cells := strings.Split(line, "|")
+				var names []string
+				for _, f := range strings.Split(cells[2], ",") {
+					f = strings.TrimSpace(f)
+					if n, ok := strings.CutPrefix(f, "`"); ok {
+						n, _, _ = strings.Cut(n, "`")
+						names = append(names, n)
+					}
+				}
+				if len(names) > 0 || first == "script" {
+					return names
+				}
+			}
+		}
+		t.Errorf("docs/sandbox.md has no row for %s", first)
+		return nil
+	}
+	for _, name := range SetNames() {
+		want := SetHosts(name)
+		if name == "@registries" {
+			want = nil
+			for _, s := range registrySets {
+				want = append(want, "@"+s)
+			}
+		}
+		if got := row(name); !slices.Equal(got, want) {
+			t.Errorf("docs/sandbox.md lists %s as %v, the code as %v", name, got, want)
+		}
+	}
+	for engine, hosts := range engineHosts {
+		got := row(engine)
+		if len(hosts) == 0 {
+			hosts = nil
+		}
+		if !slices.Equal(got, hosts) {
+			t.Errorf("docs/sandbox.md lists %s's hosts as %v, the code as %v", engine, got, hosts)
+		}
+	}
+}

@@ -1,0 +1,235 @@
+package worktree
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
+)
+
+func TestParseConfigList(t *testing.T) {
+	out := "system\x00file:/etc/gitconfig\x00credential.https://h.example.com.helper\ngcloud.sh\x00" +
+		"local\x00file:.git/config\x00core.bare\nfalse\x00" +
+		"local\x00file:.git/config\x00core.quiet\x00" + // a key without a value
+		"worktree\x00file:/r/.git/worktrees/w/config.worktree\x00filter.X.clean\nsed -e 's/a/b/'\nline two\x00" +
+		"command\x00command line:\x00user.name\naq\x00"
+	got := parseConfigList([]byte(out), true, "/r")
+	want := []configEntry{
+		{"system", "/etc/gitconfig", "credential.https://h.example.com.helper", "gcloud.sh"},
+		{"local", "/r/.git/config", "core.bare", "false"},
+		{"local", "/r/.git/config", "core.quiet", ""},
+		{"worktree", "/r/.git/worktrees/w/config.worktree", "filter.X.clean", "sed -e 's/a/b/'\nline two"},
+		{"command", "", "user.name", "aq"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("parse:\n got %q\nwant %q", got, want)
+	}
+	plain := parseConfigList([]byte("include.path\ninc.cfg\x00core.fsmonitor\n/x\x00"), false, "")
+	if len(plain) != 2 || plain[1].key != "core.fsmonitor" || plain[1].value != "/x" {
+		t.Errorf("parse without scope: %q", plain)
+	}
+	for _, tc := range []struct{ key, sec, sub, v string }{
+		{"core.fsmonitor", "core", "", "fsmonitor"},
+		{"url.https://github.com/.insteadof", "url", "https://github.com/", "insteadof"},
+		{"credential.https://h.example.com.helper", "credential", "https://h.example.com", "helper"},
+		{"include.path", "include", "", "path"},
+	} {
+		if sec, sub, v := splitKey(tc.key); sec != tc.sec || sub != tc.sub || v != tc.v {
+			t.Errorf("splitKey(%q) = %q %q %q", tc.key, sec, sub, v)
+		}
+	}
+}
+
+// TestPlanHarden: what is pinned, to what, for a repository's planted
+// keys, with and without trusted values for them.
+func TestPlanHarden(t *testing.T) {
+	local := func(k, v string) configEntry { return configEntry{"local", "/r/.git/config", k, v} }
+	global := func(k, v string) configEntry { return configEntry{"global", "/h/.gitconfig", k, v} }
+	env := map[string]string{}
+	in := func(entries ...configEntry) hardenInput {
+		return hardenInput{entries: entries, lookup: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+			dir: "/r", worktree: true, gitBin: "/usr/bin/git", noHooks: "/dev/null", globals: []string{"/h/.gitconfig"}}
+	}
+	pinned := func(s pinSet) map[string][]string {
+		m := map[string][]string{}
+		for _, p := range s.pins {
+			m[p[0]] = append(m[p[0]], p[1])
+		}
+		return m
+	}
+
+	// Nothing planted: the fixed pins, no early file.
+	s := planHarden(in(global("user.name", "x")))
+	p := pinned(s)
+	for k, want := range map[string]string{
+		"core.hookspath": "/dev/null", "core.fsmonitor": "false", "core.sshcommand": "ssh", "core.askpass": "",
+		"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x509.program": "gpgsm", "gpg.ssh.program": "ssh-keygen",
+		"credential.helper": "",
+	} {
+		if got := p[k]; len(got) != 1 || got[0] != want {
+			t.Errorf("%s pinned %q, want [%q]", k, got, want)
+		}
+	}
+	if len(s.early) != 0 {
+		t.Errorf("an early file with nothing first-wins planted:\n%s", strings.Join(s.early, "\n"))
+	}
+	for _, want := range []string{"GIT_ALLOW_PROTOCOL=file:git:http:https:ssh", "GIT_PROXY_COMMAND=", "GIT_WORK_TREE=/r"} {
+		if !slices.Contains(s.env, want) {
+			t.Errorf("env %q lacks %q", s.env, want)
+		}
+	}
+
+	// Planted, with trusted values where the operator set some.
+	s = planHarden(in(
+		global("credential.helper", "store"),
+		global("credential.https://github.com.helper", "!gh auth git-credential"),
+		global("filter.lfs.clean", "git-lfs clean -- %f"),
+		global("core.sshcommand", "ssh -i /k"),
+		global("protocol.codecommit.allow", "always"),
+		local("credential.helper", "/evil"),
+		local("core.fsmonitor", "/evil"),
+		local("core.sshcommand", "/evil"),
+		local("filter.lfs.clean", "/evil"),
+		local("filter.x.process", "/evil"),
+		local("filter.x.required", "true"),
+		local("diff.x.textconv", "/evil"),
+		local("diff.external", "/evil"),
+		local("merge.x.driver", "/evil %A"),
+		local("core.alternaterefscommand", "/evil"),
+		local("http.https://h.example.com/.proxy", "http://evil:8080"),
+		local("http.sslverify", "false"),
+		local("http.extraheader", "X: evil"),
+		local("remote.origin.receivepack", "/evil"),
+		local("remote.origin.url", "https://github.com/o/r.git"),
+		local("url.https://evil.example/.insteadof", "https://github.com/"),
+		local("url.https://evil.example/.pushinsteadof", "https://github.com/o/r.git"),
+		local("protocol.ext.allow", "always"),
+	))
+	p = pinned(s)
+	for k, want := range map[string][]string{
+		"credential.helper":                    {"", "store"},
+		"credential.https://github.com.helper": {"!gh auth git-credential"},
+		"core.fsmonitor":                       {"false"},
+		"core.sshcommand":                      {"ssh -i /k"},
+		"filter.lfs.clean":                     {"git-lfs clean -- %f"},
+		"filter.x.process":                     {""},
+		"filter.x.required":                    {"false"},
+		"diff.x.textconv":                      {""},
+		"diff.external":                        {""},
+		"merge.x.driver":                       {"'/usr/bin/git' merge-file --marker-size=%L %A %O %B"},
+		"core.alternaterefscommand":            {""},
+		"http.https://h.example.com/.proxy":    {""},
+		"http.sslverify":                       {"true"},
+		"http.extraheader":                     {""},
+	} {
+		if got := p[k]; !slices.Equal(got, want) {
+			t.Errorf("%s pinned %q, want %q", k, got, want)
+		}
+	}
+	if !slices.Contains(s.env, "GIT_ALLOW_PROTOCOL=file:git:http:https:ssh:codecommit") {
+		t.Errorf("env %q: the trusted protocol is not allowed (or a planted one is)", s.env)
+	}
+	early := strings.Join(s.early, "\n")
+	for _, want := range []string{
+		"[include]\n\tpath = \"/h/.gitconfig\"",
+		"[remote \"origin\"]\n\treceivepack = \"git-receive-pack\"",
+		"[url \"https://github.com/o/r.git\"]\n\tinsteadOf = \"https://github.com/o/r.git\"",
+		"[url \"https://github.com/o/r.git\"]\n\tpushInsteadOf = \"https://github.com/o/r.git\"",
+	} {
+		if !strings.Contains(early, want) {
+			t.Errorf("early file lacks %q:\n%s", want, early)
+		}
+	}
+	if strings.Index(early, "[include]") > strings.Index(early, "[remote") {
+		t.Errorf("the globals are not included first:\n%s", early)
+	}
+
+	// A trusted rewrite stays what the URL becomes.
+	s = planHarden(in(
+		global("url.git@github.com:.insteadof", "https://github.com/"),
+		local("remote.origin.url", "https://github.com/o/r.git"),
+		local("url.https://evil.example/.insteadof", "https://github.com/o/"),
+	))
+	if early := strings.Join(s.early, "\n"); !strings.Contains(early, "[url \"git@github.com:o/r.git\"]\n\tinsteadOf = \"https://github.com/o/r.git\"") {
+		t.Errorf("early file:\n%s", early)
+	}
+	// The environment's settings win and are kept.
+	env = map[string]string{"GIT_SSH_COMMAND": "ssh -v", "GIT_ASKPASS": "/a", "GIT_ALLOW_PROTOCOL": "https", "GIT_PROXY_COMMAND": "/p", "https_proxy": "http://corp:3128"}
+	s = planHarden(in(local("http.proxy", "http://evil:1")))
+	p = pinned(s)
+	if _, ok := p["core.sshcommand"]; ok {
+		t.Error("core.sshCommand pinned under GIT_SSH_COMMAND")
+	}
+	if _, ok := p["core.askpass"]; ok {
+		t.Error("core.askPass pinned under GIT_ASKPASS")
+	}
+	if got := p["http.proxy"]; !slices.Equal(got, []string{"http://corp:3128"}) {
+		t.Errorf("http.proxy pinned %q, want the environment's proxy", got)
+	}
+	for _, kv := range s.env {
+		if strings.HasPrefix(kv, "GIT_ALLOW_PROTOCOL=") || strings.HasPrefix(kv, "GIT_PROXY_COMMAND=") {
+			t.Errorf("env %q overrides the host's", kv)
+		}
+	}
+}
+
+// TestHardenCache: the repository's configuration is read once while its
+// files are unchanged — recently written ones compared byte for byte —
+// and again after any change, a same-size rewrite with its modification
+// time put back included.
+func TestHardenCache(t *testing.T) {
+	repo := newRepo(t)
+	g := Git{ConfigDir: t.TempDir()}
+	ctx := ctxT(t)
+	env := g.at(repo).environ(nil)
+	pins := func() string {
+		t.Helper()
+		out, err := g.at(repo).hardenEnv(ctx, repo, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(out, "\n")
+	}
+	reads := configReads.Load()
+	first := pins()
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("first run read the configuration %d times, want 1", n)
+	}
+	for range 3 {
+		if pins() != first {
+			t.Fatal("an unchanged configuration gave other pins")
+		}
+	}
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("three more runs on an unchanged configuration read it %d times in all, want 1 (the cache)", n)
+	}
+	cfg := filepath.Join(repo, ".git", "config")
+	testenv.Git(t, repo, "config", "filter.planted.clean", "/evil")
+	if got := pins(); !strings.Contains(got, "=filter.planted.clean") {
+		t.Fatalf("a planted driver is not pinned after the change:\n%s", got)
+	}
+	// The same size, the old modification time: the change time or the
+	// bytes tell.
+	b, _ := os.ReadFile(cfg)
+	fi, _ := os.Stat(cfg)
+	same := strings.Replace(string(b), "filter \"planted\"", "filter \"PLANTED\"", 1)
+	if len(same) != len(b) || same == string(b) {
+		t.Fatal("the rewrite is not a same-size change")
+	}
+	os.WriteFile(cfg, []byte(same), 0o644)
+	os.Chtimes(cfg, fi.ModTime(), fi.ModTime())
+	if got := pins(); !strings.Contains(got, "=filter.PLANTED.clean") {
+		t.Fatalf("a same-size rewrite was not seen:\n%s", got)
+	}
+	// A planted include target that does not exist yet: its appearance
+	// is a change.
+	testenv.Git(t, repo, "config", "includeIf.onbranch:nowhere.path", "later.cfg")
+	pins()
+	testenv.Git(t, "", "config", "-f", filepath.Join(repo, ".git", "later.cfg"), "merge.later.driver", "/evil")
+	if got := pins(); !strings.Contains(got, "=merge.later.driver") {
+		t.Fatalf("a file an include names, created later, was not read:\n%s", got)
+	}
+}
