@@ -79,6 +79,9 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("seed %d: the harness failed: %v (sandbox %s)", seed, err, dirOf(res))
 	}
 	t.Logf("hosts: %s %s; %s in %s", res.Mode, res.ModeWhy, res.Checks.Summary(), res.Duration.Round(1e9))
+	for _, c := range res.Checks.Checks {
+		t.Logf("  %s: %s", c.Name, c.Summary)
+	}
 	if !res.Checks.OK() {
 		t.Errorf("seed %d: %s (sandbox kept at %s; replay: AQ_CHAOS_SEED=%d go test -run TestChaos ./chaos/)\n%s",
 			seed, res.Checks.Summary(), res.Dir, seed, strings.Join(res.Checks.Failed(), "\n"))
@@ -106,6 +109,28 @@ func TestChaos(t *testing.T) {
 	for _, k := range []string{chaos.KindKill9, chaos.KindPartition, chaos.KindPeer, chaos.KindStub, chaos.KindTerm, chaos.KindErrors} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s fault was injected", k)
+		}
+	}
+	// Where the factories sandbox fully, aq was killed -9 under a
+	// sandboxed engine whose straggler was up (and the invariant above
+	// found it gone with its aq); elsewhere the fault says why it did not
+	// run.
+	t.Logf("engines: %s %s", res.Sandbox, res.SandboxWhy)
+	for _, f := range res.Faults {
+		if f.Kind != chaos.KindKill9Sandboxed {
+			continue
+		}
+		t.Logf("%s of f%d: %s", f.Kind, f.Target+1, f.Detail)
+		switch {
+		case res.SandboxWhy == "" && f.Job == "":
+			t.Errorf("%s of f%d hit no engine with a straggler up: %s", f.Kind, f.Target+1, f.Detail)
+		case res.SandboxWhy != "" && !strings.HasPrefix(f.Detail, "not run: "):
+			t.Errorf("%s ran although the engines are not fully sandboxed: %s", f.Kind, f.Detail)
+		}
+	}
+	for _, c := range res.Checks.Checks {
+		if c.Name == "no engine or straggler outlives its aq" && res.SandboxWhy == "" && kinds[chaos.KindKill9Sandboxed] > 0 && strings.Contains(c.Summary, "(0 with a straggler up)") {
+			t.Errorf("no engine with a straggler up was running at a kill -9: %s", c.Summary)
 		}
 	}
 	// A partition of a factory that held leases at the cut (in the stub's

@@ -774,7 +774,7 @@ func (f *facts) gcLeftNothing(*Report) CheckResult {
 func (f *facts) noEngineAlive(*Report) CheckResult {
 	in := f.in
 	c := CheckResult{Name: "no engine left alive",
-		Definition: "after every factory stopped, no live process carries a job's tag (process.FindScoped(<job id>, \"\") for every job) or a factory's scope (AQ_SCOPE of its home, scanned in /proc)"}
+		Definition: "after every factory stopped, no live process carries a job's tag (process.FindScoped(<job id>, \"\") for every job) or a factory's scope (AQ_SCOPE of its home, scanned in /proc), nor a straggler's mark on its command line (it dropped both)"}
 	c.Violations = append(c.Violations, in.Alive...)
 	c.OK = len(c.Violations) == 0
 	c.Summary = fmt.Sprintf("%d jobs and %d factory scopes scanned; %d processes alive", len(in.Jobs), len(in.Factories), len(in.Alive))

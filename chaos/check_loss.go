@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 )
@@ -21,12 +22,16 @@ const lossSlack = 2 * time.Second
 // whose last sign of life is this close to a moment was alive then.
 const heartbeatSlack = 500 * time.Millisecond
 
-// lastSign is the last moment run r is known to have been alive.
+// lastSign is the last moment run r is known to have been alive: its
+// heartbeat, its end, or (killed before its first heartbeat) its start.
 func (r EngineRun) lastSign() time.Time {
-	if r.Done.After(r.Alive) {
-		return r.Done
+	last := r.Start
+	for _, t := range []time.Time{r.Alive, r.Done} {
+		if t.After(last) {
+			last = t
+		}
 	}
-	return r.Alive
+	return last
 }
 
 // runningAt reports whether run r was running at t: started before it and
@@ -58,19 +63,21 @@ func (f *facts) workLost(*Report) CheckResult {
 		}
 	}
 	c.OK = len(c.Violations) == 0
-	c.Summary = fmt.Sprintf("%d faults interrupted running engines (kill -9, host lost, preempted); %d interrupted runs had work older than one interval, and resumed from it", countFaults(in, KindKill9, KindHostLost, KindPreempt), checked-len(c.Violations))
+	c.Summary = fmt.Sprintf("%d faults interrupted running engines (kill -9, host lost, preempted); %d interrupted runs had work older than one interval, and resumed from it", countFaults(in, KindKill9, KindKill9Sandboxed, KindHostLost, KindPreempt), checked-len(c.Violations))
 	return c
 }
 
-// noEngineOutlives: no engine outlived its aq by more than the kill ladder.
+// noEngineOutlives: no engine, nor a straggler one daemonised, outlived
+// its aq by more than the kill ladder; and no straggler outlived its own
+// run.
 func (f *facts) noEngineOutlives(*Report) CheckResult {
 	in, byJob := f.in, f.runs
-	c := CheckResult{Name: "no engine outlives its aq",
-		Definition: fmt.Sprintf("after every kill -9 of a factory's daemon, each engine it was running showed its last sign of life (a heartbeat file the engine refreshes every 200 ms) at most %s later: its supervisor stopped it, no later aq was needed", engineOutlivesLimit)}
-	var worst time.Duration
-	n := 0
+	c := CheckResult{Name: "no engine or straggler outlives its aq",
+		Definition: fmt.Sprintf("after every kill -9 of a factory's daemon (%s, and %s: while one of its engines runs in its sandbox with a straggler up — a process the engine daemonised that dropped the job's tag and left its process group), each engine it was running, and each straggler one of them had daemonised, showed its last sign of life (a file each refreshes every 200 ms) at most %s later: its sandbox or its supervisor ended it, no later aq was needed; and every straggler's last sign came at most %s after its own run's, however the run ended", KindKill9, KindKill9Sandboxed, engineOutlivesLimit, engineOutlivesLimit)}
+	var worst, worstStraggler time.Duration
+	n, withStraggler, stragglers := 0, 0, 0
 	for _, f := range in.Faults {
-		if f.Kind != KindKill9 {
+		if !f.kills() {
 			continue
 		}
 		it := interruption{kind: f.Kind, factory: fmt.Sprintf("f%d", f.Target+1), at: f.Start}
@@ -83,13 +90,35 @@ func (f *facts) noEngineOutlives(*Report) CheckResult {
 				n++
 				worst = max(worst, last.Sub(it.at))
 				if last.Sub(it.at) > engineOutlivesLimit {
-					c.Violations = append(c.Violations, fmt.Sprintf("%s run %d on %s lived %s after its aq was killed", r.Job, r.N, r.Factory, last.Sub(it.at).Round(10*time.Millisecond)))
+					c.Violations = append(c.Violations, fmt.Sprintf("%s run %d on %s lived %s after its aq was killed (%s)", r.Job, r.N, r.Factory, last.Sub(it.at).Round(10*time.Millisecond), f.Kind))
+				}
+				if r.Straggler.IsZero() {
+					continue
+				}
+				withStraggler++
+				if d := r.Straggler.Sub(it.at); d > engineOutlivesLimit {
+					c.Violations = append(c.Violations, fmt.Sprintf("the straggler of %s run %d on %s lived %s after its aq was killed (%s)", r.Job, r.N, r.Factory, d.Round(10*time.Millisecond), f.Kind))
 				}
 			}
 		}
 	}
+	for _, rs := range byJob {
+		for _, r := range rs {
+			if r.Straggler.IsZero() {
+				continue
+			}
+			stragglers++
+			d := r.Straggler.Sub(r.lastSign())
+			worstStraggler = max(worstStraggler, d)
+			if d > engineOutlivesLimit {
+				c.Violations = append(c.Violations, fmt.Sprintf("the straggler of %s run %d on %s lived %s after its run", r.Job, r.N, r.Factory, d.Round(10*time.Millisecond)))
+			}
+		}
+	}
+	sort.Strings(c.Violations)
 	c.OK = len(c.Violations) == 0
-	c.Summary = fmt.Sprintf("%d engines running at a kill -9; the longest lived %s after its aq", n, worst.Round(10*time.Millisecond))
+	c.Summary = fmt.Sprintf("%d engines running at a kill -9 (%d with a straggler up); the longest lived %s after its aq; %d stragglers in all, the longest outlived its run by %s",
+		n, withStraggler, worst.Round(10*time.Millisecond), stragglers, max(worstStraggler, 0).Round(10*time.Millisecond))
 	return c
 }
 
@@ -133,7 +162,7 @@ func interruptions(in *Input) []interruption {
 	for _, f := range in.Faults {
 		fid := fmt.Sprintf("f%d", f.Target+1)
 		switch f.Kind {
-		case KindKill9, KindHostLost:
+		case KindKill9, KindKill9Sandboxed, KindHostLost:
 			for _, r := range in.Runs {
 				if r.Factory == fid {
 					out = append(out, interruption{kind: f.Kind, factory: fid, job: r.Job, at: f.Start})

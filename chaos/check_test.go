@@ -289,7 +289,7 @@ func TestScheduleIsSeededAndFactoryFaultsDoNotOverlap(t *testing.T) {
 		}
 	}
 	c := cfg.Faults
-	if want := c.Kill9 + c.Term + c.Abort + c.PeerRestart + c.StubRestart + c.Errors + c.ReportErrors + c.Partition + c.HostLost + c.Preempt; len(a) != want {
+	if want := c.Kill9 + c.Term + c.Abort + c.PeerRestart + c.StubRestart + c.Errors + c.ReportErrors + c.Partition + c.HostLost + c.Preempt + c.Kill9Sandboxed; len(a) != want {
 		t.Errorf("%d faults, want %d", len(a), want)
 	}
 	if d := Schedule(Full(43)); len(d) == len(a) && d[0] == a[0] && d[1] == a[1] {
@@ -327,6 +327,15 @@ func TestLoadIsSeeded(t *testing.T) {
 		if plans[p] == 0 {
 			t.Errorf("no job of plan %s in %d jobs", p, len(a))
 		}
+	}
+	stragglers := 0
+	for _, j := range a {
+		if j.Straggler {
+			stragglers++
+		}
+	}
+	if stragglers < len(a)/8 || stragglers > len(a)/2 {
+		t.Errorf("%d of %d jobs daemonise a straggler, want about a quarter", stragglers, len(a))
 	}
 }
 
@@ -380,7 +389,40 @@ func TestCheckEngineOutlivesItsAQ(t *testing.T) {
 	in := history()
 	in.Faults = []FaultRecord{{Fault: Fault{Kind: KindKill9, Target: 0}, Start: at(5), End: at(7)}}
 	in.Runs = append(in.Runs, EngineRun{Job: "j2", N: 1, Factory: "f1", Start: at(1), Alive: at(9)})
-	wantOnly(t, in, "no engine outlives its aq", "j2 run 1 on f1 lived 4s")
+	wantOnly(t, in, "no engine or straggler outlives its aq", "j2 run 1 on f1 lived 4s after its aq was killed (kill9)")
+}
+
+// A straggler — a process an engine daemonised, its tag dropped, its
+// process group left — that lives on after its aq was killed -9 under the
+// sandboxed engine (its engine ended with aq: the supervisor's sweep by
+// tag cannot find the straggler; only the sandbox ends it), and one that
+// outlives its run however the run ended. What a sandbox that ends both
+// with the run leaves passes.
+func TestCheckStragglerOutlivesItsAQ(t *testing.T) {
+	kill := FaultRecord{Fault: Fault{Kind: KindKill9Sandboxed, Target: 0}, Start: at(5), End: at(7), Job: "j2/1"}
+	in := history()
+	in.Faults = []FaultRecord{kill}
+	in.Runs = append(in.Runs, EngineRun{Job: "j2", N: 1, Factory: "f1", Start: at(1), Alive: at(5.1), Straggler: at(60)})
+	wantOnly(t, in, "no engine or straggler outlives its aq", "the straggler of j2 run 1 on f1 lived 55s after its aq was killed (kill9-sandboxed)")
+
+	in = history()
+	in.Runs[0].Straggler = at(40) // j1's run ended at 2.7, with no fault
+	wantOnly(t, in, "no engine or straggler outlives its aq", "the straggler of j1 run 1 on f1 lived 37.3s after its run")
+
+	// A run killed before its first heartbeat: its start is its last sign
+	// (found by the first sandboxed chaos run, which read a zero time).
+	in = history()
+	in.Runs = append(in.Runs, EngineRun{Job: "j2", N: 1, Factory: "f2", Start: at(4), Straggler: at(9)})
+	wantOnly(t, in, "no engine or straggler outlives its aq", "the straggler of j2 run 1 on f2 lived 5s after its run")
+
+	in = history()
+	in.Faults = []FaultRecord{kill}
+	in.Runs[0].Straggler = at(2.75)
+	in.Runs = append(in.Runs, EngineRun{Job: "j2", N: 1, Factory: "f1", Start: at(1), Alive: at(5.1), Straggler: at(5.15)})
+	rep := Check(in)
+	if c := checkNamed(t, rep, "no engine or straggler outlives its aq"); !c.OK || !strings.Contains(c.Summary, "1 engines running at a kill -9 (1 with a straggler up)") || !strings.Contains(c.Summary, "2 stragglers in all") {
+		t.Fatalf("stragglers that ended with their aq and their run: %v %s", c.Violations, c.Summary)
+	}
 }
 
 // An engine started again after the job's result was on origin.

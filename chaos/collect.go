@@ -150,6 +150,9 @@ func (r *harness) collect(jobs []JobSpec, gcs []GCResult) (*Input, error) {
 			in.Alive = append(in.Alive, strconv.Itoa(p)+" scope "+s)
 		}
 	}
+	for _, p := range findCmdline(r.sb.stragglerMark()) {
+		in.Alive = append(in.Alive, strconv.Itoa(p)+" straggler")
+	}
 	return in, nil
 }
 
@@ -279,6 +282,27 @@ func readFactoryLog(path string) (delivered []Delivered, redelivered map[string]
 // redeliveredMsg is the runner's log line for a result found on origin and
 // reported without running the engine (agent/runner redeliver).
 const redeliveredMsg = "the job's result is already on origin (an earlier attempt pushed it): reporting it, not running the engine again"
+
+// findCmdline lists the live processes (not zombies) whose command line
+// holds mark: a straggler, which dropped the job's tag and scope.
+func findCmdline(mark string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(b, []byte(mark)) {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && !bytes.Contains(st, []byte(") Z ")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
 
 // findScope lists the live processes (not zombies) whose environment holds
 // AQ_SCOPE=scope: a factory's engines, wherever they escaped to.

@@ -57,6 +57,15 @@ type Config struct {
 
 	// Progress, if set, gets one line per second and per fault.
 	Progress io.Writer
+
+	// Sandbox is AQ_SANDBOX of the factories ("" is auto: the full
+	// sandbox where this host can). Where the factories' engines run in a
+	// full sandbox, a share of the jobs' engines daemonise a straggler and
+	// the kill9-sandboxed faults run; elsewhere neither, unless
+	// Stragglers: then the stragglers run anyway (the invariant that
+	// they end with their aq then shows what the sandbox is for).
+	Sandbox    string
+	Stragglers bool
 }
 
 // FaultCounts is how many faults of each kind a run injects.
@@ -80,6 +89,10 @@ type FaultCounts struct {
 	// action: epoch bumped, the running factory fenced), as a coordinator
 	// preempting it for a critical job would.
 	Preempt int `json:"preempt"`
+	// Kill9Sandboxed: SIGKILL a factory while one of its engines runs in
+	// its sandbox and has daemonised a straggler (a process that dropped
+	// the job's tag and left its process group), restart it.
+	Kill9Sandboxed int `json:"kill9Sandboxed"`
 }
 
 // Full is `make chaos`: 320 jobs over 5 repositories, 4 factories of 2
@@ -87,7 +100,7 @@ type FaultCounts struct {
 func Full(seed uint64) Config {
 	return Config{
 		Name: "full", Seed: seed, Jobs: 320, Repos: 5, Factories: 4, Slots: 2,
-		Faults:       FaultCounts{Kill9: 8, Term: 3, Abort: 3, PeerRestart: 3, StubRestart: 3, Errors: 4, ReportErrors: 2, Partition: 4, HostLost: 3, Preempt: 4},
+		Faults:       FaultCounts{Kill9: 8, Term: 3, Abort: 3, PeerRestart: 3, StubRestart: 3, Errors: 4, ReportErrors: 2, Partition: 4, HostLost: 3, Preempt: 4, Kill9Sandboxed: 3},
 		Warmup:       8 * time.Second,
 		Window:       150 * time.Second,
 		SubmitSpan:   120 * time.Second,
@@ -106,7 +119,7 @@ func Full(seed uint64) Config {
 func Reduced(seed uint64) Config {
 	c := Full(seed)
 	c.Name, c.Jobs, c.Factories = "reduced", 48, 3
-	c.Faults = FaultCounts{Kill9: 1, Term: 1, PeerRestart: 1, StubRestart: 1, Errors: 1, Partition: 1, HostLost: 1, Preempt: 1}
+	c.Faults = FaultCounts{Kill9: 1, Term: 1, PeerRestart: 1, StubRestart: 1, Errors: 1, Partition: 1, HostLost: 1, Preempt: 1, Kill9Sandboxed: 1}
 	c.Warmup, c.Window, c.SubmitSpan, c.InitialShare = 5*time.Second, 35*time.Second, 30*time.Second, 0.4
 	c.Guard = 8 * time.Minute
 	return c
@@ -124,6 +137,9 @@ const (
 	KindPartition = "partition"
 	KindHostLost  = "host-lost"
 	KindPreempt   = "preempt"
+	// KindKill9Sandboxed: kill -9 while a sandboxed engine of the factory
+	// runs with a daemonised straggler.
+	KindKill9Sandboxed = "kill9-sandboxed"
 )
 
 // Fault is one scheduled fault.
@@ -140,11 +156,15 @@ type Fault struct {
 
 func (f Fault) factoryFault() bool {
 	switch f.Kind {
-	case KindKill9, KindTerm, KindAbort, KindPartition, KindHostLost, KindPreempt:
+	case KindKill9, KindTerm, KindAbort, KindPartition, KindHostLost, KindPreempt, KindKill9Sandboxed:
 		return true
 	}
 	return false
 }
+
+// kills reports whether f kills a factory's daemon -9 (its engines are
+// then its supervisor's, or its sandbox's, to end).
+func (f Fault) kills() bool { return f.Kind == KindKill9 || f.Kind == KindKill9Sandboxed }
 
 // Schedule is the seeded fault schedule of cfg: the same seed and sizes give
 // the same schedule. Faults on one factory never overlap (a factory is
@@ -160,7 +180,7 @@ func Schedule(cfg Config) []Fault {
 		for range n {
 			f := Fault{Kind: kind, At: cfg.Warmup + between(0, cfg.Window), Target: -1}
 			switch kind {
-			case KindKill9:
+			case KindKill9, KindKill9Sandboxed:
 				f.Down = between(500*time.Millisecond, 3*time.Second)
 			case KindTerm, KindAbort:
 				f.Down = between(500*time.Millisecond, 2*time.Second)
@@ -199,6 +219,7 @@ func Schedule(cfg Config) []Fault {
 	add(KindPartition, c.Partition)
 	add(KindHostLost, c.HostLost)
 	add(KindPreempt, c.Preempt)
+	add(KindKill9Sandboxed, c.Kill9Sandboxed)
 	sort.SliceStable(fs, func(a, b int) bool { return fs[a].At < fs[b].At })
 
 	// Resolve overlaps: a factory fault moves to another factory that is
@@ -210,7 +231,7 @@ func Schedule(cfg Config) []Fault {
 		if f.Kind == KindTerm || f.Kind == KindAbort {
 			d += cfg.DrainTimeout + 10*time.Second // the drain itself
 		}
-		if f.Kind == KindKill9 || f.Kind == KindHostLost || f.Kind == KindPreempt {
+		if f.kills() || f.Kind == KindHostLost || f.Kind == KindPreempt {
 			d += 3 * time.Second // mid-job wait and recovery
 		}
 		return d
@@ -291,12 +312,20 @@ type JobSpec struct {
 	Verify   bool          `json:"verify,omitempty"`
 	Priority string        `json:"priority"`
 	SubmitAt time.Duration `json:"submitAt"`
+	// Straggler: the engine daemonises a straggler at its start (a process
+	// that drops the job's tag and leaves its process group), which only
+	// the job's sandbox ends with it. Run keeps it only where the
+	// factories sandbox fully (or Config.Stragglers).
+	Straggler bool `json:"straggler,omitempty"`
 }
 
 // Load is the seeded job mix of cfg; token makes the ids unique to the run
 // (engines are found host-wide by their AQ_JOB_ID tag).
 func Load(cfg Config, token string) []JobSpec {
 	rng := rand.New(rand.NewPCG(cfg.Seed^0x10ad, cfg.Seed))
+	// The stragglers are drawn apart, so a seed's job mix is what it was
+	// before they were.
+	strag := rand.New(rand.NewPCG(cfg.Seed^0x5717, cfg.Seed))
 	initial := int(float64(cfg.Jobs) * cfg.InitialShare)
 	prios := []string{"low", "normal", "normal", "normal", "high", "critical"}
 	out := make([]JobSpec, cfg.Jobs)
@@ -323,6 +352,7 @@ func Load(cfg Config, token string) []JobSpec {
 		default:
 			j.Plan = PlanInvalid
 		}
+		j.Straggler = strag.IntN(4) == 0 && j.Plan != PlanInvalid
 		if n >= initial && cfg.Jobs > initial {
 			j.SubmitAt = time.Duration(float64(cfg.SubmitSpan) * float64(n-initial+1) / float64(cfg.Jobs-initial))
 		}

@@ -21,7 +21,13 @@
 // process of a factory killed -9 — daemon, supervisors, engines — its
 // AQ_HOME and clones deleted, the factory back as a fresh host), and
 // preemptions (the stub requeues a running job: epoch bumped, its factory
-// fenced). The factories checkpoint every second (AQ_CHECKPOINT_INTERVAL),
+// fenced), and kill -9s of a factory while one of its engines runs in its
+// sandbox with a straggler up. The factories run their engines in the
+// sandbox this host gives them (AQ_SANDBOX=auto: full here; the engine's
+// step log is in a directory every engine may write, AQ_SANDBOX_WRITABLE);
+// where it is full, a quarter of the engines daemonise a straggler — a
+// process that drops the job's tag and leaves its process group, which
+// only the sandbox ends with its job. The factories checkpoint every second (AQ_CHECKPOINT_INTERVAL),
 // and the scripted engine keeps its own step log on the shared file system
 // (runs/<job>/<n>: start, part one, heartbeat, end, what it resumed from),
 // against which the work lost per interruption, engines outliving their aq

@@ -72,6 +72,31 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 		}
 		sleepCtx(ctx, f.Down)
 		r.restart(fa, &rec)
+	case KindKill9Sandboxed:
+		fa := r.facts[f.Target]
+		if !r.stragglers {
+			rec.Start = time.Now().UTC()
+			rec.End, rec.Detail = rec.Start, "not run: "+r.res.SandboxWhy
+			r.logf("FAULT kill -9 %s under a sandboxed engine: not run (%s)", fa.id, r.res.SandboxWhy)
+			break
+		}
+		run, n := fa.waitStraggler(r.sb.runsDir(), 20*time.Second)
+		rec.Running = fa.waitBusy(time.Second)
+		rec.Start = time.Now().UTC()
+		if run != "" {
+			rec.Job = run
+			rec.Detail = "killed while the straggler of " + run + " was up"
+		} else {
+			rec.Detail = "no engine of it had a straggler up within 20s"
+		}
+		r.logf("FAULT kill -9 %s under a sandboxed engine (running %d jobs; %s, %d stragglers up)", fa.id, rec.Running, rec.Detail, n)
+		if c := fa.take(); c != nil {
+			c.kill()
+			c.wait()
+			fa.exited(c, "kill -9")
+		}
+		sleepCtx(ctx, f.Down)
+		r.restart(fa, &rec)
 	case KindTerm, KindAbort:
 		fa := r.facts[f.Target]
 		rec.Running = fa.waitBusy(8 * time.Second)

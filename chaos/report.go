@@ -61,6 +61,13 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 	}
 	p("| host mode | %s |\n", mode)
 	p("| network | %s |\n", res.Network)
+	engines := res.Sandbox
+	if res.SandboxWhy != "" {
+		engines += " — " + res.SandboxWhy
+	} else {
+		engines += " — a quarter of the engines daemonise a straggler (a process that drops the job's tag and leaves its process group), which only the sandbox ends with its job"
+	}
+	p("| engines | %s |\n", engines)
 	race := "without -race"
 	if cfg.AQRace {
 		race = "with -race"
@@ -92,8 +99,8 @@ func WriteMarkdown(w io.Writer, res *Result) error {
 	// Faults.
 	p("## Faults\n\nOn a seeded schedule (faults on one factory never overlap; every other combination may).\n\n")
 	p("| fault | count | first | last | mid-job | down (total) |\n|---|---:|---:|---:|---:|---:|\n")
-	kinds := []string{KindKill9, KindTerm, KindAbort, KindPeer, KindStub, KindErrors, KindReports, KindPartition, KindHostLost, KindPreempt}
-	names := map[string]string{KindKill9: "kill -9 of a factory, restart", KindTerm: "SIGTERM (drain, then stage two after AQ_DRAIN_TIMEOUT), restart",
+	kinds := []string{KindKill9, KindKill9Sandboxed, KindTerm, KindAbort, KindPeer, KindStub, KindErrors, KindReports, KindPartition, KindHostLost, KindPreempt}
+	names := map[string]string{KindKill9: "kill -9 of a factory, restart", KindKill9Sandboxed: "kill -9 of a factory while a sandboxed engine's straggler is up, restart", KindTerm: "SIGTERM (drain, then stage two after AQ_DRAIN_TIMEOUT), restart",
 		KindAbort: "two SIGTERMs (abort: checkpoint, fail retryable), restart", KindPeer: "broker peer killed, restarted", KindStub: "coordinator stub kill -9, restarted from its state file",
 		KindErrors: "stub answers 503 for a share of factory calls, + latency", KindReports: "stub refuses most reports (PATCH, fail) with 503; renewals work",
 		KindPartition: "factory cut off past its leases' expiry, reconnected",

@@ -25,19 +25,26 @@ import (
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
+	aqsb "github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/profiles"
 )
 
 // Result is a finished run: what ran, what was injected, what was checked.
 type Result struct {
-	Config   Config        `json:"-"`
-	Mode     string        `json:"mode"`
-	ModeWhy  string        `json:"modeWhy,omitempty"` // why loopback, when it is
-	Network  string        `json:"network"`
-	Token    string        `json:"token"`
-	Dir      string        `json:"dir"`
-	Started  time.Time     `json:"started"`
-	Duration time.Duration `json:"duration"`
+	Config  Config `json:"-"`
+	Mode    string `json:"mode"`
+	ModeWhy string `json:"modeWhy,omitempty"` // why loopback, when it is
+	// Sandbox is how the factories run engines (AQ_SANDBOX, the level this
+	// host gives them); SandboxWhy, when the stragglers and the
+	// kill9-sandboxed faults are not run, why (engines not fully
+	// sandboxed here).
+	Sandbox    string        `json:"sandbox"`
+	SandboxWhy string        `json:"sandboxWhy,omitempty"`
+	Network    string        `json:"network"`
+	Token      string        `json:"token"`
+	Dir        string        `json:"dir"`
+	Started    time.Time     `json:"started"`
+	Duration   time.Duration `json:"duration"`
 	// Converged: every job reached a terminal stage before Config.Guard.
 	Converged bool          `json:"converged"`
 	Schedule  []Fault       `json:"schedule"`
@@ -86,6 +93,10 @@ type harness struct {
 	hc        *http.Client
 
 	facts []*factory
+	// stragglers: some engines daemonise a straggler, and the
+	// kill9-sandboxed faults run (the factories sandbox fully, or
+	// Config.Stragglers).
+	stragglers bool
 
 	mu       sync.Mutex
 	faults   []FaultRecord
@@ -207,6 +218,14 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	r.res.Mode = r.net.Mode()
 	r.logf("hosts: %s%s", r.res.Mode, map[bool]string{true: " (" + r.res.ModeWhy + ")", false: ""}[r.res.ModeWhy != ""])
 
+	// How the factories' engines run: in a full sandbox, the stragglers
+	// and the faults that kill aq under them run.
+	if err := r.sandboxLevel(); err != nil {
+		return res, err
+	}
+	r.logf("engines: %s", r.res.Sandbox)
+	cleanups = append(cleanups, r.killStragglers)
+
 	// The broker peer, then the coordinator stub.
 	var subs []string
 	for i := range cfg.Factories {
@@ -253,6 +272,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	cfg.SubmitSpan = LoadSpan(cfg, sched)
 	r.cfg.SubmitSpan, r.res.Config.SubmitSpan = cfg.SubmitSpan, cfg.SubmitSpan
 	jobs := Load(cfg, r.token)
+	if !r.stragglers {
+		for i := range jobs {
+			jobs[i].Straggler = false
+		}
+	}
 	r.res.Jobs, r.res.Schedule = jobs, sched
 	cleanups = append(cleanups, func() { r.killEngines(jobs) })
 	r.logf("seed %d: %d jobs over %d repos, %d factories x %d slots, %d faults", cfg.Seed, len(jobs), cfg.Repos, cfg.Factories, cfg.Slots, len(sched))
@@ -308,6 +332,55 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	r.res.Checks = Check(in)
 	r.logf("checks: %s", r.res.Checks.Summary())
 	return res, nil
+}
+
+// ---- the engines' sandbox ----
+
+// sandboxMode is the factories' AQ_SANDBOX.
+func (r *harness) sandboxMode() string {
+	if r.cfg.Sandbox == "" {
+		return string(aqsb.ModeAuto)
+	}
+	return r.cfg.Sandbox
+}
+
+// sandboxLevel asks the aq binary's sandbox what this host gives the
+// factories' engines (the probe aq itself makes: a trial sandbox), and
+// decides whether the stragglers run.
+func (r *harness) sandboxLevel() error {
+	mode, err := aqsb.ParseMode(r.sandboxMode())
+	if err != nil {
+		return fmt.Errorf("chaos: Config.Sandbox %q %v", r.cfg.Sandbox, err)
+	}
+	h := aqsb.Open(aqsb.Options{Init: r.cfg.AQ, Mode: mode})
+	rep := h.Report()
+	r.res.Sandbox = "AQ_SANDBOX=" + string(mode) + ": " + string(rep.Level)
+	if rep.Mechanism != "" {
+		r.res.Sandbox += " (" + rep.Mechanism + ")"
+	}
+	if m := rep.MissingLine(); m != "" && mode != aqsb.ModeOff {
+		r.res.Sandbox += "; missing: " + m
+	}
+	if err := h.Refuses(); err != nil {
+		return fmt.Errorf("chaos: the factories would refuse every job: %v", err)
+	}
+	full := rep.Level == aqsb.LevelFull
+	r.stragglers = full || r.cfg.Stragglers
+	switch {
+	case !full && r.cfg.Stragglers:
+		r.res.SandboxWhy = "the engines are not fully sandboxed (" + string(rep.Level) + "), and their stragglers run anyway (Config.Stragglers)"
+	case !full:
+		r.res.SandboxWhy = "the engines are not fully sandboxed here (" + string(rep.Level) + "): nothing ends a straggler with its aq"
+	}
+	return nil
+}
+
+// killStragglers kills what the stragglers of this run left (they carry
+// its runs directory on their command line): where no sandbox ended them.
+func (r *harness) killStragglers() {
+	for _, pid := range findCmdline(r.sb.stragglerMark()) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 // ---- the coordinator stub ----
@@ -533,9 +606,9 @@ func (r *harness) newFactory(i int) (*factory, error) {
 		"AQ_LOG_FORMAT=json", "AQ_LOG_LEVEL=info",
 		"AQ_SB_CONNECTION_STRING=Endpoint=sb://"+r.net.FactoryBroker(i)+";SharedAccessKeyName=sbpeer;SharedAccessKey="+sbKey+";UseDevelopmentEmulator=true",
 		"CHAOS_FACTORY="+id, "CHAOS_RUNS="+r.sb.runsDir(),
-		// The scripted engine records its runs in CHAOS_RUNS, a folder
-		// outside its worktree that a sandbox keeps from the host.
-		"AQ_SANDBOX=off",
+		// The scripted engine records its runs in CHAOS_RUNS, outside its
+		// worktree: the sandbox lets every engine write there.
+		"AQ_SANDBOX="+r.sandboxMode(), "AQ_SANDBOX_WRITABLE="+r.sb.shared(),
 	)
 	if r.cfg.AQRace {
 		env = append(env, "GORACE=atexit_sleep_ms=50 halt_on_error=0")
@@ -645,6 +718,46 @@ func (f *factory) waitUp(c *child, d time.Duration) {
 
 // waitBusy waits (a little) for f to run a job, so that a fault lands
 // mid-job; it returns how many it runs.
+// waitStraggler waits (at most d) until an engine this factory runs has
+// daemonised a straggler that is up (the engine's and the straggler's
+// files both refreshed within the last second: a run that failed writes no
+// done file), and returns that run ("<job>/<n>") and how many are up; ""
+// when none came up in time.
+func (f *factory) waitStraggler(runs string, d time.Duration) (string, int) {
+	deadline := time.Now().Add(d)
+	for {
+		var up []string
+		jobs, _ := os.ReadDir(runs)
+		for _, j := range jobs {
+			ns, _ := os.ReadDir(filepath.Join(runs, j.Name()))
+			for _, n := range ns {
+				dir := filepath.Join(runs, j.Name(), n.Name())
+				who, err := os.ReadFile(filepath.Join(dir, "who"))
+				if err != nil || !strings.HasPrefix(string(who), f.id+" ") {
+					continue
+				}
+				if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
+					continue
+				}
+				fresh := func(name string) bool {
+					st, err := os.Stat(filepath.Join(dir, name))
+					return err == nil && time.Since(st.ModTime()) < time.Second
+				}
+				if fresh("alive") && fresh("straggler") {
+					up = append(up, j.Name()+"/"+n.Name())
+				}
+			}
+		}
+		if len(up) > 0 {
+			return up[0], len(up)
+		}
+		if time.Now().After(deadline) {
+			return "", 0
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func (f *factory) waitBusy(d time.Duration) int {
 	deadline := time.Now().Add(d)
 	for {

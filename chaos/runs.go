@@ -23,6 +23,9 @@ type EngineRun struct {
 	// Found1 is the run whose part one this run found in its worktree when
 	// it started (0: none): the work it resumed from.
 	Found1 int
+	// Straggler is the last sign of life of the straggler the run
+	// daemonised (zero: it had none); it was up before the run went on.
+	Straggler time.Time
 }
 
 // readRuns reads every engine run under dir.
@@ -43,6 +46,7 @@ func readRuns(dir string) []EngineRun {
 			}
 			run.Start, run.Part1 = stamp(filepath.Join(d, "start")), stamp(filepath.Join(d, "part1"))
 			run.Alive, run.Done = stamp(filepath.Join(d, "alive")), stamp(filepath.Join(d, "done"))
+			run.Straggler = stamp(filepath.Join(d, "straggler"))
 			if b, err := os.ReadFile(filepath.Join(d, "found1")); err == nil {
 				// "part one, run K"
 				f := strings.Fields(string(b))

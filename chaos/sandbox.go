@@ -16,7 +16,9 @@ import (
 //
 //	origins/rN.git          bare origins (post-receive hook → pushlog.jsonl)
 //	fN/home, fN/src/rN      each factory's AQ_HOME and clones
-//	engine.sh, runs/<job>/  the scripted engine and its per-job run counter
+//	shared/engine.sh        the scripted engine, and its step log per job
+//	shared/runs/<job>/      and run: a directory every engine may write in
+//	                        its sandbox (the factories' AQ_SANDBOX_WRITABLE)
 //	coord/                  the stub's state file and call log
 //	peer/                   the broker peer's state and event log
 //	logs/                   every process's output
@@ -29,8 +31,13 @@ type sandbox struct {
 func (s *sandbox) path(p ...string) string { return filepath.Join(append([]string{s.dir}, p...)...) }
 
 func (s *sandbox) pushLog() string { return s.path("pushlog.jsonl") }
-func (s *sandbox) engine() string  { return s.path("engine.sh") }
-func (s *sandbox) runsDir() string { return s.path("runs") }
+func (s *sandbox) shared() string  { return s.path("shared") }
+func (s *sandbox) engine() string  { return s.path("shared", "engine.sh") }
+func (s *sandbox) runsDir() string { return s.path("shared", "runs") }
+
+// stragglerMark is on the command line of every straggler of this run
+// (the harness finds the ones left by it).
+func (s *sandbox) stragglerMark() string { return "chaos-straggler:" + s.runsDir() }
 
 // git runs git in dir with the sandbox's isolated configuration.
 func (s *sandbox) git(dir string, args ...string) (string, error) {
@@ -49,7 +56,7 @@ func (s *sandbox) git(dir string, args ...string) (string, error) {
 // their push hook, the engine script.
 func newSandbox(dir string, repos int) (*sandbox, error) {
 	s := &sandbox{dir: dir, origins: map[string]string{}}
-	for _, d := range []string{"origins", "runs", "coord", "peer", "logs", "seed"} {
+	for _, d := range []string{"origins", "shared/runs", "coord", "peer", "logs", "seed"} {
 		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
 			return nil, err
 		}
@@ -127,16 +134,21 @@ while read old new ref; do
 done
 `
 
-// engineScript is the scripted engine: engine.sh PLAN K T1 T2. Each run of a
-// job takes the next run number from a counter on the shared file system
-// (runs/<job>/<n>, made atomically with mkdir), writes chaos/<job>.log (one
-// line per run: resumed work accumulates), sleeps T1, writes part 1, then
-// per plan fails (exit 1), hangs past any budget, or goes on; sleeps T2,
-// writes part 2 and exits 0. A job with verify: needs chaos/<job>.fixed,
-// which the engine writes only when its prompt carries verify's failure
-// ("FAIL: chaos/<job>.fixed is missing"): from a repair round (or a retry
-// told the previous attempt's verify output) — so those jobs run repair
-// rounds under the faults.
+// engineScript is the scripted engine: engine.sh PLAN K T1 T2 [straggle].
+// Each run of a job takes the next run number from a counter on the shared
+// file system (runs/<job>/<n>, made atomically with mkdir), writes
+// chaos/<job>.log (one line per run: resumed work accumulates), sleeps T1,
+// writes part 1, then per plan fails (exit 1), hangs past any budget, or
+// goes on; sleeps T2, writes part 2 and exits 0. A job with verify: needs
+// chaos/<job>.fixed, which the engine writes only when its prompt carries
+// verify's failure ("FAIL: chaos/<job>.fixed is missing"): from a repair
+// round (or a retry told the previous attempt's verify output) — so those
+// jobs run repair rounds under the faults. With straggle, the run first
+// daemonises a straggler — its environment emptied (the job's tag gone),
+// a session of its own (out of the engine's process group) — that
+// refreshes runs/<job>/<n>/straggler every 200 ms for as long as it lives,
+// and carries the run's directory on its command line (the harness finds
+// it there).
 const engineScript = `#!/bin/sh
 plan=$1 k=$2 t1=$3 t2=$4
 id=$AQ_JOB_ID
@@ -148,6 +160,10 @@ echo "${CHAOS_FACTORY:-?} $$" > "$d/$n/who"
 date +%s.%N > "$d/$n/start"
 # alive: refreshed while this engine lives (the loop ends with it).
 ( while kill -0 $$ 2>/dev/null; do date +%s.%N > "$d/$n/alive.t" && mv "$d/$n/alive.t" "$d/$n/alive"; sleep 0.2; done ) &
+if [ "$5" = straggle ]; then
+  env -i CHAOS_D="$d/$n" PATH="$PATH" setsid /bin/sh -c 'while :; do date +%s.%N > "$CHAOS_D/straggler.t" && mv "$CHAOS_D/straggler.t" "$CHAOS_D/straggler"; sleep 0.2; done' "chaos-straggler:$d/$n" </dev/null >/dev/null 2>&1 &
+  while [ ! -e "$d/$n/straggler" ]; do sleep 0.01; done
+fi
 prompt=$(cat)
 mkdir -p chaos
 if printf '%s\n' "$prompt" | grep -q "FAIL: chaos/$id.fixed is missing"; then echo "fixed in run $n" > "chaos/$id.fixed"; fi
@@ -173,7 +189,11 @@ exit 0
 func (s *sandbox) manifest(j JobSpec, wall string) (body, valid string) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "---\nid: %s\ntitle: chaos job %s\nrepo: %s\nbase: main\nengine: script\n", j.ID, j.ID, j.Repo)
-	fmt.Fprintf(&b, "script: /bin/sh %s %s %d %.2f %.2f\n", s.engine(), j.Plan, j.K, j.T1, j.T2)
+	straggle := ""
+	if j.Straggler {
+		straggle = " straggle"
+	}
+	fmt.Fprintf(&b, "script: /bin/sh %s %s %d %.2f %.2f%s\n", s.engine(), j.Plan, j.K, j.T1, j.T2, straggle)
 	fmt.Fprintf(&b, "ship: branch\npriority: %s\nbudget: { wall: %s }\nretry: { max: 2, backoff: 1s }\n", j.Priority, wall)
 	if j.Verify {
 		fmt.Fprintf(&b, "verify: |\n  test -s chaos/%[1]s.log && { test -f chaos/%[1]s.fixed || { echo \"FAIL: chaos/%[1]s.fixed is missing\"; exit 1; }; }\n", j.ID)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/brief"
@@ -177,7 +178,7 @@ func (c *Codex) ResumeArgs(spec Spec, id string) []string {
 // codexThreadID is what aq accepts as a thread to resume: what codex
 // prints in thread.started (a UUID), never something that reads as an
 // option.
-var codexThreadID = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$`)
+var codexThreadID = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$`) })
 
 // Run implements Engine. A repair round asked to resume a session
 // (Spec.Resume) continues the thread with `codex exec resume` when this
@@ -216,7 +217,7 @@ func (c *Codex) Run(ctx context.Context, spec Spec) (Result, error) {
 // ("" when it can): a thread id codex does not make, or an `exec resume`
 // that lacks what aq passes it.
 func (c *Codex) canResume(ctx context.Context, path string, spec Spec) string {
-	if !codexThreadID.MatchString(spec.Resume.SessionID) {
+	if !codexThreadID().MatchString(spec.Resume.SessionID) {
 		return fmt.Sprintf("the thread id %q is not one codex makes", brief.OneLine(spec.Resume.SessionID, 60))
 	}
 	fs, err := probeHelp(ctx, c.Name(), path, codexResumeHelp, spec.Env, c.HelpTimeout, c.Probes)

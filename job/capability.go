@@ -10,17 +10,27 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // CapabilityKinds of capability token.
-var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo"}
+var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox"}
+
+// SandboxLevels are the values of a sandbox: token, the levels of the
+// engine's sandbox (docs/sandbox.md): a host sandboxing fully offers both,
+// since full holds every guarantee partial does.
+var SandboxLevels = []string{"full", "partial"}
+
+// SandboxRequired is the capability a manifest's `sandbox: required`
+// adds: only factories whose engines run in a full sandbox take the job.
+const SandboxRequired = "sandbox:full"
 
 // numericKinds accept comparisons (node:>=20).
 var numericKinds = map[string]bool{"node": true}
 
 // Requirement is one parsed capability a job needs.
 type Requirement struct {
-	Kind  string // os, arch, engine, node, has, repo
+	Kind  string // os, arch, engine, node, has, repo, sandbox
 	Op    string // "" (equal) or one of >= > <= < =
 	Value string
 }
@@ -28,7 +38,7 @@ type Requirement struct {
 // String renders r in canonical form (node:>=20, has:git).
 func (r Requirement) String() string { return r.Kind + ":" + r.Op + r.Value }
 
-var valuePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$`)
+var valuePattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$`) })
 
 // ParseRequirement parses a capability token as written in a manifest or
 // profile. Errors say what is wrong and what is allowed.
@@ -65,7 +75,10 @@ func ParseRequirement(s string) (Requirement, error) {
 			return Requirement{}, fmt.Errorf("capability %q: %s needs a major version number (e.g. %s:>=20)", s, kind, kind)
 		}
 	}
-	if !valuePattern.MatchString(val) {
+	if kind == "sandbox" && val != SandboxLevels[0] && val != SandboxLevels[1] {
+		return Requirement{}, fmt.Errorf("capability %q: the sandbox levels are %s (or write sandbox: required)", s, strings.Join(SandboxLevels, " and "))
+	}
+	if !valuePattern().MatchString(val) {
 		return Requirement{}, fmt.Errorf("capability %q has an invalid value (letters, digits, '.', '_', '+', '-')", s)
 	}
 	r.Value = val

@@ -24,6 +24,10 @@ func TestParseRequirement(t *testing.T) {
 		{in: "has:>=2", wantErr: "only allowed for node"},
 		{in: "node:>=twenty", wantErr: "major version number"},
 		{in: "repo:../etc", wantErr: "invalid value"},
+		{in: "sandbox:full", want: Requirement{Kind: "sandbox", Value: "full"}},
+		{in: "sandbox:partial", want: Requirement{Kind: "sandbox", Value: "partial"}},
+		{in: "sandbox:linux", wantErr: "the sandbox levels are full and partial"},
+		{in: "sandbox:>=partial", wantErr: "only allowed for node"},
 	}
 	for _, tc := range tests {
 		got, err := ParseRequirement(tc.in)

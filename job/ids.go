@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -12,7 +13,7 @@ import (
 // idPattern is the grammar of a job id (docs/manifest.md): letters, digits,
 // '.', '_' and '-', starting with a letter or digit, at most 128 bytes. It
 // admits no path separator and no shell metacharacter.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // MaxIDLen is the longest job id, in bytes.
 const MaxIDLen = 128
@@ -33,7 +34,7 @@ func CheckID(id string) string {
 		return fmt.Sprintf("is %d bytes long, over the limit of %d", len(id), MaxIDLen)
 	case strings.Contains(id, ".."):
 		return `contains ".."`
-	case !idPattern.MatchString(id):
+	case !idPattern().MatchString(id):
 		return "must start with a letter or digit and use only letters, digits, '.', '_' and '-'"
 	case strings.HasSuffix(id, ".lock") || strings.HasSuffix(id, "."):
 		return `ends in ".lock" or ".", which git refuses in the branch aq/job/<id>`

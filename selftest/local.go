@@ -44,6 +44,9 @@ type localOpt struct {
 	env   []string // extra host environment
 	pass  []string // AQ_ENGINE_ENV: names of env the engines get
 	clock func() time.Time
+	// config adjusts the installation's configuration before its agent is
+	// built (the sandbox's checks: aq as the sandbox's init).
+	config func(*config.Config)
 }
 
 // newLocal makes an installation called name.
@@ -60,6 +63,9 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 	}
 	l.cfg = localConfig(l.home, l.base)
 	l.cfg.EngineEnv = o.pass
+	if o.config != nil {
+		o.config(l.cfg)
+	}
 	l.scope = runner.Scope(l.home)
 	env := append(append([]string(nil), w.engineEnv...), o.env...)
 	l.red = secrets.NewRedactor(env)

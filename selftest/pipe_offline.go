@@ -32,6 +32,7 @@ func pipelineScenarios() []*scenario {
 		budgetScenario(),
 		secretsScenario(),
 		recoverScenario(),
+		sandboxScenario(),
 		fleetBasicScenario(),
 		fleetFenceScenario(),
 		fleetFailScenario(),

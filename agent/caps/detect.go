@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -47,10 +48,10 @@ func DefaultTools() []string { return append([]string(nil), defaultTools...) }
 
 // repoNamePattern is the id rule of docs/manifest.md ("Keys"): a repo: name is a manifest's
 // repo value, so a folder whose name could not be written there is no repo.
-var repoNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var repoNamePattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // ValidRepoName reports whether name satisfies the repo id rule.
-func ValidRepoName(name string) bool { return repoNamePattern.MatchString(name) }
+func ValidRepoName(name string) bool { return repoNamePattern().MatchString(name) }
 
 // DetectOptions says where and how Detect looks.
 type DetectOptions struct {
@@ -74,6 +75,9 @@ type DetectOptions struct {
 	// Probes caches the engines' --version and --help probes by binary
 	// (engines.NewProbeCache); nil probes every time.
 	Probes *engines.ProbeCache
+	// Sandbox is AQ_SANDBOX's Host (the runner's): what it finds is
+	// offered as sandbox:<level> (nil: no sandbox token, nothing probed).
+	Sandbox *sandbox.Host
 	// HelpTimeout bounds each engine's --help probe; 0 means
 	// engines.DefaultHelpTimeout (a cold start of a 250 MB CLI can take
 	// seconds; the answer is cached per binary).
@@ -135,6 +139,9 @@ type Host struct {
 	// sorted.
 	Repos    []string
 	RepoBase string
+	// Sandbox is how this host runs jobs' engines (nil: unknown, offered
+	// as none).
+	Sandbox *Sandbox
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
 	// Missing are engines AQ_ENGINES lists that this host does not have:
@@ -260,6 +267,9 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	wg.Go(func() {
 		repos, repoNotes, repoErr = scanRepos(opts.RepoBase)
 	})
+	if opts.Sandbox != nil {
+		wg.Go(func() { h.Sandbox = SandboxOf(opts.Sandbox) }) // a trial sandbox, once per process
+	}
 	wg.Wait()
 
 	if err := ctx.Err(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -62,6 +63,8 @@ func (h *Host) offered(kind string) []string {
 		return out
 	case "repo":
 		return h.Repos
+	case "sandbox":
+		return h.Sandbox.offeredLevels()
 	}
 	return nil
 }
@@ -101,6 +104,10 @@ func FromTokens(tokens []string) *Host {
 			if !seenRepo[r.Value] {
 				seenRepo[r.Value] = true
 				h.Repos = append(h.Repos, r.Value)
+			}
+		case "sandbox":
+			if h.Sandbox == nil || r.Value == string(sandbox.LevelFull) {
+				h.Sandbox = &Sandbox{Mode: sandbox.ModeAuto, Report: sandbox.Report{Level: sandbox.Level(r.Value)}}
 			}
 		}
 	}

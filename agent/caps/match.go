@@ -102,6 +102,8 @@ func missingReason(r job.Requirement, h *Host) string {
 			return "no git repository named " + r.Value + " (no repo base configured)"
 		}
 		return "no git repository named " + r.Value + " under " + h.RepoBase
+	case "sandbox":
+		return sandboxReason(r.Value, h)
 	}
 	return "not offered"
 }

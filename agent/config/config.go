@@ -94,6 +94,9 @@ type Config struct {
 	Sandbox       sandbox.Mode
 	SandboxMemory int64
 	SandboxPids   int
+	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
+	// job's engine may also write (docs/sandbox.md).
+	SandboxWritable []string
 
 	// ClaudePermissionMode and CodexSandbox are the engines' own autonomy
 	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).
@@ -466,6 +469,10 @@ func (c *Config) LocksDir() string     { return filepath.Join(c.Home, "locks") }
 func (c *Config) LogsDir() string      { return filepath.Join(c.Home, "logs") }
 func (c *Config) SpoolDir() string     { return filepath.Join(c.Home, "spool") }
 func (c *Config) StateDir() string     { return filepath.Join(c.Home, "state") }
+
+// SandboxDir holds the jobs' sandbox directories, $AQ_HOME/sandbox/<id>
+// (docs/sandbox.md).
+func (c *Config) SandboxDir() string { return filepath.Join(c.Home, "sandbox") }
 func (c *Config) CredentialsFile() string {
 	return filepath.Join(c.Home, "credentials")
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/egress"
@@ -125,6 +126,8 @@ var Keys = []Key{
 		set: setSandboxMemory},
 	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Usage: "processes a job's sandbox may run at once (needs cgroup v2 delegated to aq; unset or 0: no limit)",
 		set: setSandboxPids},
+	{Name: "sandbox_writable", Group: GroupEngine, Env: []string{"AQ_SANDBOX_WRITABLE"}, Flag: "sandbox-writable", Usage: "host directories every job's engine may also write, comma-separated absolute paths (a shared build cache such as ~/.ccache; shared by every job: docs/sandbox.md); never $AQ_HOME, the repo base or the home, nor in or above them",
+		set: setSandboxWritable},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
 		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk (unset: bypassPermissions inside aq's sandbox, acceptEdits outside it); devin follows it (bypass or normal)",
@@ -371,9 +374,48 @@ func setSandboxPids(c *Config, raw string) error {
 	return nil
 }
 
+// setSandboxWritable reads AQ_SANDBOX_WRITABLE: absolute directories
+// (a leading ~/ is the home), none of them /, and none that is, holds or
+// lies in $AQ_HOME, the repo base or the mirror folder (other jobs'
+// worktrees, logs, the factory's credentials, other repositories), nor
+// that is or holds the home (the user's keys). Those keys come before it.
+func setSandboxWritable(c *Config, raw string) error {
+	c.SandboxWritable = nil
+	for _, e := range strings.Split(raw, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		p := filepath.Clean(expandHome(e))
+		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {
+			return fmt.Errorf("entry %q is not an absolute path (use e.g. /var/cache/ccache,~/.cache/sccache)", e)
+		}
+		if p == "/" {
+			return fmt.Errorf("entry %q would let every engine write the whole host (name the directories it may write)", e)
+		}
+		for _, t := range []struct{ what, dir string }{{"AQ_HOME", c.Home}, {"the repo base", c.RepoBase}, {"the mirror folder", c.RepoMirror}} {
+			if t.dir != "" && (within(p, t.dir) || within(t.dir, p)) {
+				return fmt.Errorf("entry %q overlaps %s %s, which no engine may write (name a directory outside it)", e, t.what, t.dir)
+			}
+		}
+		if home, err := os.UserHomeDir(); err == nil && home != "/" && within(home, p) {
+			return fmt.Errorf("entry %q holds the home %s (name a directory inside it, e.g. ~/.ccache)", e, home)
+		}
+		if !slices.Contains(c.SandboxWritable, p) {
+			c.SandboxWritable = append(c.SandboxWritable, p)
+		}
+	}
+	return nil
+}
+
+// within reports whether path is dir or below it (both clean).
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
 // idPattern is the id rule of docs/manifest.md ("Keys": id); config ids (factory, product, topic) obey
 // it too, since they end up in paths, headers and broker filters.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 func setID(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, raw string) error {
@@ -391,7 +433,7 @@ const idRule = "is not a valid id (letters, digits, '.', '_' and '-', starting w
 // ValidID reports whether s is a valid id (a factory, pool, subscription):
 // letters, digits, '.', '_' and '-', starting with a letter or digit, at
 // most 128, no "..".
-func ValidID(s string) bool { return idPattern.MatchString(s) && !strings.Contains(s, "..") }
+func ValidID(s string) bool { return idPattern().MatchString(s) && !strings.Contains(s, "..") }
 
 func setURL(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, raw string) error {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aqfleet/aq/agent/caps"
 	"github.com/aqfleet/aq/agent/dispatch"
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/internal/atomicfile"
@@ -70,6 +71,10 @@ type Status struct {
 	// coordinator: e.g. POST /fleet/fail), each with what aq does instead
 	// (docs/fleet.md).
 	AbsentRoutes []AbsentRoute `json:"absentRoutes,omitempty"`
+	// Sandbox is how the daemon runs engines (AQ_SANDBOX and the host's
+	// probe: the level, the guarantees that hold and those missing), as
+	// it offers it (sandbox:<level>); nil before its host is detected.
+	Sandbox *caps.Sandbox `json:"sandbox,omitempty"`
 }
 
 // AbsentRoute is a coordinator route aq found absent, and its fallback.
@@ -187,6 +192,11 @@ func (d *Daemon) snapshot(runErr error) *Status {
 	if d.broker != nil {
 		b := *d.broker
 		st.Broker = &b
+	}
+	if d.agent.Caps != nil {
+		if h := d.agent.Caps.Host(); h != nil {
+			st.Sandbox = h.Sandbox
+		}
 	}
 	for _, r := range d.agent.Client.AbsentRoutes() {
 		st.AbsentRoutes = append(st.AbsentRoutes, AbsentRoute{Route: r, Fallback: fleet.Fallbacks[r]})

@@ -21,6 +21,7 @@ import (
 	"github.com/aqfleet/aq/agent/ship"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/hostfault"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/version"
 	"github.com/aqfleet/aq/profiles"
@@ -52,12 +53,13 @@ type Parts struct {
 // DetectHost is the production detection of cfg's host: caps.Detect over
 // the repo base and the clonable repos, with the engines' probes cached in
 // runner.ProbeCachePath (an unchanged binary is not run again: a refresh,
-// or the next `aq run --once`).
-func DetectHost(cfg *config.Config) func(ctx context.Context) (*caps.Host, error) {
+// or the next `aq run --once`), and the engines' sandbox (sb, the
+// runner's: offered as sandbox:<level>; nil offers none).
+func DetectHost(cfg *config.Config, sb *sandbox.Host) func(ctx context.Context) (*caps.Host, error) {
 	probes := engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))
 	return func(ctx context.Context) (*caps.Host, error) {
 		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes,
-			Engines: cfg.RunEngines(true), EnginesListed: cfg.EnginesExplicit()})
+			Engines: cfg.RunEngines(true), EnginesListed: cfg.EnginesExplicit(), Sandbox: sb})
 	}
 }
 
@@ -113,9 +115,17 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		}
 		pipe = r
 	}
+	// The runner's sandbox is offered (sandbox:<level>) and admits the
+	// jobs that require one (manifest.Policy.Sandbox); a pipeline that is
+	// not a runner (tests) has neither.
+	policy := manifest.Policy{Fleet: true, Engines: cfg.RunEngines(true)}
+	var sb *sandbox.Host
+	if r, ok := pipe.(*runner.Runner); ok {
+		sb, policy.Sandbox = r.Sandbox, r.SandboxLevel
+	}
 	host := parts.Host
 	if host == nil {
-		host = DetectHost(cfg)
+		host = DetectHost(cfg, sb)
 	}
 	clock := parts.Clock
 	if clock == nil {
@@ -140,7 +150,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		Reporter:  rep,
 		Artifacts: arts,
 		Jobs: &JobRunner{Client: c, Pipeline: pipe, Reporter: rep, Records: records, Running: running, Catalog: cat,
-			Policy:     manifest.Policy{Fleet: true, Engines: cfg.RunEngines(true)},
+			Policy:     policy,
 			HostCheck:  hostCheck,
 			LeaseRenew: cfg.LeaseRenew, Clock: clock, Log: log, Tracer: parts.Tracer, Notifier: parts.Notifier, Artifacts: arts,
 			LiveLogs: &LiveLogs{Client: c, LogsDir: cfg.LogsDir(), Redactor: red, Every: parts.LiveLogEvery, Backlog: parts.LiveLogBacklog, Log: log}},

@@ -100,7 +100,7 @@ func FuzzSpoolReport(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if fileName(r) != name || spoolKey(r.JobID) != spoolName.FindStringSubmatch(name)[2] {
+		if fileName(r) != name || spoolKey(r.JobID) != spoolName().FindStringSubmatch(name)[2] {
 			t.Fatalf("report of job %q read from %q would be removed as %q", r.JobID, name, fileName(r))
 		}
 		switch r.Kind {

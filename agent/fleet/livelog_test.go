@@ -295,7 +295,7 @@ func TestLiveLogStops(t *testing.T) {
 				}
 				r.s.Server.ServeHTTP(w, q)
 			})
-		}, want: "not the contract's JSON", warn: "live log of the job stopped: the coordinator's answer to POST /fleet/jobs/:id/log (200 OK, text/html) is not the contract's JSON"},
+		}, want: "is not the contract's JSON", warn: "live log of the job stopped: the coordinator's answer to POST /fleet/jobs/:id/log (200 OK, text/html) is not the contract's JSON"},
 		{name: "no next", setup: func(r *liveRig) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 				if strings.HasSuffix(q.URL.Path, "/log") {

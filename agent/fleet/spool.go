@@ -111,7 +111,9 @@ func OpenSpool(dir string) (*Spool, error) {
 // Dir is the spool's directory.
 func (s *Spool) Dir() string { return s.dir }
 
-var spoolName = regexp.MustCompile(`^([0-9]{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json$`)
+var spoolName = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([0-9]{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json$`)
+})
 
 // Append stores r with the next sequence number and returns it as stored.
 func (s *Spool) Append(r Report) (Report, error) {
@@ -143,7 +145,7 @@ func (s *Spool) maxSeq() (int64, error) {
 			return 0, err
 		}
 		for _, e := range ents {
-			if m := spoolName.FindStringSubmatch(e.Name()); m != nil {
+			if m := spoolName().FindStringSubmatch(e.Name()); m != nil {
 				if n, _ := strconv.ParseInt(m[1], 10, 64); n > max {
 					max = n
 				}
@@ -161,7 +163,7 @@ func (s *Spool) Pending() (reports []Report, errs []error) {
 		return nil, []error{err}
 	}
 	for _, e := range ents {
-		if e.IsDir() || !spoolName.MatchString(e.Name()) {
+		if e.IsDir() || !spoolName().MatchString(e.Name()) {
 			continue
 		}
 		p := filepath.Join(s.dir, e.Name())
@@ -198,7 +200,7 @@ func (s *Spool) Has(jobID string) bool {
 	}
 	key := spoolKey(jobID)
 	for _, e := range ents {
-		if m := spoolName.FindStringSubmatch(e.Name()); m != nil && m[2] == key {
+		if m := spoolName().FindStringSubmatch(e.Name()); m != nil && m[2] == key {
 			return true
 		}
 	}
@@ -271,7 +273,7 @@ func spoolKey(jobID string) string {
 // report, or why it is not one (checkReport). It is the spool's reader;
 // Pending moves what it refuses to dead/.
 func readReport(name string, data []byte) (Report, error) {
-	m := spoolName.FindStringSubmatch(name)
+	m := spoolName().FindStringSubmatch(name)
 	if m == nil {
 		return Report{}, errors.New("not a spool file's name")
 	}

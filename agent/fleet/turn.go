@@ -24,8 +24,11 @@ type wireTurn struct {
 	// renewalWaits: a renewal waits for another call on the wire (tests).
 	renewalWaits func()
 
-	mu       sync.Mutex
-	renewing bool          // a renewal is on the wire
+	mu sync.Mutex
+	// renewing counts the renewals on the wire: the renewer's, and a
+	// Confirm of the run's beside it (before a push) — one ending must
+	// not give the report the wire while the other is still on it.
+	renewing int
 	sending  bool          // a report attempt is on the wire
 	taken    bool          // an attempt may have been taken: no more renewals
 	changed  chan struct{} // closed (and replaced) at each change
@@ -46,7 +49,7 @@ func (w *wireTurn) renewal(ctx context.Context) bool {
 			return false
 		}
 		if !w.sending {
-			w.renewing = true
+			w.renewing++
 			w.mu.Unlock()
 			return true
 		}
@@ -67,7 +70,7 @@ func (w *wireTurn) renewal(ctx context.Context) bool {
 // renewed gives the wire back after a renewal.
 func (w *wireTurn) renewed() {
 	w.mu.Lock()
-	w.renewing = false
+	w.renewing--
 	w.signal()
 	w.mu.Unlock()
 }
@@ -79,7 +82,7 @@ func (w *wireTurn) send(ctx context.Context) bool {
 	said := false
 	for {
 		w.mu.Lock()
-		if !w.renewing && !w.sending {
+		if w.renewing == 0 && !w.sending {
 			w.sending = true
 			w.mu.Unlock()
 			return true
@@ -121,7 +124,7 @@ func (w *wireTurn) signal() {
 func (w *wireTurn) beside(ctx context.Context) bool {
 	for {
 		w.mu.Lock()
-		if !w.renewing && !w.sending {
+		if w.renewing == 0 && !w.sending {
 			w.sending = true
 			w.mu.Unlock()
 			return true

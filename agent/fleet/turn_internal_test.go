@@ -56,6 +56,30 @@ func TestWireTurn(t *testing.T) {
 	}
 }
 
+// TestWireTurnTwoRenewals: the renewer's renewal and a Confirm beside it
+// (before a push) can be on the wire together; the report waits for both,
+// not for the first to end (then the other crossed the report: the
+// coordinator logged a fenced renewal).
+func TestWireTurnTwoRenewals(t *testing.T) {
+	w := newWireTurn("j", 1, nil)
+	ctx := context.Background()
+	first := w.renewal(ctx)  // the renewer's
+	second := w.renewal(ctx) // a Confirm beside it
+	if !first || !second {
+		t.Fatal("two renewals were not let on the wire together")
+	}
+	w.renewed() // the Confirm's ends; the renewer's is still on the wire
+	now, cancel := context.WithCancel(ctx)
+	cancel() // take the wire now or not at all
+	if w.send(now) {
+		t.Fatal("the report took the wire while a renewal was still on it")
+	}
+	w.renewed()
+	if !w.send(now) {
+		t.Fatal("the report did not get the wire once both renewals ended")
+	}
+}
+
 func TestUntaken(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -23,8 +23,13 @@ func (g *GC) Execute(ctx context.Context, snap *Snapshot, decided plan.Decisions
 	byRepo := map[string][]int{}
 	var order []string
 	actions := make([]Action, len(decided.Items))
+	var sandboxes []int
 	for i, d := range decided.Items {
 		actions[i] = Action{Decision: d, Result: Kept}
+		if d.Kind == plan.KindSandbox {
+			sandboxes = append(sandboxes, i)
+			continue
+		}
 		if _, ok := byRepo[d.Repo]; !ok {
 			order = append(order, d.Repo)
 		}
@@ -34,13 +39,14 @@ func (g *GC) Execute(ctx context.Context, snap *Snapshot, decided plan.Decisions
 		ex := &repoExec{g: g, info: snap.repos[name], actions: actions, idx: byRepo[name], rep: rep}
 		ex.run(ctx)
 	}
+	g.removeSandboxes(ctx, actions, sandboxes)
 	for _, a := range actions {
 		switch a.Result {
 		case Deleted:
 			rep.Deleted.add(a.Decision)
 		case Failed:
 			rep.Kept.add(a.Decision)
-			rep.Errors = append(rep.Errors, fmt.Sprintf("%s %s: %s", a.Repo, a.Label(), a.Detail))
+			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %s", a.Subject(), a.Detail))
 		default:
 			rep.Kept.add(a.Decision)
 		}

@@ -51,6 +51,9 @@ func (g *GC) Gather(ctx context.Context) (*Snapshot, error) {
 		return nil, err
 	}
 	snap.State.Jobs = jobs
+	if snap.State.Sandboxes, err = g.gatherSandboxes(); err != nil {
+		return nil, err
+	}
 
 	names, err := g.candidateRepos(jobs)
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package gc is `aq gc` (docs/gc.md): idempotent cleanup of the branches,
-// WIP refs and worktrees aq leaves behind, safe to run from cron while jobs
-// run.
+// WIP refs, worktrees and sandbox directories aq leaves behind, safe to run
+// from cron while jobs run.
 //
 // It works in three steps:
 //
@@ -45,6 +45,9 @@ type Config struct {
 	// Offline: never contact the remote (no fetch of base branches, no
 	// listing or deleting of its refs).
 	Offline bool
+	// SandboxDir is where the jobs' sandbox directories are
+	// ($AQ_HOME/sandbox; "": none are collected).
+	SandboxDir string
 }
 
 // GC collects garbage. Its fields are set once.
@@ -77,6 +80,8 @@ type Counts struct {
 	OtherRefs   int `json:"otherRefs"`  // other refs under aq/ (always kept)
 	// Pooled are the pools' warm worktrees (and folders set aside there).
 	Pooled int `json:"pooledWorktrees"`
+	// Sandboxes are the jobs' sandbox directories ($AQ_HOME/sandbox/<id>).
+	Sandboxes int `json:"sandboxDirs"`
 }
 
 func (c *Counts) add(d plan.Decision) {
@@ -85,6 +90,8 @@ func (c *Counts) add(d plan.Decision) {
 		c.Worktrees++
 	case d.Kind == plan.KindPooled:
 		c.Pooled++
+	case d.Kind == plan.KindSandbox:
+		c.Sandboxes++
 	case d.Kind == plan.KindOtherRef:
 		c.OtherRefs++
 	case d.Where == plan.WhereOrigin:
@@ -98,7 +105,7 @@ func (c *Counts) add(d plan.Decision) {
 
 // Total is the sum of the counts.
 func (c Counts) Total() int {
-	return c.JobBranches + c.WIPRefs + c.Worktrees + c.RemoteRefs + c.OtherRefs + c.Pooled
+	return c.JobBranches + c.WIPRefs + c.Worktrees + c.RemoteRefs + c.OtherRefs + c.Pooled + c.Sandboxes
 }
 
 // Result is what became of one decision.

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/atomicfile"
@@ -67,10 +68,10 @@ func Open(dir string) (*Store, error) {
 	return &Store{dir: dir}, nil
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 func (s *Store) path(id string) (string, error) {
-	if !idPattern.MatchString(id) || strings.Contains(id, "..") {
+	if !idPattern().MatchString(id) || strings.Contains(id, "..") {
 		return "", fmt.Errorf("invalid job id %q", id)
 	}
 	return filepath.Join(s.dir, id+".json"), nil

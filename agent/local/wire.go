@@ -68,13 +68,14 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 		WorktreesDir: cfg.WorktreesDir(),
 		Parse:        parse,
 		Catalog:      cat,
-		Policy:       manifest.Policy{Engines: cfg.RunEngines(false)},
+		Policy:       manifest.Policy{Engines: cfg.RunEngines(false), Sandbox: r.SandboxLevel},
 		HostCheck:    func() error { return hostfault.Probe(filepath.Join(cfg.Home, "state")) },
 		Host: func(ctx context.Context) (*caps.Host, error) {
 			// Probes of unchanged engine binaries come from the cache:
 			// `aq run --once` after `aq run --once` runs none.
 			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs),
-				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)), Engines: cfg.RunEngines(false), EnginesListed: cfg.EnginesExplicit()})
+				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)), Engines: cfg.RunEngines(false), EnginesListed: cfg.EnginesExplicit(),
+				Sandbox: r.Sandbox})
 		},
 		Log:      log,
 		Tracer:   parts.Tracer,

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -26,6 +27,13 @@ type Policy struct {
 	// Engines are the engines this factory may run (AQ_ENGINES, resolved);
 	// nil: every engine aq knows.
 	Engines []string
+	// Sandbox, when set, is the sandbox level this factory's engines run
+	// at (the runner's sandbox.Host.Level): a job whose capabilities
+	// require a higher one (sandbox: required is sandbox:full) is refused
+	// sandbox_unavailable, retryable elsewhere — routing keeps such a job
+	// from this factory, so only a coordinator that ignored the capability
+	// hands it here (docs/sandbox.md). nil: not checked (aq submit).
+	Sandbox func() sandbox.Level
 }
 
 // Allows reports whether p lets a job ask for engine (any: when it allows
@@ -113,9 +121,11 @@ func Admit(w Wire, cat *profiles.Catalog, p Policy) (*job.Job, *Refusal) {
 }
 
 // Check is the factory's part of admission for a parsed job (Parse has
-// checked the manifest itself): in fleet mode the repo is a name, and the
-// engine is one this factory runs. A refused engine is capability_mismatch
-// (another factory may run it); the rest is invalid_job.
+// checked the manifest itself): in fleet mode the repo is a name, the
+// engine is one this factory runs, and the sandbox level it requires is one
+// its engines run at. A refused engine is capability_mismatch and a refused
+// sandbox sandbox_unavailable (another factory may have them); the rest is
+// invalid_job.
 func Check(j *job.Job, p Policy) *Refusal {
 	if msg := job.CheckID(j.ID); msg != "" {
 		return invalid("the job id %s %s", job.Show(j.ID), msg)
@@ -138,7 +148,36 @@ func Check(j *job.Job, p Policy) *Refusal {
 		return &Refusal{Reason: job.ReasonCapabilityMismatch,
 			Msg: fmt.Sprintf("%s is not offered by this factory (AQ_ENGINES: %s)", what, strings.Join(p.Engines, ","))}
 	}
+	if need := RequiredSandbox(j.Capabilities); need != sandbox.LevelNone && p.Sandbox != nil {
+		if have := p.Sandbox(); !have.Holds(need) {
+			return &Refusal{Reason: job.ReasonSandboxUnavailable,
+				Msg: fmt.Sprintf("the job requires sandbox:%s and engines run %s here (docs/sandbox.md)", need, levelWords(have))}
+		}
+	}
 	return nil
+}
+
+// RequiredSandbox is the highest sandbox level caps require (sandbox:
+// required adds sandbox:full); none when they require none.
+func RequiredSandbox(caps []string) sandbox.Level {
+	need := sandbox.LevelNone
+	for _, c := range caps {
+		r, err := job.ParseRequirement(c)
+		if err != nil || r.Kind != "sandbox" {
+			continue
+		}
+		if l := sandbox.Level(r.Value); !need.Holds(l) {
+			need = l
+		}
+	}
+	return need
+}
+
+func levelWords(l sandbox.Level) string {
+	if l == sandbox.LevelNone || l == "" {
+		return "unsandboxed"
+	}
+	return "in a " + string(l) + " sandbox"
 }
 
 // CheckRepoName returns what is wrong with name as a repository name, or "".

@@ -67,12 +67,12 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		for what, v := range map[string]string{"id": j.ID, "repo": j.Repo} {
-			if !mdmeta.NamePattern.MatchString(v) || strings.Contains(v, "..") {
+			if !mdmeta.NamePattern().MatchString(v) || strings.Contains(v, "..") {
 				t.Fatalf("accepted %s %q", what, v)
 			}
 		}
 		for _, dep := range j.Deps {
-			if !mdmeta.NamePattern.MatchString(dep) || strings.Contains(dep, "..") || dep == j.ID {
+			if !mdmeta.NamePattern().MatchString(dep) || strings.Contains(dep, "..") || dep == j.ID {
 				t.Fatalf("accepted dep %q", dep)
 			}
 		}

@@ -41,10 +41,14 @@ const MaxSize = mdmeta.MaxSize
 // Keys are the front matter keys a manifest may use (docs/manifest.md, "Keys");
 // any other key is an error.
 var Keys = []string{"id", "title", "repo", "base", "product", "profile", "engine", "model", "capabilities",
-	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship"}
+	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship", "sandbox"}
 
 // RetryKeys are the keys of retry:.
 var RetryKeys = []string{"max", "backoff"}
+
+// SandboxRequired is the one value of sandbox:. It adds the capability
+// job.SandboxRequired (sandbox:full) to the job.
+const SandboxRequired = "required"
 
 // DepsModes are the depsMode: values.
 var DepsModes = []string{"all", "any"}
@@ -328,6 +332,18 @@ func (p *parser) decode() {
 		case "script":
 			if v, ok := d.String(f, "./tools/fix.sh"); ok {
 				j.Script = v
+			}
+		case "sandbox":
+			// Only factories whose engines run in a full sandbox take the
+			// job: the capability the offer and the coordinator's targeting
+			// already match (docs/manifest.md, docs/sandbox.md).
+			if v, ok := d.String(f, "required"); ok {
+				if v != SandboxRequired {
+					d.Addf(f.Line, "write sandbox: required (only factories that run engines in a full sandbox take the job), or leave it out", "sandbox %q is not known", v)
+					continue
+				}
+				r, _ := job.ParseRequirement(job.SandboxRequired)
+				p.caps = append(p.caps, capEntry{req: r, line: f.Line})
 			}
 		case "ship":
 			if v, ok := d.String(f, "pr"); ok {

@@ -91,6 +91,12 @@ func TestAccepts(t *testing.T) {
 			eq(t, j.RepoURL, "git@github.com:aqfleet/aq.git")
 		}},
 		{"file URL repo", "x.md", mf("repo: file:///srv/git/svc.git\n", body), func(t *testing.T, j *job.Job) { eq(t, j.Repo, "svc") }},
+		{"sandbox: required adds sandbox:full", "x.md", mf("repo: svc\ncapabilities: [has:git]\nsandbox: required\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, strings.Join(j.Capabilities, " "), "has:git sandbox:full")
+		}},
+		{"sandbox: required beside sandbox:full once", "x.md", mf("repo: svc\nsandbox: required\ncapabilities: [sandbox:full, sandbox:partial]\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, strings.Join(j.Capabilities, " "), "sandbox:full sandbox:partial")
+		}},
 		{"priority word", "x.md", mf("repo: svc\npriority: critical\n", body), func(t *testing.T, j *job.Job) {
 			eq(t, j.Priority, job.PriorityCritical)
 			eq(t, j.PriorityName, "critical")
@@ -222,6 +228,12 @@ func TestRejects(t *testing.T) {
 		{"duplicate key", "x.md", mf("repo: svc\nengine: claude\nengine: codex\n", body), 4, `duplicate key "engine", already set on line 3 (keep one of them)`},
 		{"duplicate key in budget", "x.md", mf("repo: svc\nbudget:\n  usd: 1\n  usd: 2\n", body), 5, `duplicate key "budget.usd"`},
 		{"merge key", "x.md", mf("repo: svc\nbudget: &b { wall: 1h }\nretry:\n  <<: *b\n", body), 5, `YAML merge keys (<<) are not supported`},
+
+		// sandbox
+		{"sandbox not required", "x.md", mf("repo: svc\nsandbox: yes\n", body), 3, `sandbox "yes" is not known (write sandbox: required`},
+		{"sandbox a level", "x.md", mf("repo: svc\nsandbox: full\n", body), 3, `sandbox "full" is not known`},
+		{"sandbox a list", "x.md", mf("repo: svc\nsandbox: [required]\n", body), 3, `sandbox`},
+		{"sandbox capability of no level", "x.md", mf("repo: svc\ncapabilities: [sandbox:linux]\n", body), 3, `the sandbox levels are full and partial`},
 
 		// id
 		{"id with a slash", "x.md", mf("id: a/b\nrepo: svc\n", body), 2, `id "a/b" must start with a letter or digit`},
@@ -414,7 +426,7 @@ func TestErrorFormat(t *testing.T) {
 		`jobs/x.md:3: repo "a/b" is neither a repository name nor a git URL (name a repository under AQ_REPO_BASE (e.g. repo: my-service) or give a git URL (https://, ssh://, git@host:path, file://))`,
 		`jobs/x.md:4: budget.wall "45" has no unit (write a duration with a unit, e.g. wall: 45m; units: s, m, h)`,
 		`jobs/x.md:4: budget.usd -1 is out of range (use a number ≥ 0)`,
-		`jobs/x.md:5: unknown key "foo" (known keys: id, title, repo, base, product, profile, engine, model, capabilities, priority, budget, deps, depsMode, idempotencyKey, retry, verify, verify_rounds, script, ship)`,
+		`jobs/x.md:5: unknown key "foo" (known keys: id, title, repo, base, product, profile, engine, model, capabilities, priority, budget, deps, depsMode, idempotencyKey, retry, verify, verify_rounds, script, ship, sandbox)`,
 		`jobs/x.md:6: the prompt (the markdown body after the front matter) is empty (write the task below the closing ---)`,
 	}
 	if err == nil {

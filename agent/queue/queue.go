@@ -187,9 +187,9 @@ func (q *Queue) rel(path string) string {
 	return path
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
-func validID(id string) bool { return idPattern.MatchString(id) && !strings.Contains(id, "..") }
+func validID(id string) bool { return idPattern().MatchString(id) && !strings.Contains(id, "..") }
 
 // checkID refuses an id that could not be a file name in a stage folder. It is
 // called before any path is built from an id.

@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/worktree"
@@ -224,10 +225,10 @@ func redactURL(s string) string {
 	return s
 }
 
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var namePattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 func validName(s string) bool {
-	return s == "*" || (namePattern.MatchString(s) && !strings.Contains(s, ".."))
+	return s == "*" || (namePattern().MatchString(s) && !strings.Contains(s, ".."))
 }
 
 func suffix() string {

@@ -83,8 +83,11 @@ func (ru *run) checkpoint(parent context.Context) {
 	}
 	// A fleet job pushes its WIP only while it still holds the lease:
 	// after a fence (or a lease it cannot confirm) another factory may be
-	// working from origin's checkpoint, which must not move under it.
-	if ru.o.Lease != nil && !ru.o.Lease.Held(wipLeaseMargin) {
+	// working from origin's checkpoint, which must not move under it. As
+	// for a periodic push, a renewal confirms it first: a preemption the
+	// local view has not learnt yet would let the push land after the new
+	// owner took the job (found by the chaos run).
+	if ru.o.Lease != nil && !ru.leaseForPush(ctx) {
 		ru.log.Warn("not pushing the WIP checkpoint: this factory may no longer hold the job's lease; it is kept locally")
 		return
 	}

@@ -63,7 +63,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			PermissionMode: cfg.ClaudePermissionMode, CodexSandbox: cfg.CodexSandbox, Prices: prices, FetchBase: p.FetchBase,
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
 			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
-			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds,
+			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds, SandboxWritable: cfg.SandboxWritable,
 			Engines: cfg.RunEngines(p.Fleet), EngineEnv: cfg.EngineEnv,
 		},
 		Sandbox:  OpenSandbox(cfg, p.Log),

@@ -332,3 +332,30 @@ func TestPeriodicPushConfirmsTheLease(t *testing.T) {
 		t.Fatalf("origin's aq/wip/%s = %s: a preempted run's checkpoint reached origin", j.ID, got)
 	}
 }
+
+// The checkpoint after the engine is pushed only after a renewal confirmed
+// the lease too: an engine that ended right after a preemption it had not
+// learnt of yet (its next renewal was due) pushed its final WIP checkpoint
+// on the local view alone, after the new owner took the job (found by the
+// chaos run: a WIP push 0.9 s after the requeue, 0.7 s after the other
+// factory's claim).
+func TestFinalPushConfirmsTheLease(t *testing.T) {
+	f := newFixture(t)
+	origin := testenv.AddOrigin(t, f.repo)
+	j := f.job("final-preempted", "echo once > once.txt\nexit 1\n")
+	lease := &laggingLease{}
+	var log eventLog
+	out := f.run(context.Background(), j, runner.Options{Attempt: 1, Lease: lease, OnEvent: log.add})
+	if out.Checkpoint == "" {
+		t.Fatalf("no checkpoint after the engine: %+v", out)
+	}
+	if n := lease.confirms.Load(); n == 0 {
+		t.Fatal("no renewal confirmed the lease before the final push")
+	}
+	if pushed := log.kinds("checkpoint-pushed"); len(pushed) != 0 || out.WIPPushed {
+		t.Fatalf("pushed %v on a lease the coordinator had taken away", pushed)
+	}
+	if got := testenv.RemoteRefs(t, origin, "refs/heads/aq/wip/")["refs/heads/aq/wip/"+j.ID]; got != "" {
+		t.Fatalf("origin's aq/wip/%s = %s: a preempted run's checkpoint reached origin", j.ID, got)
+	}
+}

@@ -85,6 +85,9 @@ type Config struct {
 	// manifest and profile set no verify_rounds gets after a failed verify
 	// (rounds.go). 0: none.
 	VerifyRounds int
+	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
+	// job's engine may also write in its sandbox (sandbox.Policy.Shared).
+	SandboxWritable []string
 }
 
 // allows reports whether the runner may run engine name.

@@ -47,8 +47,19 @@ type EgressProxy interface {
 // sandboxDir is where the jobs' own directories live ($AQ_HOME/sandbox).
 func (c Config) sandboxDir() string { return filepath.Join(c.Home, "sandbox") }
 
+// SandboxLevel is the level this runner's engines run at: its sandbox's,
+// none without one (the admission's manifest.Policy.Sandbox).
+func (r *Runner) SandboxLevel() sandbox.Level {
+	if r.Sandbox == nil {
+		return sandbox.LevelNone
+	}
+	return r.Sandbox.Level()
+}
+
 // refuseUnsandboxed fails the run when the host cannot sandbox as
-// AQ_SANDBOX=on demands; it reports whether the run may go on.
+// AQ_SANDBOX=on demands; it reports whether the run may go on. (A job that
+// requires a level this host lacks — sandbox: required — is refused at
+// admission, manifest.Check, before it reaches the runner.)
 func (ru *run) refuseUnsandboxed() bool {
 	if ru.r.Sandbox == nil {
 		return true
@@ -82,7 +93,7 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 	}
 	p := sandbox.NewPolicy(sandbox.Paths{
 		Worktree: ru.wtPath, JobDir: filepath.Join(ru.r.Cfg.sandboxDir(), ru.j.ID), Home: home,
-		Hide: hide, Env: host, Engine: ru.info.Path,
+		Hide: hide, Env: host, Engine: ru.info.Path, Shared: ru.r.Cfg.SandboxWritable,
 	})
 	if eg := ru.r.Egress; eg != nil {
 		sock := filepath.Join(p.JobDir, "proxy.sock")

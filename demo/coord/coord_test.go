@@ -394,6 +394,15 @@ func TestSchedulingHonoursCapsReposPriorityAge(t *testing.T) {
 	if ok, _ := Eligible(&Job{Repo: "app", Engine: "any"}, Offer{Capabilities: []string{"engine:script"}, Repos: []string{"app"}}); ok {
 		t.Fatal("engine any needs a coding engine")
 	}
+	// sandbox: required is the capability sandbox:full: only a factory that
+	// sandboxes engines fully (and offers both levels) gets the job.
+	needs := &Job{Repo: "app", Engine: "script", Capabilities: []string{"sandbox:full"}}
+	for offer, want := range map[string]bool{"": false, "sandbox:partial": false, "sandbox:full sandbox:partial": true} {
+		ok, why := Eligible(needs, Offer{Capabilities: append([]string{"engine:script"}, strings.Fields(offer)...), Repos: []string{"app"}})
+		if ok != want || !ok && !strings.Contains(why, "sandbox:full") {
+			t.Errorf("offering %q: eligible %v %q, want %v", offer, ok, why, want)
+		}
+	}
 }
 
 func TestDepsBlockUntilShipped(t *testing.T) {

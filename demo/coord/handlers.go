@@ -10,14 +10,15 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/job"
 )
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
-func validID(id string) bool { return idPattern.MatchString(id) && !strings.Contains(id, "..") }
+func validID(id string) bool { return idPattern().MatchString(id) && !strings.Contains(id, "..") }
 
 // ---- factories ----
 

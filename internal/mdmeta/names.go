@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // NamePattern is the grammar of job ids, repo names, product ids and profile
 // names (docs/manifest.md, "Keys"). It admits no path separators, no shell metacharacters
 // and no leading dot or dash; "..", which the pattern alone would allow, is
 // refused by CheckName.
-var NamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var NamePattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // CheckName returns what is wrong with s as a name ("contains \"..\"", ...),
 // for the caller to put after the name, or "" when s is valid.
@@ -22,7 +23,7 @@ func CheckName(s string) string {
 		return fmt.Sprintf("is %d bytes long, over the limit of 128", len(s))
 	case strings.Contains(s, ".."):
 		return `contains ".."`
-	case !NamePattern.MatchString(s):
+	case !NamePattern().MatchString(s):
 		return "must start with a letter or digit and use only letters, digits, '.', '_' and '-'"
 	}
 	return ""

@@ -23,6 +23,9 @@ type Paths struct {
 	// Engine is the engine's binary: its directory, and the directory of
 	// what it links to, stay readable.
 	Engine string
+	// Shared are host directories every job's engine may also write
+	// (AQ_SANDBOX_WRITABLE).
+	Shared []string
 }
 
 // HomeToolchains are the toolchains below the user's home that stay
@@ -64,6 +67,7 @@ func NewPolicy(in Paths) Policy {
 		GitDirs:  GitDirs(in.Worktree),
 		Home:     in.Home,
 		JobDir:   in.JobDir,
+		Shared:   in.Shared,
 	}
 	for _, h := range append(append([]string{}, in.Hide...), hostHidden...) {
 		if h == "" {

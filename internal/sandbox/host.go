@@ -31,6 +31,7 @@ type Host struct {
 
 	once   sync.Once
 	onOpen func(*Host)
+	said   sync.Once
 }
 
 // Open probes the host (a trial sandbox on Linux) unless the mode is off,
@@ -42,8 +43,10 @@ func Open(o Options) *Host {
 }
 
 // OpenLazy returns a Host that probes when it is first asked (so commands
-// that never run a job never pay for the probe), then calls onOpen once
-// (nil: nothing) — where aq says how engines will run.
+// that never run a job never pay for the probe), and calls onOpen once
+// (nil: nothing) when a job first asks (Refusal, Jail) — where aq says how
+// engines will run. What only shows the sandbox (Report, Level: aq caps,
+// aq status, the capability offer) probes without it.
 func OpenLazy(o Options, onOpen func(*Host)) *Host {
 	h := &Host{opts: o, onOpen: onOpen}
 	if o.Mode == "" {
@@ -53,9 +56,7 @@ func OpenLazy(o Options, onOpen func(*Host)) *Host {
 }
 
 func (h *Host) open() {
-	first := false
 	h.once.Do(func() {
-		first = true
 		if h.opts.Mode == ModeOff {
 			h.report = Report{Level: LevelNone}
 			h.report.finish(offMissing())
@@ -63,6 +64,13 @@ func (h *Host) open() {
 		}
 		h.report, h.plat = probe(h.opts)
 	})
+}
+
+// announce probes and, the first time a job asks, calls onOpen.
+func (h *Host) announce() {
+	h.open()
+	first := false
+	h.said.Do(func() { first = true })
 	if first && h.onOpen != nil {
 		h.onOpen(h) // outside the Once: it may ask the Host anything
 	}
@@ -96,6 +104,13 @@ func (h *Host) Level() Level {
 // when the host cannot reach the full level (wrapping ErrUnavailable);
 // nil otherwise.
 func (h *Host) Refusal() error {
+	h.announce()
+	return h.Refuses()
+}
+
+// Refuses is Refusal without saying how engines run: for what only shows
+// the sandbox.
+func (h *Host) Refuses() error {
 	h.open()
 	if h.opts.Mode != ModeOn || h.report.Level == LevelFull {
 		return nil
@@ -131,7 +146,7 @@ func (h *Host) StartLine() (line string, warn bool) {
 // none). The Jail is for the job's processes, one at a time (the engine,
 // then verify); Remove removes the job's directory after the last.
 func (h *Host) Jail(p Policy) (*Jail, error) {
-	h.open()
+	h.announce()
 	if h.report.Level == LevelNone {
 		return nil, nil
 	}

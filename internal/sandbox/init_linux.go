@@ -328,11 +328,3 @@ func carry(c net.Conn, sock string) {
 	}
 	wg.Wait()
 }
-
-// signalName is the conventional name of sig ("SIGTERM").
-func signalName(sig syscall.Signal) string {
-	if n := unix.SignalName(sig); n != "" {
-		return n
-	}
-	return "SIG" + strconv.Itoa(int(sig))
-}

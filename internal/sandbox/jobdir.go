@@ -61,6 +61,10 @@ func replaceEntry(db []byte, idx int, id, entry string) []byte {
 // (directories it made unreadable included).
 func (j *Jail) Remove() error { return removeTree(j.p.JobDir) }
 
+// RemoveJobDir removes a job's directory a run left behind (aq gc), as
+// Remove does.
+func RemoveJobDir(dir string) error { return removeTree(dir) }
+
 func removeTree(dir string) error {
 	if err := os.RemoveAll(dir); err == nil {
 		return nil

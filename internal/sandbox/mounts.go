@@ -103,6 +103,12 @@ func planMounts(p Policy, stat pathInfo) view {
 		mountOp{Kind: mBind, Src: p.Worktree, Dst: p.Worktree, RW: true},
 		mountOp{Kind: mBind, Src: p.StateDir(), Dst: p.StateDir(), RW: true})
 	v.Writable = append(v.Writable, v.Home, p.Worktree, p.StateDir())
+	for _, s := range p.Shared {
+		if ok, dir, _ := stat(s); ok && dir {
+			ops = append(ops, mountOp{Kind: mBind, Src: s, Dst: s, RW: true, Optional: true})
+			v.Writable = append(v.Writable, s)
+		}
+	}
 	for _, g := range p.GitDirs {
 		ops = append(ops, mountOp{Kind: mBind, Src: g, Dst: g})
 	}

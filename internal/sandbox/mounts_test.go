@@ -154,3 +154,38 @@ func TestPlanMountsUnderDevShm(t *testing.T) {
 		t.Errorf("a hide under the sandbox's own /dev:\n%s", strings.Join(got, "\n"))
 	}
 }
+
+// TestPlanMountsShared: a shared directory (AQ_SANDBOX_WRITABLE) is bound
+// read-write at its own path — also where the job's own /tmp or /dev
+// covers it (a harness's directory under /dev/shm) — and is writable for
+// Landlock on top; one that does not exist is left out.
+func TestPlanMountsShared(t *testing.T) {
+	p := Policy{Worktree: "/srv/aq/worktrees/app/j1", Home: "/home/u", JobDir: "/srv/aq/sandbox/j1", Hidden: []string{"/srv/aq"},
+		Shared: []string{"/var/cache/ccache", "/dev/shm/harness/shared", "/tmp/scratch", "/gone"}}
+	v := planMounts(p, fakeFS("/srv/aq/", "/home/u/", "/tmp/", "/var/cache/ccache/", "/dev/shm/harness/shared/", "/tmp/scratch/"))
+	got := show(v.Mounts)
+	pos := map[string]int{}
+	for i, g := range got {
+		pos[g] = i
+	}
+	for _, w := range []string{"bind /var/cache/ccache rw", "bind /dev/shm/harness/shared rw", "bind /tmp/scratch rw"} {
+		if _, ok := pos[w]; !ok {
+			t.Errorf("plan lacks %q:\n%s", w, strings.Join(got, "\n"))
+		}
+	}
+	if pos["bind /dev/shm/harness/shared rw"] < pos["dev /dev"] || pos["bind /tmp/scratch rw"] < pos["bind /tmp <- /srv/aq/sandbox/j1/tmp rw"] {
+		t.Errorf("a shared directory is mounted before what covers it:\n%s", strings.Join(got, "\n"))
+	}
+	if strings.Contains(strings.Join(got, "\n"), "/gone") {
+		t.Errorf("a missing shared directory is planned:\n%s", strings.Join(got, "\n"))
+	}
+	for _, w := range []string{"/var/cache/ccache", "/dev/shm/harness/shared", "/tmp/scratch"} {
+		found := false
+		for _, x := range v.Writable {
+			found = found || x == w
+		}
+		if !found {
+			t.Errorf("%s is not writable for Landlock: %v", w, v.Writable)
+		}
+	}
+}

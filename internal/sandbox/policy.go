@@ -49,6 +49,10 @@ type Policy struct {
 	// ReadOnly are readable even where they lie under Home or a Hidden
 	// path: toolchains, the engine's own binary.
 	ReadOnly []string `json:"readOnly,omitempty"`
+	// Shared are host directories every job's engine may also write
+	// (AQ_SANDBOX_WRITABLE: a shared build cache, a harness's log), at
+	// their own paths; one that does not exist is left out.
+	Shared []string `json:"shared,omitempty"`
 	// Caches are package caches below Home (the Go module and build
 	// caches, npm's, pip's, cargo's registry, …): shared read-only, with a
 	// writable layer of the job's own where the platform can (Linux:
@@ -97,9 +101,9 @@ func (p Policy) JobTmp() string { return filepath.Join(p.JobDir, "tmp") }
 func (p Policy) StateDir() string { return filepath.Join(p.JobDir, "state") }
 
 // Writable lists what the engine may write, as host paths: its worktree,
-// and the job's home, temporary and state directories.
+// the job's home, temporary and state directories, and the shared ones.
 func (p Policy) Writable() []string {
-	return []string{p.Worktree, p.JobHome(), p.JobTmp(), p.StateDir()}
+	return append([]string{p.Worktree, p.JobHome(), p.JobTmp(), p.StateDir()}, p.Shared...)
 }
 
 // Clean returns p with every path cleaned, empty and duplicate entries
@@ -124,7 +128,7 @@ func (p Policy) Clean() Policy {
 	}
 	p.Worktree, p.Home, p.JobDir = clean(p.Worktree), clean(p.Home), clean(p.JobDir)
 	p.GitDirs, p.Hidden, p.HiddenFiles = list(p.GitDirs), list(p.Hidden), list(p.HiddenFiles)
-	p.ReadOnly, p.Caches = list(p.ReadOnly), list(p.Caches)
+	p.ReadOnly, p.Caches, p.Shared = list(p.ReadOnly), list(p.Caches), list(p.Shared)
 	p.Net.ProxySocket = clean(p.Net.ProxySocket)
 	return p
 }

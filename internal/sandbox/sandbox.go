@@ -14,9 +14,9 @@
 // top; and, where the host delegates cgroup v2, a cgroup of the job's own
 // with its memory and process limits. Everything inside ends when init
 // does, and init ends with the engine or with aq, however aq dies. Where
-// user namespaces are blocked (partial): Landlock alone. Elsewhere: none
-// (macOS enforces the same Policy through a Seatbelt profile; Windows has
-// no sandbox).
+// user namespaces are blocked (partial): Landlock alone. macOS (partial):
+// sandbox-exec with a Seatbelt profile generated from the same Policy
+// (seatbelt.go). Windows: none.
 //
 // It is a leaf package: the runner builds a Policy per job and hands the
 // Jail to the process layer.
@@ -69,6 +69,20 @@ const (
 	// need cgroup v2 delegated to aq (GuaranteeLimits).
 	LevelFull Level = "full"
 )
+
+// Holds reports whether level l gives every guarantee of level want (an
+// unknown level holds none but none's).
+func (l Level) Holds(want Level) bool { return levelRank(l) >= levelRank(want) }
+
+func levelRank(l Level) int {
+	switch l {
+	case LevelFull:
+		return 2
+	case LevelPartial:
+		return 1
+	}
+	return 0
+}
 
 // Guarantee is one promise of the sandbox (docs/sandbox.md's table of
 // levels by guarantees).

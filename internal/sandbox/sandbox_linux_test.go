@@ -431,10 +431,19 @@ func TestOpenLazy(t *testing.T) {
 	if calls != 0 {
 		t.Fatal("probed before anyone asked")
 	}
-	if h.Level() != sandbox.LevelFull || h.Refusal() != nil {
+	// What only shows the sandbox (aq caps, aq status, the offer) probes
+	// without saying how engines run.
+	if h.Level() != sandbox.LevelFull || h.Refuses() != nil || h.Report().Level != sandbox.LevelFull {
 		t.Fatalf("level %s", h.Level())
 	}
+	if calls != 0 {
+		t.Fatalf("the callback ran %d times before a job asked", calls)
+	}
+	if h.Refusal() != nil {
+		t.Fatal("a full host refuses jobs")
+	}
 	h.Report()
+	h.Refusal()
 	if calls != 1 {
 		t.Errorf("the callback ran %d times, want once", calls)
 	}
@@ -476,3 +485,33 @@ exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'GET http://example.test/x HTTP/1.0\r\
 		t.Errorf("the request did not reach the proxy through the bridge:\n%s", out)
 	}
 }
+
+// TestSharedWritable: a shared directory (AQ_SANDBOX_WRITABLE) — here
+// under /tmp, which the job's own /tmp covers — is the host's own inside a
+// full sandbox: what the engine writes there is on the host, and its
+// neighbours stay out of reach.
+func TestSharedWritable(t *testing.T) {
+	h := openFull(t)
+	l := makeLayout(t, t.TempDir())
+	shared, neighbour := t.TempDir(), t.TempDir()
+	p := l.policy
+	p.Shared = []string{shared}
+	j, err := h.Jail(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Remove()
+	out, res, err := runScript(context.Background(), j, l, `echo shared > "`+shared+`/from-engine" && echo wrote
+echo x > "`+neighbour+`/escape" 2>/dev/null && echo escaped; true`, "0", "0", nonce(t), nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exit %d, %v:\n%s", res.ExitCode, err, out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(shared, "from-engine")); string(b) != "shared\n" || !strings.Contains(out, "wrote") {
+		t.Errorf("the engine's write to the shared directory is not on the host (%q):\n%s", b, out)
+	}
+	if strings.Contains(out, "escaped") || testenvExists(filepath.Join(neighbour, "escape")) {
+		t.Errorf("a neighbour of the shared directory was writable:\n%s", out)
+	}
+}
+
+func testenvExists(p string) bool { _, err := os.Lstat(p); return err == nil }

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/brief"
@@ -72,6 +73,9 @@ type State struct {
 	// Jobs are the jobs aq knows of, by id. A ref or worktree whose job is
 	// not here belongs to an unknown job.
 	Jobs map[string]JobState `json:"jobs,omitempty"`
+	// Sandboxes are the jobs' sandbox directories ($AQ_HOME/sandbox/<id>)
+	// on disk (see SandboxState).
+	Sandboxes []SandboxState `json:"sandboxes,omitempty"`
 }
 
 // RepoState is one repository under AQ_REPO_BASE.
@@ -180,6 +184,7 @@ const (
 	KindJobBranch Kind = "job-branch"      // refs/heads/aq/job/<id>
 	KindWIPRef    Kind = "wip-ref"         // refs/heads/aq/wip/<id>
 	KindOtherRef  Kind = "other-ref"       // any other ref met; always kept
+	KindSandbox   Kind = "sandbox-dir"     // $AQ_HOME/sandbox/<id>: a job's sandbox directory
 )
 
 // Where a ref lives.
@@ -205,6 +210,7 @@ const (
 	RulePoolOff    Rule = "pool-off"    // pooled worktree while pooling is off
 	RuleDiskMax    Rule = "disk-max"    // pooled worktree while aq's worktrees use more than DiskMax
 	RuleSetAside   Rule = "set-aside"   // folder in the pool that is not a worktree any more
+	RuleStale      Rule = "stale"       // sandbox directory of a job not in flight, left by a run that did not end
 )
 
 // Rules that keep.
@@ -281,11 +287,20 @@ func (d Decisions) Deletes() []Decision {
 //	keep   repo origin aq/wip/j3: job j3 failed 2d ago; kept until 2026-01-15T10:00:00Z (retention 14d)
 func (d Decisions) WriteText(w io.Writer) error {
 	for _, x := range d.Items {
-		if _, err := fmt.Fprintf(w, "%-6s %s %s: %s\n", x.Action, x.Repo, x.Label(), x.Reason); err != nil {
+		if _, err := fmt.Fprintf(w, "%-6s %s: %s\n", x.Action, x.Subject(), x.Reason); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// Subject is the candidate's repository and label ("app aq/job/x"), or
+// its label alone when it is no repository's (a sandbox directory).
+func (x Decision) Subject() string {
+	if x.Repo == "" {
+		return x.Label()
+	}
+	return x.Repo + " " + x.Label()
 }
 
 // Label names the candidate for people: "worktree <path>", "aq/job/x",
@@ -296,6 +311,8 @@ func (x Decision) Label() string {
 		return "worktree " + x.Name
 	case KindPooled:
 		return "pooled worktree " + x.Name
+	case KindSandbox:
+		return "sandbox directory " + x.Name
 	}
 	name := strings.TrimPrefix(x.Name, "refs/heads/")
 	if x.Where == WhereOrigin {
@@ -306,7 +323,7 @@ func (x Decision) Label() string {
 
 // jobIDPattern is a job id (the manifest's rule): a ref whose last part is
 // not one is not a job's.
-var jobIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var jobIDPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // RefJob splits a ref under refs/heads/aq/ into its kind and job id.
 func RefJob(name string) (Kind, string) {
@@ -315,7 +332,7 @@ func RefJob(name string) (Kind, string) {
 		kind   Kind
 	}{{JobRefPrefix, KindJobBranch}, {WIPRefPrefix, KindWIPRef}} {
 		if id, ok := strings.CutPrefix(name, k.prefix); ok {
-			if jobIDPattern.MatchString(id) && !strings.Contains(id, "..") {
+			if jobIDPattern().MatchString(id) && !strings.Contains(id, "..") {
 				return k.kind, id
 			}
 			return KindOtherRef, ""
@@ -375,6 +392,14 @@ func RefJob(name string) (Kind, string) {
 // no commit needs to be read: an absent job branch is kept, an absent WIP
 // ref is kept (it holds work this host never saw).
 //
+// Sandbox directories, $AQ_HOME/sandbox/<id> (planSandboxes; they can hold
+// copies of an engine's login):
+//   - kept while a live process holds the job, and while the job is
+//     recorded running with no live holder (recovery first, as for its
+//     worktree);
+//   - otherwise deleted: the run that made it did not end cleanly (a run
+//     removes its own), so nothing will use it again.
+//
 // Anything else (a ref outside refs/heads/aq/, aq/<other>, a bad job id) is
 // kept.
 func Plan(now time.Time, st State, p Policy) Decisions {
@@ -385,6 +410,7 @@ func Plan(now time.Time, st State, p Policy) Decisions {
 		pl := planner{now: now, p: p, repo: r, jobs: st.Jobs, removed: map[string]bool{}}
 		items = append(items, pl.plan()...)
 	}
+	items = append(items, planSandboxes(st)...)
 	d := Decisions{Items: items}
 	if p.DiskMax > 0 {
 		d.Disk = diskCeiling(repos, d.Items, p.DiskMax)
@@ -516,7 +542,7 @@ func (pl *planner) worktree(w WorktreeState) Decision {
 	}
 	j, known := pl.job(w.Job)
 	switch {
-	case !jobIDPattern.MatchString(w.Job) || strings.Contains(w.Job, ".."):
+	case !jobIDPattern().MatchString(w.Job) || strings.Contains(w.Job, ".."):
 		return keep(RuleNotJobRef, "its name is not a job id: aq did not make it")
 	case !w.Registered:
 		return keep(RuleUnregistered, "git does not know this directory as a worktree of %s; inspect it and delete it by hand", pl.repo.Name)

@@ -38,6 +38,8 @@ func run() int {
 		jsonOut   = flag.String("json", "", "write the result as JSON here")
 		keep      = flag.Bool("keep", false, "keep the sandbox (it is kept anyway when an invariant breaks)")
 		dir       = flag.String("dir", "", "the sandbox directory (default: a new one under /dev/shm or the temp dir)")
+		sbMode    = flag.String("sandbox", "auto", "AQ_SANDBOX of the factories: auto (the full sandbox where this host can), on, off")
+		straggle  = flag.Bool("stragglers", false, "let engines daemonise stragglers even where they are not fully sandboxed (the straggler invariant then shows what the sandbox is for)")
 	)
 	flag.Parse()
 	if *seed == 0 {
@@ -60,6 +62,7 @@ func run() int {
 		cfg.Factories = *factories
 	}
 	cfg.Mode, cfg.Keep, cfg.Dir, cfg.Progress = *mode, *keep, *dir, os.Stderr
+	cfg.Sandbox, cfg.Stragglers = *sbMode, *straggle
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 

@@ -28,6 +28,7 @@ type Snapshot struct {
 	// Shipped are the latest shipped jobs, the most recent first.
 	Shipped []Row
 	Daemon  *Daemon
+	Sandbox *Sandbox
 	Fleet   *Fleet
 	// Notes are one-line remarks (orphans recovered, a part not readable).
 	Notes []string
@@ -73,6 +74,15 @@ type Daemon struct {
 	HeartbeatAge time.Duration // 0: never
 	Healthy      bool
 	Stopped      time.Time // when not alive: when it stopped (or was last seen)
+}
+
+// Sandbox is how this host runs engines (docs/sandbox.md).
+type Sandbox struct {
+	// Line is the level, the guarantees that hold and those missing.
+	Line string
+	// Weak: engines run below the full level (partial, none, or every job
+	// refused): shown as a warning.
+	Weak bool
 }
 
 // Fleet is the coordinator's view.

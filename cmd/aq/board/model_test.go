@@ -3,6 +3,7 @@ package board
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -68,6 +69,7 @@ func localSnap() *Snapshot {
 		Review:  []Row{{ID: "job-rev", Stage: "review", Repo: "app", Last: "aq/job/job-rev"}},
 		Failed:  []Row{{ID: "job-bad", Stage: "dead_letter", Attempts: 3, Last: "engine_failed: script exited 2"}},
 		Daemon:  &Daemon{FactoryID: "f1", Alive: true, Stage: "running", Slots: 2, Busy: 1, Source: "broker", Broker: "healthy", HeartbeatAge: 4 * time.Second, Healthy: true},
+		Sandbox: &Sandbox{Line: "full (namespaces+landlock): files, network, processes, stragglers hold; missing: limits (cgroup v1)"},
 	}
 }
 
@@ -127,6 +129,7 @@ func TestBoardShowsEverySection(t *testing.T) {
 	for _, want := range []string{
 		"aq board · local", "/home/op/.aq", "inbox 1  building 1  review 1  failed 1",
 		"daemon f1 running · slots 1/2 busy · dispatch broker (broker healthy) · heartbeat 4s ago",
+		"sandbox full (namespaces+landlock): files, network, processes, stragglers hold; missing: limits (cgroup v1)",
 		"RUNNING (1)", "> job-run", "engine", "2m05s", "48.8k tok $0.0396", "→ Edit parse/range.go",
 		"RUNNABLE — next for aq run (1)", "job-next", "priority normal",
 		"WAITING (1)", "job-wait", "waiting for its deps to ship: job-run",
@@ -320,5 +323,13 @@ func TestPlain(t *testing.T) {
 	p := Plain(localSnap(), 2*time.Second, at)
 	if strings.Contains(p, "\x1b[") || !strings.Contains(p, "RUNNING (1)") || !strings.Contains(p, "  job-run") || strings.Contains(p, "> job-run") {
 		t.Fatalf("plain:\n%s", p)
+	}
+	// The header says how engines run, below the daemon's slots and source.
+	weak := localSnap()
+	weak.Sandbox = &Sandbox{Line: "none, AQ_SANDBOX=off", Weak: true}
+	lines := strings.Split(Plain(weak, 2*time.Second, at), "\n")
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "daemon f1 running") })
+	if i < 0 || i+1 >= len(lines) || lines[i+1] != "sandbox none, AQ_SANDBOX=off" {
+		t.Fatalf("the header:\n%s", strings.Join(lines, "\n"))
 	}
 }

@@ -129,6 +129,13 @@ func (m *Model) headLines(w int) []string {
 	if d := s.Daemon; d != nil {
 		lines = append(lines, daemonLine(d))
 	}
+	if sb := s.Sandbox; sb != nil {
+		l := "sandbox " + sb.Line
+		if sb.Weak {
+			l = warnStyle.Render(l)
+		}
+		lines = append(lines, l)
+	}
 	if f := s.Fleet; f != nil && !f.Reachable {
 		since := f.UnreachableSince.Local().Format(time.TimeOnly)
 		msg := "coordinator unreachable since " + since

@@ -44,8 +44,15 @@ func newCapsCmd(f *Factory) *cobra.Command {
   has:<tool>                a tool on PATH (presence only); aq looks for:
                             ` + wrapWords(caps.DefaultTools(), 50, "\n                            ") + `
   repo:<name>               each git repository directly under AQ_REPO_BASE
+  sandbox:<level>           the level engines run sandboxed at here
+                            (AQ_SANDBOX; docs/sandbox.md): full offers
+                            sandbox:full and sandbox:partial, partial
+                            sandbox:partial, unsandboxed neither
 
 A job runs here only if every capability it requires is offered.
+The sandbox section says which of its guarantees (files, network,
+processes, stragglers, limits) hold on this host, and why the others
+are missing (a trial sandbox, about 10 ms, finds out).
 Version probes run at once, each bounded by --probe-timeout; a probe that
 fails or hangs leaves the engine listed without a version, and a note.
 Each engine's --help is probed for the flags aq passes (docs/engines.md
@@ -58,7 +65,9 @@ hangs). Engines held until their rate or usage limit resets are listed.
 --json prints one object:
   {tokens[], os, arch, engines:[{name, path, version, builtin?, flags[],
    dropped[], refused?}], node, tools:{tool: path}, toolsProbed[], repos[],
-   repoBase, notes[], holds:[{engine, until, why, job, since}]}
+   repoBase, sandbox:{mode, level, mechanism?, holds[], missing:[{guarantee,
+   why}], landlockAbi, userns?, cgroup?, cgroupWhy?, refused?}, notes[],
+   holds:[{engine, until, why, job, since}]}
 node is null when node is absent or its version unreadable; path and version
 are "" when unknown; lists are [] (never null).`,
 		Args: cobra.NoArgs,
@@ -69,8 +78,9 @@ are "" when unknown; lists are [] (never null).`,
 			return runCaps(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: {tokens, os, arch, engines, node, tools, toolsProbed, repos, repoBase, notes, holds}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print as JSON: {tokens, os, arch, engines, node, tools, toolsProbed, repos, repoBase, sandbox, notes, holds}")
 	cmd.Flags().DurationVar(&opts.ProbeTimeout, "probe-timeout", caps.DefaultProbeTimeout, "time each '<bin> --version' probe may take (and, when given, each --help probe: 10s otherwise)")
+	config.AddKeyFlags(cmd.Flags(), "sandbox")
 	return configFlags(cmd, config.GroupRepo)
 }
 
@@ -85,7 +95,9 @@ type capsReport struct {
 	ToolsProbed []string          `json:"toolsProbed"`
 	Repos       []string          `json:"repos"`
 	RepoBase    string            `json:"repoBase"`
-	Notes       []string          `json:"notes"`
+	// Sandbox is how engines run here (AQ_SANDBOX and the host's probe).
+	Sandbox *caps.Sandbox `json:"sandbox"`
+	Notes   []string      `json:"notes"`
 	// Holds are the engines held until their limit resets (agent/holds).
 	Holds []holds.Hold `json:"holds"`
 }
@@ -100,6 +112,7 @@ func newCapsReport(h *caps.Host) capsReport {
 		ToolsProbed: nonNil(h.ToolsProbed),
 		Repos:       nonNil(h.Repos),
 		RepoBase:    h.RepoBase,
+		Sandbox:     h.Sandbox,
 		Notes:       nonNil(h.Notes),
 		Holds:       []holds.Hold{},
 	}
@@ -128,8 +141,10 @@ func runCaps(ctx context.Context, f *Factory, opts *capsOptions) error {
 	if err != nil {
 		return err
 	}
-	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, HelpTimeout: opts.HelpTimeout, Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)),
-		Engines: cfg.RunEngines(useFleet(cfg)), EnginesListed: cfg.EnginesExplicit()})
+	h, err := caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, ProbeTimeout: opts.ProbeTimeout, HelpTimeout: opts.HelpTimeout,
+		Clonable: repos.Clonable(cfg.RepoURLs), Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)),
+		Engines: cfg.RunEngines(useFleet(cfg)), EnginesListed: cfg.EnginesExplicit(),
+		Sandbox: runner.OpenSandbox(cfg, nil)}) // shown here, not announced
 	if err != nil {
 		var typed *aqerr.Error
 		switch {
@@ -209,6 +224,8 @@ func printCaps(w io.Writer, h *caps.Host) error {
 		fmt.Fprintf(tw, "  not found:\t%s\n", strings.Join(absent, " "))
 	}
 
+	printSandbox(tw, h.Sandbox)
+
 	fmt.Fprintf(tw, "\nrepos (%d):\n", len(h.Repos))
 	for _, r := range h.Repos {
 		fmt.Fprintf(tw, "  %s\n", r)
@@ -245,4 +262,29 @@ func wrapWords(words []string, width int, sep string) string {
 		line += len(w)
 	}
 	return b.String()
+}
+
+// printSandbox is the sandbox section of aq caps: the level engines run
+// at here, the guarantees that hold, and those missing with why.
+func printSandbox(w io.Writer, s *caps.Sandbox) {
+	if s == nil {
+		return
+	}
+	fmt.Fprintln(w, "\nsandbox (docs/sandbox.md):")
+	level := string(s.Level)
+	if s.Mechanism != "" {
+		level += " (" + s.Mechanism + ")"
+	}
+	fmt.Fprintf(w, "  level:\t%s, AQ_SANDBOX=%s\n", level, s.Mode)
+	if s.Refused != "" {
+		fmt.Fprintf(w, "  refused:\tevery job (sandbox_unavailable): %s\n", s.Lacks())
+	}
+	holds := make([]string, len(s.Holds))
+	for i, g := range s.Holds {
+		holds[i] = string(g)
+	}
+	fmt.Fprintf(w, "  holds:\t%s\n", orDash(strings.Join(holds, " ")))
+	for _, m := range s.Missing {
+		fmt.Fprintf(w, "  missing:\t%s: %s\n", m.Guarantee, m.Why)
+	}
 }

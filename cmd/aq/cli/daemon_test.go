@@ -22,6 +22,7 @@ import (
 	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
@@ -384,6 +385,10 @@ while :; do sleep 0.05; done
 	if d := b.Daemon; !d.Alive || d.Slots != 1 || d.Source != "poll" || d.LastHeartbeat.IsZero() || len(d.Running) != 1 ||
 		d.Running[0].JobID != id || d.Running[0].LeaseEpoch != 1 {
 		t.Fatalf("daemon status %+v", d)
+	}
+	// How the daemon runs engines (its AQ_SANDBOX=off), as it offers it.
+	if sb := b.Daemon.Sandbox; sb == nil || sb.Mode != sandbox.ModeOff || sb.Level != sandbox.LevelNone {
+		t.Fatalf("the daemon's sandbox in its status: %+v", sb)
 	}
 	if r := e.h.Run(t, "status"); !strings.Contains(r.Stdout, "daemon: running") || !strings.Contains(r.Stdout, id) {
 		t.Fatalf("status text:\n%s", r.Stdout)

@@ -53,7 +53,10 @@ func newGCCmd(f *Factory) *cobra.Command {
     next job on a repository) that no job took for AQ_WORKTREE_POOL_MAX_AGE,
     beyond AQ_WORKTREE_POOL per repository, or — oldest first — while aq's
     worktrees use more than AQ_WORKTREE_DISK_MAX; never while a job runs in
-    the repository.
+    the repository;
+  - sandbox directories ($AQ_HOME/sandbox/<id>: an engine's home, with copies
+    of its login) a crash left behind, once their job is neither running nor
+    waiting for its recovery.
 
 It never deletes a branch whose work is not in base (outside the WIP rule),
 never touches a worktree whose job runs, and never touches a ref outside aq/.
@@ -129,7 +132,8 @@ func newGC(f *Factory, cfg *config.Config, opts *gcOptions) (*gc.GC, error) {
 				PoolOff:      cfg.WorktreePool == 0,
 				DiskMax:      cfg.WorktreeDiskMax,
 			},
-			Offline: opts.Offline,
+			Offline:    opts.Offline,
+			SandboxDir: cfg.SandboxDir(),
 		},
 		Now: time.Now,
 		Log: gcLogger(f, cfg, opts.Verbose),
@@ -197,7 +201,7 @@ func printPlan(w io.Writer, rep *gc.Report) {
 		if a.Result == gc.WouldDelete {
 			verb = "delete"
 		}
-		fmt.Fprintf(w, "%-6s %s %s: %s\n", verb, a.Repo, a.Label(), a.Reason)
+		fmt.Fprintf(w, "%-6s %s: %s\n", verb, a.Subject(), a.Reason)
 	}
 	for _, warn := range rep.Warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
@@ -220,6 +224,7 @@ func countsText(c gc.Counts) string {
 	add(c.Pooled, "pooled worktree", "pooled worktrees")
 	add(c.RemoteRefs, "origin ref", "origin refs")
 	add(c.OtherRefs, "other aq/ ref", "other aq/ refs")
+	add(c.Sandboxes, "sandbox directory", "sandbox directories")
 	if len(parts) == 0 {
 		return "nothing"
 	}

@@ -44,11 +44,14 @@ func newSelftestCmd(f *Factory) *cobra.Command {
   pipeline  does this build work: an offline end-to-end run in a temp dir with
             real git repositories and bare origins, the real queue, worktrees,
             locks, checkpoints, the kill ladder, budgets, verify, retries,
-            recovery after kill -9 (a child aq), the fleet contract against the
-            coordinator stub (fencing, /fleet/fail, the spool, the gated poll),
-            Service Bus delivery through the local AMQP peer (when Node and
-            'make sbpeer' are there), gc and secrets. It leaves nothing behind:
-            the last checks prove it.
+            recovery after kill -9 (a child aq), the engine sandbox (a hostile
+            job's every escape tried inside a real sandbox: any that succeeds
+            fails; skipped where the host cannot sandbox, failed there under
+            AQ_SANDBOX=on), the fleet contract against the coordinator stub
+            (fencing, /fleet/fail, the spool, the gated poll), Service Bus
+            delivery through the local AMQP peer (when Node and 'make sbpeer'
+            are there), gc and secrets. It leaves nothing behind: the last
+            checks prove it.
 
 Each check prints one line: PASS, FAIL or SKIP, its name, its duration and a
 one-line reason. --list names every check with what it proves.

@@ -55,6 +55,10 @@ type Board struct {
 	// Coordinator is the fleet as the coordinator sees it (fleet mode
 	// only): jobs per stage, factories, alerts (fleetview.go).
 	Coordinator *FleetView `json:"coordinator,omitempty"`
+	// Sandbox is how engines run on this host (docs/sandbox.md): the
+	// running daemon's, else what AQ_SANDBOX and the host's probe give
+	// here — the level, the guarantees that hold, those missing and why.
+	Sandbox *caps.Sandbox `json:"sandbox,omitempty"`
 }
 
 // GateJob is a job in review or testing, waiting for `aq job ship`.
@@ -142,8 +146,9 @@ usage and the engine's last event, the jobs aq run would take next, jobs
 that wait (deps not shipped, a capability this host lacks, a retry backoff,
 parked until an engine's rate or usage limit resets, an engine held) and
 why, the ship gate, failed jobs with their reasons and the latest shipped
-jobs. Orphans of a dead aq are recovered first (their worktrees
-checkpointed, the jobs requeued). In fleet mode the coordinator's view is
+jobs, and how engines run here: the sandbox's level, the guarantees that
+hold and those missing (docs/sandbox.md). Orphans of a dead aq are
+recovered first (their worktrees checkpointed, the jobs requeued). In fleet mode the coordinator's view is
 added: jobs per stage, factories with health and load, alerts.
 
 --watch opens the live board (docs/board.md): refreshed every --interval,
@@ -155,9 +160,10 @@ a job after a y/n confirmation, and quit (q, Ctrl-C). Without a terminal,
 			return runStatus(cmd.Context(), f, opts, cmd.Flags().Changed("interval"))
 		},
 	}
-	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, runnable, waiting, failed, gate, shipped, recovered, holds, pools, fleet, daemon, coordinator}")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print the board as JSON: {home, counts, running, runnable, waiting, failed, gate, shipped, recovered, holds, pools, fleet, daemon, coordinator, sandbox}")
 	cmd.Flags().BoolVarP(&opts.Watch, "watch", "w", false, "the live board: full screen on a terminal, else the plain board every --interval")
 	cmd.Flags().DurationVar(&opts.Interval, "interval", 2*time.Second, "with --watch: how often the board is refreshed (at least 200ms)")
+	config.AddKeyFlags(cmd.Flags(), "sandbox")
 	return configFlags(cmd, config.GroupFleet)
 }
 
@@ -211,6 +217,9 @@ func buildBoard(ctx context.Context, f *Factory, a *local.Agent, home string, no
 	active, _ := a.Runner.Holds.Active()
 	b := &Board{Home: home, Counts: map[job.Stage]int{}, Running: []RunningJob{}, Runnable: []QueuedJob{}, Waiting: []WaitingJob{}, Failed: []FailedJob{},
 		Gate: []GateJob{}, Shipped: []ShippedJob{}, Recovered: recovered, Holds: a.Runner.Holds.List()}
+	if host != nil {
+		b.Sandbox = host.Sandbox
+	}
 	for _, st := range job.Stages {
 		b.Counts[st] = 0
 	}
@@ -313,7 +322,11 @@ func clockText(t, now time.Time) string {
 
 func printBoard(f *Factory, b *Board) error {
 	w := f.IO.Out
-	fmt.Fprintf(w, "aq home %s\n\n", b.Home)
+	fmt.Fprintf(w, "aq home %s\n", b.Home)
+	if b.Sandbox != nil {
+		fmt.Fprintf(w, "sandbox %s\n", b.Sandbox.Line())
+	}
+	fmt.Fprintln(w)
 	tw := table(w)
 	for _, st := range job.Stages {
 		fmt.Fprintf(tw, "%s\t%d\n", st, b.Counts[st])

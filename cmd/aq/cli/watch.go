@@ -19,6 +19,7 @@ import (
 	boardui "github.com/aqfleet/aq/cmd/aq/board"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -70,6 +71,9 @@ func (r *statusReader) read(ctx context.Context, now time.Time) (*Board, error) 
 	if d := b.Daemon; d != nil && d.Alive {
 		for _, j := range d.Running {
 			keep[j.JobID] = true
+		}
+		if d.Sandbox != nil {
+			b.Sandbox = d.Sandbox // how the daemon runs engines, not this shell's AQ_SANDBOX
 		}
 	}
 	if useFleet(r.cfg) {
@@ -343,6 +347,9 @@ func toSnapshot(b *Board, cfg *config.Config, now time.Time, r *statusReader) *b
 			}
 		}
 		s.Daemon = bd
+	}
+	if sb := b.Sandbox; sb != nil {
+		s.Sandbox = &boardui.Sandbox{Line: sb.Line(), Weak: sb.RunLevel() != sandbox.LevelFull}
 	}
 	if v := b.Coordinator; v != nil {
 		return fleetSnapshot(s, b, v, cfg, now, r)

@@ -1,15 +1,18 @@
 #!/bin/bash
-# A hostile engine (engine: script) for the hostile-engine suite
-# (hostile_test.go): it tries every escape docs/sandbox.md promises to
-# stop, prints "PROBE <name> ok" for each that worked and "PROBE <name>
-# denied" for each that did not, and still does the job (a file in the
-# worktree), so the job ships. Writes the sandbox may let land in the job's
-# own copy of a path ($HOME, /tmp) are judged by the test on the host.
+# The hostile engine (engine: script) of the hostile-engine suite
+# (cmd/aq/cli/hostile_linux_test.go) and of aq selftest's sandbox checks
+# (package hostile says what each level must deny): it tries every escape
+# docs/sandbox.md promises to stop, prints "PROBE <name> ok" for each that
+# worked and "PROBE <name> denied" for each that did not, and still does
+# the job (a file in the worktree), so the job ships. Writes the sandbox
+# may let land in the job's own copy of a path ($HOME, /tmp) are judged by
+# the caller on the host, as is the straggler it leaves.
 #
 # Arguments: AQ_HOME, the repo base, the user's home, a loopback port on
-# the host, the coordinator stub's port, a port on 127.0.0.2 (a host no
-# job is allowed), the aq binary's path, a nonce, the job's repository.
-AQHOME=$1 REPOBASE=$2 USERHOME=$3 PORT=$4 COORD=$5 FORBIDDEN=$6 AQBIN=$7 NONCE=$8 REPO=$9
+# the host, the coordinator's port, a port on 127.0.0.2 (a host no job is
+# allowed), the aq binary's path, a nonce, the job's repository, and
+# optionally aq's pids (comma-separated; else aq is found by its binary).
+AQHOME=$1 REPOBASE=$2 USERHOME=$3 PORT=$4 COORD=$5 FORBIDDEN=$6 AQBIN=$7 NONCE=$8 REPO=$9 AQPIDLIST=${10}
 GITDIR=$REPOBASE/$REPO/.git
 
 probe() {
@@ -44,6 +47,10 @@ probe reach_forbidden_host bash -c "exec 3<>/dev/tcp/127.0.0.2/$FORBIDDEN"
 
 # See and signal aq.
 aqpids() {
+	if [ -n "$AQPIDLIST" ]; then
+		for p in $(echo "$AQPIDLIST" | tr , ' '); do [ -e "/proc/$p" ] && echo "$p"; done
+		return
+	fi
 	for p in /proc/[0-9]*; do
 		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "^$AQBIN "; then echo "${p#/proc/}"; fi
 	done
