@@ -68,8 +68,11 @@ crossbuild:
 tidycheck:
 	@$(GO) mod tidy -diff >/dev/null 2>&1 || { echo "go.mod/go.sum are not tidy: run 'go mod tidy'"; $(GO) mod tidy -diff; exit 1; }
 
+## -timeout is a deadlock guard per package, not a speed limit: cmd/aq/cli's
+## race run takes 4-7 minutes on two cores, too near go test's default 10m
+## on a loaded machine
 race: sbpeer
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
 selftest: build sbpeer
