@@ -135,8 +135,9 @@ type LogRun struct {
 // *FencedError (409: this factory no longer holds the run's lease; stop),
 // *LogOffsetError (416: resume where the coordinator stands),
 // *RouteAbsentError (the coordinator has no live logs; remembered),
-// ErrGone (no such job), *StatusError (refused, or an answer that is not
-// the contract's), *AuthError, *TransientError.
+// ErrGone (no such job), *StatusError (refused, or a JSON answer without
+// next), *ContractError (an answer that is not the contract's JSON),
+// *AuthError, *TransientError.
 func (c *Client) AppendLog(ctx context.Context, jobID string, ch LogChunk) (LogAppended, error) {
 	if ch.FactoryID == "" {
 		ch.FactoryID = c.FactoryID()
@@ -163,7 +164,8 @@ func (c *Client) AppendLog(ctx context.Context, jobID string, ch LogChunk) (LogA
 // ReadLog reads a run of a job's live log from q.Offset, long-polled for
 // q.Wait. A coordinator without the route answers a *RouteAbsentError (no
 // log line: the caller says what it does instead); no such job ErrGone; an
-// answer that is not the contract's a *StatusError.
+// answer that is not JSON a *ContractError, JSON that is not a log page a
+// *StatusError.
 func (c *Client) ReadLog(ctx context.Context, jobID string, q LogQuery) (*LogPage, error) {
 	v := url.Values{}
 	if q.Epoch > 0 {

@@ -283,11 +283,11 @@ func (fo *follower) liveSummary(emit func(string)) {
 }
 
 // isRefused: the coordinator answered, with what aq cannot take (a 4xx,
-// or a 2xx that is not the contract's: a StatusError, or since #26 a
-// ContractError when the body is not the contract's JSON at all).
+// or a 2xx that is not the contract's).
 func isRefused(err error) bool {
 	var se *fleet.StatusError
-	return errors.As(err, &se) || fleet.IsContract(err)
+	var ce *fleet.ContractError // an answer that is not the contract's JSON (a proxy's page)
+	return errors.As(err, &se) || errors.As(err, &ce)
 }
 
 // feed renders b, the engine's output, line by line; a line's start waits

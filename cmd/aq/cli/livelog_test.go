@@ -291,7 +291,7 @@ func TestLiveLogCoordinatorRestartLosesNothing(t *testing.T) {
 	testenv.AddOrigin(t, h.Repo(t, "app", nil))
 	// AQ_SANDBOX=off: the engine's script waits for a marker outside its
 	// worktree, which a sandboxed engine cannot see. AQ_ENGINES=all: a
-	// script job is claimed only by a factory that opts in (#26).
+	// fleet factory runs script jobs only when its operator opts in (#26).
 	h.Env = []string{"AQ_FLEET=1", "AQ_FLEET_API=http://" + sp.addr + "/api", "AQ_FLEET_TOKEN=" + sp.token, "AQ_FACTORY_ID=fa",
 		"AQ_HEARTBEAT_SEC=1", "AQ_FLEET_LEASE_RENEW_SEC=1", "AQ_SANDBOX=off", "AQ_ENGINES=all"}
 	dir := t.TempDir()
