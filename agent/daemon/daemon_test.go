@@ -18,6 +18,7 @@ import (
 // Without a broker the poll path (gated) takes work; the status file says
 // so; a drain ends Run with nil and the file says stopped.
 func TestPollPathRunsJobThenDrains(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		r := newRig(t, rigOptions{routes: routes, gate: true})
 		r.start()
@@ -48,6 +49,7 @@ func TestPollPathRunsJobThenDrains(t *testing.T) {
 // accepts the job, completes the message at once (complete-on-claim) and
 // runs it. No claim and no queue-state read is ever made.
 func TestBrokerMessageAcceptCompleteRun(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, gate: true})
 	r.start()
 	r.waitLive(dispatch.LiveBroker)
@@ -140,6 +142,7 @@ func TestNoGoroutineOutlivesRun(t *testing.T) {
 // the broker. (With every slot busy the receiver is not receiving, so an
 // outage is noticed when a slot frees — the moment work could be taken.)
 func TestBrokerOutageHandOffAndBack(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, gate: true, slots: 2, repos: []string{"app", "lib"}})
 	r.start()
 	r.waitLive(dispatch.LiveBroker)
@@ -197,6 +200,7 @@ func TestBrokerOutageHandOffAndBack(t *testing.T) {
 // heartbeats: no claim, no queue-state read, no job list — over several
 // heartbeat intervals (the poll path's tick is 50 ms here: it would show).
 func TestIdleOnBrokerOnlyHeartbeats(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, gate: true})
 	r.start()
 	r.waitLive(dispatch.LiveBroker)
@@ -228,6 +232,7 @@ func TestIdleOnBrokerOnlyHeartbeats(t *testing.T) {
 // (one delivery); a stale dispatch of it under another generation is
 // delivered, answered 409 by the coordinator and completed. One run.
 func TestDuplicatePublishRunsOnce(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, noPublisher: true})
 	send := r.testSender()
 	id := testenv.ID("dup")
@@ -266,6 +271,7 @@ func TestDuplicatePublishRunsOnce(t *testing.T) {
 // With one slot the outage is noticed when the running job ends and frees
 // it: the next job then arrives by polling.
 func TestBrokerOutageOneSlotNextJobPolls(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, gate: true})
 	r.start()
 	r.waitLive(dispatch.LiveBroker)
@@ -302,6 +308,7 @@ rmdir %q 2>/dev/null
 // Three slots, jobs on two repos: different repos run in parallel, same-repo
 // jobs one after another; never more jobs than slots.
 func TestSlotsSerializeSameRepo(t *testing.T) {
+	t.Parallel()
 	for _, broker := range []bool{false, true} {
 		t.Run(map[bool]string{true: "broker", false: "poll"}[broker], func(t *testing.T) {
 			r := newRig(t, rigOptions{broker: broker, slots: 3, repos: []string{"app", "lib"}})

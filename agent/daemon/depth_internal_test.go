@@ -10,6 +10,7 @@ import (
 // read error (TestBrokerDepthGauges failed that way beside the other
 // engineers' builds).
 func TestDepthReadTimeout(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ every, want time.Duration }{
 		{50 * time.Millisecond, 5 * time.Second},
 		{10 * time.Second, 10 * time.Second},

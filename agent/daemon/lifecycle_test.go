@@ -34,6 +34,7 @@ func metric(body, name, labels string) float64 {
 // interval: 503 once the coordinator stops taking heartbeats, 200 again
 // after it takes one. The status file and the metrics say the same.
 func TestHealthzFollowsHeartbeats(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{metrics: true})
 	r.start()
 	r.waitFor("/healthz 200", func() bool { c, _ := r.get("/healthz"); return c == 200 })
@@ -62,6 +63,7 @@ func TestHealthzFollowsHeartbeats(t *testing.T) {
 // broker (accepted, lag observed), a stale message answered 409 (a conflict),
 // the live source.
 func TestMetricsSeries(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, metrics: true, gate: true})
 	r.start()
 	r.waitLive(dispatch.LiveBroker)
@@ -121,6 +123,7 @@ func TestMetricsSeries(t *testing.T) {
 // A renewal that fails after earlier successes is retried, not fatal: the
 // job finishes and ships.
 func TestRenewalFailuresAreRetried(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{metrics: true, parts: func(p *fleet.Parts) { p.Budgets.Renew = 300 * time.Millisecond }})
 	r.start()
 	id := testenv.ID("renew")
@@ -149,6 +152,7 @@ func TestRenewalFailuresAreRetried(t *testing.T) {
 // A heartbeat answered 401 stops the daemon: Run returns the auth error
 // (exit 5 in the command), the status file says why.
 func TestHeartbeat401Stops(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{})
 	r.start()
 	r.waitLive(dispatch.LivePoll)
@@ -168,6 +172,7 @@ func TestHeartbeat401Stops(t *testing.T) {
 // First stop: no new work, the running job finishes and is reported; a job
 // submitted meanwhile is never claimed.
 func TestDrainLetsRunningJobFinish(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		r := newRig(t, rigOptions{routes: routes})
 		r.start()
@@ -196,6 +201,7 @@ func TestDrainLetsRunningJobFinish(t *testing.T) {
 // checkpointed with its WIP ref pushed, failed as retryable: the stub shows
 // the lease released at once (queued, no holder).
 func TestAbortCheckpointsAndFails(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		for _, viaTimeout := range []bool{false, true} {
 			t.Run(map[bool]string{false: "two-stops", true: "drain-timeout"}[viaTimeout], func(t *testing.T) {
@@ -241,6 +247,7 @@ func TestAbortCheckpointsAndFails(t *testing.T) {
 // Credentials refused at start (the stored token was revoked): Run returns
 // the auth error before any work.
 func TestStartRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{})
 	r.start()
 	r.waitLive(dispatch.LivePoll)

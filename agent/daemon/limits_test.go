@@ -20,6 +20,7 @@ func (r *rig) withLimits(l daemon.Limits) {
 // An idle factory drains and exits 0 after --idle-timeout; a running job
 // keeps it up however long it runs, and the clock starts again after it.
 func TestIdleTimeoutExits(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{})
 	r.withLimits(daemon.Limits{IdleTimeout: 1500 * time.Millisecond})
 	r.start()
@@ -46,6 +47,7 @@ func TestIdleTimeoutExits(t *testing.T) {
 // --max-jobs N: after N jobs started the daemon drains — they finish and
 // are reported, nothing more is taken — and exits 0.
 func TestMaxJobsDrains(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{})
 	r.withLimits(daemon.Limits{MaxJobs: 1})
 	r.start()
@@ -65,6 +67,7 @@ func TestMaxJobsDrains(t *testing.T) {
 // --max-uptime: the daemon drains when it has been up that long; the job it
 // runs then finishes and is reported.
 func TestMaxUptimeDrains(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{})
 	r.withLimits(daemon.Limits{MaxUptime: 2 * time.Second})
 	r.start()
@@ -83,6 +86,7 @@ func TestMaxUptimeDrains(t *testing.T) {
 
 // Negative limits are configuration errors.
 func TestLimitsRefused(t *testing.T) {
+	t.Parallel()
 	for _, l := range []daemon.Limits{{IdleTimeout: -time.Second}, {MaxJobs: -1}, {MaxUptime: -time.Minute}} {
 		r := newRig(t, rigOptions{})
 		_, err := daemon.New(daemon.Options{Config: r.cfg, Limits: l})
@@ -97,6 +101,7 @@ func TestLimitsRefused(t *testing.T) {
 // replicas that come and go do not pile up as stale factories); a later
 // start registers it again with its first heartbeat.
 func TestCleanExitDeregisters(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		r := newRig(t, rigOptions{routes: routes})
 		r.withLimits(daemon.Limits{MaxUptime: time.Second})

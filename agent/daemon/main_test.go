@@ -103,10 +103,15 @@ type rigOptions struct {
 
 // eachRouteSet runs fn once per route set of the stub — full (docs/contract.md)
 // and legacy (the coordinator in service today) — so the daemon's fleet
-// path is held to both (a table over route sets, not copies of tests).
+// path is held to both (a table over route sets, not copies of tests). The
+// runs are parallel: each makes its own rig (fn must not share state
+// across them).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
 	for _, rs := range coord.RouteSets {
-		t.Run(rs, func(t *testing.T) { fn(t, rs) })
+		t.Run(rs, func(t *testing.T) {
+			t.Parallel()
+			fn(t, rs)
+		})
 	}
 }
 

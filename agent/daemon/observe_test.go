@@ -28,6 +28,7 @@ func (r *rig) usage(id, code string) string {
 // engines' spend (failed runs included), renewal errors under both names,
 // the worktrees' disk; the old names still served, marked deprecated.
 func TestJobMetricsNewNames(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{metrics: true})
 	r.start()
 	ok, bad := testenv.ID("m-ok"), testenv.ID("m-bad")
@@ -89,6 +90,7 @@ func TestJobMetricsNewNames(t *testing.T) {
 
 // Failed renewals count under the new name and the deprecated one alike.
 func TestRenewErrorsBothNames(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{metrics: true, parts: func(p *fleet.Parts) { p.Budgets.Renew = 300 * time.Millisecond }})
 	r.start()
 	id := testenv.ID("renew-errs")
@@ -128,6 +130,7 @@ func peerAdmin(t *testing.T, r *rig, keyName string) *admin.Client {
 // receiver dead-letters the malformed one (the dead-letter gauge) and runs
 // the other.
 func TestBrokerDepthGauges(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, metrics: true, noPublisher: true, peerAdmin: true,
 		config: func(c *config.Config) { c.BrokerDepthInterval = 50 * time.Millisecond }})
 	r.admin = peerAdmin(t, r, "sbpeer")
@@ -179,6 +182,7 @@ func TestBrokerDepthGauges(t *testing.T) {
 // once, the gauges are absent (unknown, not a stale zero), and the daemon
 // goes on: a job arrives from the broker and ships.
 func TestBrokerDepthRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, metrics: true, peerAdmin: true,
 		config: func(c *config.Config) { c.BrokerDepthInterval = 50 * time.Millisecond }})
 	r.admin = peerAdmin(t, r, "listen")

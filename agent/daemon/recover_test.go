@@ -74,6 +74,7 @@ func (r *rig) orphan(id string) <-chan struct{} {
 // recorded epoch — before any new work; the job then runs again here and
 // resumes from the checkpoint.
 func TestRecoverOrphanBeforeNewWork(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		r := newRig(t, rigOptions{routes: routes})
 		id := testenv.ID("orphan")
@@ -120,6 +121,7 @@ func TestRecoverOrphanBeforeNewWork(t *testing.T) {
 // the renewal at the recorded epoch): its checkpoint stays local (origin's
 // WIP ref is not touched), nothing is reported, the record is closed fenced.
 func TestRecoverOrphanFenced(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{})
 	id := testenv.ID("orphan-fenced")
 	r.submit(id, "app", r.quick(id))
@@ -156,6 +158,7 @@ func TestRecoverOrphanFenced(t *testing.T) {
 // it (the fail came back 409). Recovery now holds the lease until its report
 // settles.
 func TestRecoverHoldsTheLeaseWhileTheFailIsRetried(t *testing.T) {
+	t.Parallel()
 	// The factory counts its lease from the Date header less a second and
 	// gives it up a second before that: the lease must outlast both.
 	ttl := 3 * time.Second

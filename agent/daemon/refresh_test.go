@@ -48,6 +48,7 @@ func (r *rig) waitOffer(repo string, want bool, from int64) int64 {
 // path's claims offer what the host has now); cloned back, it is offered
 // again and the job runs.
 func TestRemovedRepoIsNotClaimed(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{repos: []string{"app", "lib"}, gate: true})
 	r.detecting()
 	r.start()
@@ -89,6 +90,7 @@ func TestRemovedRepoIsNotClaimed(t *testing.T) {
 // burned, the job still queued. The repo cloned back, the dispatcher sends
 // the job again at once and it runs.
 func TestRemovedRepoBrokerMessageIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{repos: []string{"app", "lib"}, broker: true})
 	r.detecting()
 	r.start()

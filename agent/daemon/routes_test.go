@@ -16,6 +16,7 @@ import (
 // one line, and the (gated) poll path takes work; the status file and `aq
 // status` carry why.
 func TestBrokerRefusedWithoutAccept(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, noPublisher: true, gate: true, routes: coord.RoutesLegacy})
 	r.start()
 	r.waitLive(dispatch.LivePoll)
@@ -58,6 +59,7 @@ func TestBrokerRefusedWithoutAccept(t *testing.T) {
 // route: the broker path goes off for good (the message is abandoned, not
 // completed: its job stays queued) and the poll path claims the job.
 func TestBrokerOffWhenAcceptTurnsOutAbsent(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, rigOptions{broker: true, noPublisher: true, routes: coord.RoutesLegacy, coord: func(o *coord.Options) {
 		o.FailRate, o.FaultRoutes = 1, []string{"unmatched"}
 	}})

@@ -271,9 +271,17 @@ func TestMaxDeliveriesDeadLetters(t *testing.T) {
 // The broker goes away: the receiver reports unhealthy (the daemon polls
 // meanwhile) while a job it started keeps running; the broker comes back: the
 // receiver reports healthy and receives again.
+//
+// The peer logs j1's complete before it answers it, so the kill can cut the
+// answer off; the SDK then retries the complete on its own schedule (4 s,
+// 8 s, 16 s) until SettleTimeout, and the receiver reconnects only once the
+// settlements in its hand have ended. That wait is not what this test is
+// about: SettleTimeout is 2 s here (30 s by default: the test took 30 s
+// whenever the kill won the race).
 func TestPeerKilledThenRestarted(t *testing.T) {
 	onOff(t, func(t *testing.T, sessions bool) {
-		r := newRig(t, rigOptions{slots: 2, blockJobs: true, peer: sbpeertest.Options{Persist: true}, sessions: sessions})
+		r := newRig(t, rigOptions{slots: 2, blockJobs: true, peer: sbpeertest.Options{Persist: true}, sessions: sessions,
+			mutate: func(o *dispatch.Options) { o.SettleTimeout = 2 * time.Second }})
 		r.waitHealth(true)
 		r.publish(job("j1", "fa"))
 		running := r.nextJob()

@@ -24,6 +24,7 @@ var (
 // uploads its engine output and stderr as artifacts — after the report,
 // never before it — and the stub serves them back.
 func TestArtifactsAfterFinalReport(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	s.submit(t, idLogged, "app", "script: "+w.script("talk", "echo 'hello from the engine'\necho 'a warning' >&2\necho x > x.txt\n")+"\nship: branch")
@@ -62,6 +63,7 @@ func TestArtifactsAfterFinalReport(t *testing.T) {
 // the artifact spool (not the report spool) and are delivered when the
 // coordinator takes them again.
 func TestArtifactUploadSpooledNeverBlocksReport(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	s := startStub(t, coord.Options{FailRate: 1, FaultRoutes: []string{coord.RouteArtifactUpload}})
 	w := newWorld(t, "app")
@@ -97,6 +99,7 @@ func TestArtifactUploadSpooledNeverBlocksReport(t *testing.T) {
 // artifacts route gets one upload attempt per process, one warning, and
 // nothing waits in any spool.
 func TestArtifactsWithoutRouteSkippedOnce(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	s := startStub(t, coord.Options{Without: []string{coord.RouteArtifactUpload}})
 	w := newWorld(t, "app")
@@ -123,6 +126,7 @@ func TestArtifactsWithoutRouteSkippedOnce(t *testing.T) {
 // and one over the cap keeps its head and its end around a visible marker,
 // within the cap — truncated, never dropped.
 func TestArtifactBuildMasksAndCaps(t *testing.T) {
+	t.Parallel()
 	logs := t.TempDir()
 	dir := filepath.Join(logs, "j")
 	const secret = "s3cr3t-v4lue-0123456789"

@@ -19,6 +19,7 @@ import (
 func half() float64 { return 0.5 }
 
 func TestBackoff(t *testing.T) {
+	t.Parallel()
 	min, max := 100*time.Millisecond, time.Second
 	for _, tc := range []struct {
 		n      int
@@ -63,6 +64,7 @@ func TestBackoff(t *testing.T) {
 }
 
 func TestJitter(t *testing.T) {
+	t.Parallel()
 	if d := Jitter(10*time.Second, 0.1, func() float64 { return 0 }); d != 9*time.Second {
 		t.Errorf("low: %v", d)
 	}
@@ -75,6 +77,7 @@ func TestJitter(t *testing.T) {
 }
 
 func TestRetryable(t *testing.T) {
+	t.Parallel()
 	resp := func(code int) *http.Response { return &http.Response{StatusCode: code} }
 	for _, tc := range []struct {
 		resp *http.Response
@@ -140,6 +143,7 @@ func testClient(t *testing.T, url string, b Budgets) *Client {
 }
 
 func TestClientRetriesOnlyWhatCanSucceed(t *testing.T) {
+	t.Parallel()
 	b := fastBudgets()
 	for _, tc := range []struct {
 		name    string
@@ -175,6 +179,7 @@ func TestClientRetriesOnlyWhatCanSucceed(t *testing.T) {
 }
 
 func TestClientBudgetEndsRetries(t *testing.T) {
+	t.Parallel()
 	s := &scripted{answers: []int{503}}
 	srv := httptest.NewServer(s)
 	defer srv.Close()
@@ -196,6 +201,7 @@ func TestClientBudgetEndsRetries(t *testing.T) {
 }
 
 func TestClientNetworkErrorIsTransient(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -212,6 +218,7 @@ func TestClientNetworkErrorIsTransient(t *testing.T) {
 }
 
 func TestClientHeadersAndAnswers(t *testing.T) {
+	t.Parallel()
 	s := &scripted{answers: []int{200}, body: `{"job":{"id":"j1","repo":"r","stage":"assigned","capabilities":[],"priority":200,"leaseEpoch":4,"bodyMd":"x","extra":true},"leaseEpoch":4,"leaseExpiresAt":"2030-01-01T00:00:00Z","more":1}`}
 	srv := httptest.NewServer(s)
 	defer srv.Close()
@@ -240,6 +247,7 @@ func TestClientHeadersAndAnswers(t *testing.T) {
 // header — whichever way the clocks differ (issue #26, finding 5: a
 // coordinator 120 s behind used to make every lease look expired).
 func TestLocalExpiry(t *testing.T) {
+	t.Parallel()
 	exp := time.Date(2030, 1, 1, 0, 1, 30, 0, time.UTC)
 	server := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	granted := 89 * time.Second // 90 s, less the Date header's second
@@ -271,6 +279,7 @@ func TestLocalExpiry(t *testing.T) {
 }
 
 func TestErrorsSayWhatToDo(t *testing.T) {
+	t.Parallel()
 	ae := &AuthError{Call: "POST /fleet/factories/heartbeat", Status: 401}
 	if !strings.Contains(ae.Error(), "401") || !strings.Contains(ae.Fix(), "AQ_FLEET_TOKEN") {
 		t.Errorf("%s / %s", ae.Error(), ae.Fix())
@@ -284,6 +293,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 // TestErrorPredicates: the broker receiver classifies accept errors by
 // predicates, not status codes (agent/dispatch).
 func TestErrorPredicates(t *testing.T) {
+	t.Parallel()
 	var c interface{ Conflict() bool }
 	var g interface{ Gone() bool }
 	var tmp interface{ Temporary() bool }
@@ -302,6 +312,7 @@ func TestErrorPredicates(t *testing.T) {
 // coordinator sends makes the time granted wrap around into a lease that
 // never ends; it is read as between zero and MaxLease.
 func TestLocalExpiryHostileValues(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	date := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, c := range []struct {

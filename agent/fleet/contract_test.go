@@ -110,6 +110,7 @@ const fallbackSection = "Without a route: fallbacks"
 // and must lose the mark once aq calls it); the fallback table says what
 // Fallbacks says, and "aq cannot work without it" for the rest.
 func TestContractDescribesTheRouteBook(t *testing.T) {
+	t.Parallel()
 	consts := routeConsts(t)
 	var fromConsts []string
 	for _, v := range consts {

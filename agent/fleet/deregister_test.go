@@ -13,6 +13,7 @@ import (
 // A coordinator without the deregister route (404, as the one in service
 // today) is fine: the client remembers it and does not ask again.
 func TestDeregisterWithoutTheRoute(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)

@@ -51,6 +51,7 @@ var (
 // real pipeline (real git, a script engine), push the job branch, report the
 // success stage; one job, one claim.
 func TestRunOnceEndToEnd(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
 		w := newWorld(t, "app")
@@ -111,6 +112,7 @@ func TestRunOnceEndToEnd(t *testing.T) {
 // TestClaimRaceExactlyOneWins: factories claiming at once never get the
 // same job; every job goes to exactly one of them.
 func TestClaimRaceExactlyOneWins(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{Latency: 2 * time.Millisecond})
 	const jobs = 12
 	for i := range jobs {
@@ -174,6 +176,7 @@ func TestClaimRaceExactlyOneWins(t *testing.T) {
 // stopped and its work checkpointed locally, and it pushes nothing, opens no
 // PR and sends no report after the 409.
 func TestRequeuedWhileRunningIsFenced(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 30 * time.Second}))
@@ -242,6 +245,7 @@ func TestRequeuedWhileRunningIsFenced(t *testing.T) {
 // the job with the epoch bumped and the checkpoint kept. When the network
 // returns, the factory's spooled fail is refused (409) and dropped.
 func TestLeaseExpiryWhilePartitioned(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))
@@ -309,6 +313,7 @@ func TestLeaseExpiryWhilePartitioned(t *testing.T) {
 // none) followed by lease/release: the lease is just as free, nothing is
 // parked in spool/dead, and each factory tried /fleet/fail once.
 func TestFailFreesLeaseImmediately(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond}))
 		w := newWorld(t, "app")
@@ -371,6 +376,7 @@ func TestFailFreesLeaseImmediately(t *testing.T) {
 // failure whose fallback PATCH is refused (409: an operator requeued the job
 // meanwhile) is fenced — no lease/release follows, nothing is parked.
 func TestLegacyFencedFailPatchSendsNothingMore(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{Routes: coord.RoutesLegacy, LeaseTTL: time.Hour})
 	w := newWorld(t, "app")
 	id := testenv.ID("requeued-failure")
@@ -410,6 +416,7 @@ func TestLegacyFencedFailPatchSendsNothingMore(t *testing.T) {
 // once, learns it is absent, and claims on every tick from then on (the
 // plain poll with backoff), saying so once.
 func TestGateOffWithoutQueueState(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{Routes: coord.RoutesLegacy, Without: []string{coord.RouteQueueState}})
 	w := newWorld(t, "app")
 	f := newFactory(t, s, w, "ungated")
@@ -453,6 +460,7 @@ func statsText(st coord.Stats) string {
 // locally like a local manifest; an invalid one fails as invalid_manifest,
 // not retryable.
 func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
 		w := newWorld(t, "app")
@@ -480,6 +488,7 @@ func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
 // and its reports wait in the spool. aq exits; the stub restarts from its
 // state file; the next aq start delivers both reports, in order.
 func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	stateFile := filepath.Join(t.TempDir(), "coord.json")
 	opts := coord.Options{StateFile: stateFile, LeaseTTL: time.Minute, FailRate: 1, FaultRoutes: []string{coord.RoutePatch}}
@@ -540,6 +549,7 @@ func TestStubKilledMidJobSpoolDeliversInOrder(t *testing.T) {
 // within its budgets and every job still ends where it should, with every
 // report delivered.
 func Test503Storm(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{FailRate: 0.3, Seed: 42}))
@@ -589,6 +599,7 @@ func Test503Storm(t *testing.T) {
 // a while (503s), then succeed again, all before the expiry is near: the job
 // is not stopped and completes.
 func TestRenewalFailingAfterSuccessesIsRetried(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{LeaseTTL: 4 * time.Second})
 	w := newWorld(t, "app")
 	script, started, goFile := w.waitScript(idSteady)
@@ -616,6 +627,7 @@ func TestRenewalFailingAfterSuccessesIsRetried(t *testing.T) {
 // TestHeartbeat401Stops: a factory whose token is revoked is stopped by its
 // heartbeat with a clear *AuthError, at start and while idle.
 func TestHeartbeat401Stops(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	f := newFactory(t, s, w, "revoked", func(c *config.Config, _ *Parts) { c.Heartbeat = 50 * time.Millisecond; c.Poll = 20 * time.Millisecond })
@@ -647,6 +659,7 @@ func TestHeartbeat401Stops(t *testing.T) {
 // TestGateMakesNoClaimWhileVersionUnchanged: with the gate, an idle factory
 // reads the queue-state and makes no claim until the version moves.
 func TestGateMakesNoClaimWhileVersionUnchanged(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
 		w := newWorld(t, "app")
@@ -694,6 +707,7 @@ func TestGateMakesNoClaimWhileVersionUnchanged(t *testing.T) {
 // AQ_FLEET_TOKEN is no longer valid; a credentials file others can read is
 // refused.
 func TestEnrollmentCredentials(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	f := newFactory(t, s, w, "fresh-factory")
@@ -795,6 +809,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 // TestShadowAgreeAndDiverge: shadow mode asks with dryRun (nothing is
 // leased) and counts AGREE and DIVERGE.
 func TestShadowAgreeAndDiverge(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	s.submit(t, idAlpha, "app", "script: true\npriority: high")
@@ -832,6 +847,7 @@ func TestShadowAgreeAndDiverge(t *testing.T) {
 // context is already cancelled is released (not failed): the job goes back
 // to queued at once, no attempt counted.
 func TestStoppedBeforeStartReleasesLease(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour}))
 		w := newWorld(t, "app")
@@ -867,6 +883,7 @@ func TestStoppedBeforeStartReleasesLease(t *testing.T) {
 // and the fail came back 409: the failed job's lease was freed by the reaper,
 // not by its /fleet/fail.
 func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
+	t.Parallel()
 	testenv.Slow(t, "runs fleet jobs through outages, partitions or retry budgets")
 	// The factory counts its lease from the coordinator's Date header less a
 	// second (the header's resolution), then stops a second before that: the
@@ -910,6 +927,7 @@ func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
 // same AQ_HOME sees the job as in flight (not an orphan), and gc leaves its
 // worktree alone; the lock is free again when the job is done.
 func TestRunOnceHoldsTheJobLock(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	script, started, goFile := w.waitScript(idLocked)

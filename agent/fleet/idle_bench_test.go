@@ -94,6 +94,7 @@ func idleClient(tb testing.TB, s *stub) *Client {
 // at all while the queue's version does not move; the plain path's claims
 // are bounded by the idle backoff (at most one per 8×POLL_SECONDS, jittered).
 func TestIdleRequestBudget(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	c := idleClient(t, s)
 	plain := simulateIdleHour(t, s, c, false)

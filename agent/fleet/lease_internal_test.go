@@ -17,6 +17,7 @@ import (
 // the first renewal came after the deadline and a healthy lease was given
 // up without one renewal tried.
 func TestLeaseCadenceFitsBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name        string
 		ttl, every  time.Duration
@@ -50,6 +51,7 @@ func TestLeaseCadenceFitsBeforeTheDeadline(t *testing.T) {
 // lease (the race TestMetricsSeries once lost), and the refusal is neither
 // counted nor a reason to cancel anything.
 func TestRenewalRefusedAfterTheFinalReport(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusConflict)

@@ -155,6 +155,7 @@ func lines(from, n, width int) string {
 // coordinator's copy is the log byte for byte, any number of engine runs
 // of the attempt in one stream.
 func TestLiveLogFlushes(t *testing.T) {
+	t.Parallel()
 	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-flush"))
 	r.write("=== aq job x attempt 1: script at earlier ===\nan earlier attempt\n")
 	s := r.stream(&LiveLogs{Backlog: 256 << 10})
@@ -228,6 +229,7 @@ func TestLiveLogFlushes(t *testing.T) {
 // the gap and the newest output arrive, and the stream's offsets still add
 // up to the log. One warning for the outage, one for the gap.
 func TestLiveLogOutage(t *testing.T) {
+	t.Parallel()
 	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-outage"))
 	s := r.stream(&LiveLogs{Backlog: 128 << 10})
 	ctx := ctxT(t)
@@ -271,6 +273,7 @@ func TestLiveLogOutage(t *testing.T) {
 // one that answers with garbage each stop the stream for good with one
 // line, and nothing more is sent; the job is not touched.
 func TestLiveLogStops(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		opts  coord.Options
@@ -367,6 +370,7 @@ func TestLiveLogStops(t *testing.T) {
 // again from there (the bytes are in its log): the coordinator's copy ends
 // up the log byte for byte.
 func TestLiveLogResync(t *testing.T) {
+	t.Parallel()
 	state := filepath.Join(t.TempDir(), "state.json")
 	var resends atomic.Int64
 	o := coord.Options{StateFile: state, OnCall: func(c coord.Call) {
@@ -440,6 +444,7 @@ func (d *discard) WriteHeader(int)             {}
 // secret learnt after it was written), and offsets count the bytes as
 // streamed.
 func TestLiveLogMasks(t *testing.T) {
+	t.Parallel()
 	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-mask"))
 	red := secrets.NewRedactor(nil)
 	s := r.stream(&LiveLogs{Redactor: red})
@@ -458,6 +463,7 @@ func TestLiveLogMasks(t *testing.T) {
 // A coordinator without the route: one warning, the job ships, its
 // artifact has the output.
 func TestJobStreamsItsLog(t *testing.T) {
+	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
 		w := newWorld(t, "app")
@@ -525,6 +531,7 @@ echo done > done.txt
 // away here): the engine is stopped, nothing is reported, and no chunk of
 // the fenced run is taken after the requeue.
 func TestLiveLogFencesTheRun(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	id := testenv.ID("live-fenced")
@@ -573,6 +580,7 @@ while [ $i -lt 6000 ]; do echo "still working $i"; sleep 0.05; i=$((i+1)); done
 // stream with one warning; the job goes on and ships, and its final
 // artifact is the whole log.
 func TestGarbageLogRouteJobGoesOn(t *testing.T) {
+	t.Parallel()
 	via := &stub{coordtest.StartBehind(t, coord.Options{}, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 			if strings.HasSuffix(q.URL.Path, "/log") {
@@ -617,6 +625,7 @@ echo done > done.txt
 // 409) sends no more chunks — the engine's last lines, written as it is
 // stopped, included.
 func TestLiveLogSilentOnceFenced(t *testing.T) {
+	t.Parallel()
 	r := newLiveRig(t, startStub(t, coord.Options{}), testenv.ID("live-silent-fenced"))
 	s := r.stream(&LiveLogs{})
 	ctx := ctxT(t)
@@ -638,6 +647,7 @@ func TestLiveLogSilentOnceFenced(t *testing.T) {
 // waits, the chunk is refused 409 and fences the run, and the renewal is
 // never sent.
 func TestLiveLogAndRenewalTakeTurns(t *testing.T) {
+	t.Parallel()
 	onWire, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	s := &stub{coordtest.StartBehind(t, coord.Options{}, func(h http.Handler) http.Handler {
@@ -692,6 +702,7 @@ func TestLiveLogAndRenewalTakeTurns(t *testing.T) {
 // behind its "repair N/M" header, the coordinator's copy the attempt's log
 // byte for byte.
 func TestLiveLogCarriesRepairRounds(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
 	id := testenv.ID("live-rounds")

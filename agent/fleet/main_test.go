@@ -37,10 +37,14 @@ func fastBudgets() Budgets {
 // eachRouteSet runs fn once per route set of the stub — full (docs/contract.md)
 // and legacy (the coordinator in service today: no /fleet/fail, accept,
 // deregister) — so the fleet pipeline is held to both (a table over route
-// sets, not copies of tests).
+// sets, not copies of tests). The runs are parallel: each makes its own
+// stub, world and factories (fn must not share state across them).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, rs routeSet)) {
 	for _, name := range coord.RouteSets {
-		t.Run(name, func(t *testing.T) { fn(t, routeSet(name)) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, routeSet(name))
+		})
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 // record; a run with nothing fenced is not marked. Found by the chaos run's
 // "no report lost" invariant (seed 264317234386329).
 func TestEndRecordKeepsAFenceTheDrainLearnt(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 25, 15, 18, 45, 0, time.UTC)
 	out := runner.Outcome{Stage: job.Failed, Reason: job.ReasonLeaseLost, Detail: "the lease could not be renewed"}
 	for _, c := range []struct {

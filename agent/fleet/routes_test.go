@@ -18,6 +18,7 @@ import (
 // TestJudgeBody: what a 404/405's body alone says, for the answers real
 // servers give.
 func TestJudgeBody(t *testing.T) {
+	t.Parallel()
 	express := "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>Error</title>\n</head>\n<body>\n<pre>Cannot POST /api/fleet/fail</pre>\n</body>\n</html>\n"
 	for _, tc := range []struct {
 		name         string
@@ -93,6 +94,7 @@ func (a *ambiguous) seen() []string {
 // have is the job's; a route-level 404 that differs from an unknown path's
 // is the route's own answer, not its absence.
 func TestProbeDecidesAnAmbiguous404(t *testing.T) {
+	t.Parallel()
 	a := &ambiguous{jobs: map[string]bool{"here": true}}
 	srv := httptest.NewServer(a)
 	defer srv.Close()
@@ -127,6 +129,7 @@ func TestProbeDecidesAnAmbiguous404(t *testing.T) {
 // is an error each time, never remembered (a misrouted proxy must not stop
 // a factory for good), and says to check AQ_FLEET_API.
 func TestRouteAbsenceIsRemembered(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	hits := map[string]int{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -167,6 +170,7 @@ func TestRouteAbsenceIsRemembered(t *testing.T) {
 // failOnly with a reason. A field added to FailRequest fails this test
 // until it is one line in failPatch (and PatchRequest) or one in failOnly.
 func TestFailPatchCarriesEveryFailField(t *testing.T) {
+	t.Parallel()
 	var f FailRequest
 	fill(reflect.ValueOf(&f).Elem())
 	p := failPatch(f, "queued")
@@ -247,6 +251,7 @@ func fill(v reflect.Value) {
 
 // TestFailStage: the fallback PATCH's stage.
 func TestFailStage(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		f         FailRequest
 		exhausted bool

@@ -16,6 +16,7 @@ var idSpender = testenv.ID("spender")
 // /fleet/fail carries its insights, so the coordinator's record of the job
 // (its budgets) counts the spend of every attempt, failures included.
 func TestFailCarriesInsights(t *testing.T) {
+	t.Parallel()
 	s := startStub(t, coord.Options{MaxBackoff: time.Millisecond})
 	w := newWorld(t, "app")
 	spend := w.script("spend", "echo '::aq-usage tokens_in=1200 tokens_out=300 tokens_cached=50 cost_usd=0.25 turns=3'\nexit 3\n")

@@ -11,6 +11,7 @@ import (
 )
 
 func TestSpoolOrderAcrossReopen(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "spool")
 	s, err := OpenSpool(dir)
 	if err != nil {
@@ -64,6 +65,7 @@ func TestSpoolOrderAcrossReopen(t *testing.T) {
 }
 
 func TestSpoolCorruptFileIsKeptAside(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "spool")
 	s, _ := OpenSpool(dir)
 	os.WriteFile(filepath.Join(dir, "00000000000000000007-jx.json"), []byte("{not json"), 0o600)
@@ -78,6 +80,7 @@ func TestSpoolCorruptFileIsKeptAside(t *testing.T) {
 }
 
 func TestSpoolConcurrentAppends(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "spool")
 	s1, _ := OpenSpool(dir)
 	s2, _ := OpenSpool(dir) // a second aq process on the host

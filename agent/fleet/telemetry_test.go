@@ -82,6 +82,7 @@ func tracing(t *testing.T, rcv *otlptest.Receiver) *telemetry.Tracing {
 // report's retries as events on its span — and the engine ran with a
 // TRACEPARENT naming its span in that trace.
 func TestFleetJobTrace(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	s := startStubBehind(t, coord.Options{}, failFinalPatches(2))
 	w := newWorld(t, "app")
@@ -152,6 +153,7 @@ func TestFleetJobTrace(t *testing.T) {
 // for good (no retries left: the coordinator dead-letters it) each notify
 // once, after their reports, with the documented fields.
 func TestFleetNotifications(t *testing.T) {
+	t.Parallel()
 	rcv := notifytest.Start(t)
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
@@ -193,6 +195,7 @@ func TestFleetNotifications(t *testing.T) {
 // answers does not hold the job: the final report reaches the coordinator
 // and the run returns while the notification is still in flight.
 func TestHangingReceiverDoesNotDelayReport(t *testing.T) {
+	t.Parallel()
 	rcv := notifytest.Start(t)
 	rcv.Hold()
 	s := startStub(t, coord.Options{})

@@ -12,6 +12,7 @@ import (
 // renewal waits for the attempt; after an attempt the coordinator refused
 // (503) renewals go on, after one it may have taken they never do.
 func TestWireTurn(t *testing.T) {
+	t.Parallel()
 	waited := make(chan struct{}, 1)
 	w := newWireTurn("j", 1, func() { waited <- struct{}{} })
 	ctx := context.Background()
@@ -80,6 +81,7 @@ func TestWireTurnTwoRenewals(t *testing.T) {
 }
 
 func TestUntaken(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		status  int

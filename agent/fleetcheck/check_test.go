@@ -80,6 +80,7 @@ func golden(t *testing.T, name, got string) {
 // park's notBefore and counting the attempt — all with fallbacks, nothing
 // wrong. The check leaves its jobs terminal and holds nothing.
 func TestRouteSets(t *testing.T) {
+	t.Parallel()
 	for _, routes := range coord.RouteSets {
 		t.Run(routes, func(t *testing.T) {
 			t.Parallel()
@@ -113,6 +114,7 @@ func TestRouteSets(t *testing.T) {
 // the rows it breaks and nowhere else: the table is the full set's but for
 // those rows.
 func TestBreaksAreCaught(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		brk  string
 		rows map[string]Verdict
@@ -208,6 +210,7 @@ func submitForeign(t *testing.T, s *coord.Server, api, id string) {
 // at once, unstarted (not an attempt), names it, and goes on by accept —
 // or, without accept, stops there, ending its own job.
 func TestGivesBackAJobNotItsOwn(t *testing.T) {
+	t.Parallel()
 	for _, routes := range coord.RouteSets {
 		t.Run(routes, func(t *testing.T) {
 			t.Parallel()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -191,7 +192,10 @@ func TestConcurrentNextProcesses(t *testing.T) {
 }
 
 // Lock-free reads while jobs move: no errors, no job twice, each entry
-// consistent with its manifest's location.
+// consistent with its manifest's location. The movers take a move from a
+// round's allowance (two per job): moving without pause, two movers could
+// hold the queue's lock so long on a loaded machine that the reads' locked
+// fallback waited a minute; the allowance bounds the work, not the overlap.
 func TestReadsDuringMoves(t *testing.T) {
 	const jobs = 30
 	q, _ := newQueue(t)
@@ -199,6 +203,8 @@ func TestReadsDuringMoves(t *testing.T) {
 		mustSubmit(t, q, mkJob(jobID(i), withRetry(1000)))
 	}
 	stop := make(chan struct{})
+	allowance := make(chan struct{}, 2*jobs)
+	var moved atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 2 {
 		wq := q
@@ -210,7 +216,7 @@ func TestReadsDuringMoves(t *testing.T) {
 				select {
 				case <-stop:
 					return
-				default:
+				case <-allowance:
 				}
 				e, err := wq.Next(nil)
 				if errors.Is(err, ErrNoJob) {
@@ -224,10 +230,14 @@ func TestReadsDuringMoves(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				moved.Add(1)
 			}
 		})
 	}
 	for range 100 {
+		for len(allowance) < cap(allowance) { // this round's moves
+			allowance <- struct{}{}
+		}
 		list, err := q.List()
 		if err != nil {
 			t.Fatal(err)
@@ -255,6 +265,9 @@ func TestReadsDuringMoves(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	if moved.Load() == 0 {
+		t.Fatal("no job moved while the reads ran")
+	}
 	// Nothing was lost: every job is in exactly one stage.
 	for i := range jobs {
 		stageOf(t, q, jobID(i))

@@ -45,22 +45,11 @@ func runDemo(t *testing.T, o Options) (*Summary, string) {
 	return sum, out.String()
 }
 
-// TestFleetDemo runs the whole fleet act: the broker path when Node and the
-// peer's packages are installed, the gated poll path otherwise.
-func TestFleetDemo(t *testing.T) {
-	sum, out := runDemo(t, Options{})
-	if demo.PeerMissing(os.Environ(), demo.FindPeerDir("")) == "" && sum.Path != "broker" {
-		t.Errorf("Node and the peer are installed, but the demo used the %s path (%s)", sum.Path, sum.PathNote)
-	}
-	for _, want := range []string{"kill -9", "the reaper:", "409 Conflict", "aq gc", "Expected events"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("narration lacks %q:\n%s", want, out)
-		}
-	}
-	if len(sum.Checks) < 15 {
-		t.Errorf("only %d checks", len(sum.Checks))
-	}
-}
+// The fleet act on the full route set (the broker path when Node and the
+// peer are installed) is run and held to its checks and narration by
+// cmd/aq/cli's TestDemoWholeBinary, whose act 2 it is: these tests run the
+// act's other two paths, side by side (each has its own workspace, stub,
+// peer and factories).
 
 // TestFleetDemoLegacyRoutes runs the act against today's coordinator (the
 // stub with --routes legacy: no POST /fleet/accept, no /fleet/fail): the
@@ -69,6 +58,7 @@ func TestFleetDemo(t *testing.T) {
 // by a fenced PATCH and lease/release; every other check holds as on the
 // full route set.
 func TestFleetDemoLegacyRoutes(t *testing.T) {
+	t.Parallel()
 	sum, out := runDemo(t, Options{Routes: coord.RoutesLegacy})
 	if sum.Path != "poll" || sum.Routes != coord.RoutesLegacy || !strings.Contains(sum.PathNote, "POST /fleet/accept") {
 		t.Fatalf("path %q (%s), routes %q", sum.Path, sum.PathNote, sum.Routes)
@@ -91,6 +81,7 @@ func TestFleetDemoLegacyRoutes(t *testing.T) {
 // TestFleetDemoWithoutNode hides node from the children's PATH: the demo
 // says so in one line and runs the same story over the gated poll path.
 func TestFleetDemoWithoutNode(t *testing.T) {
+	t.Parallel()
 	env := hideFromPath(t, os.Environ(), "node", "nodejs")
 	sum, out := runDemo(t, Options{Env: env})
 	if sum.Path != "poll" || !strings.Contains(sum.PathNote, "node") {

@@ -135,6 +135,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // job; requeue through r and y, after which the job really is in the inbox;
 // a resize; Ctrl-C exits 0 and gives the terminal back.
 func TestBoardTmuxLocal(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	testenv.Slow(t, "drives the live board in a real tmux")
 	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
@@ -419,6 +420,7 @@ func TestStatusIntervalBadInput(t *testing.T) {
 // a person (claude's stream-json here), ending when the job ends; --raw
 // gives the engine's own lines; an unknown job is one line and exit 2.
 func TestJobLogsFollowLocal(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	stream := filepath.Join(mark, "stream.jsonl")

@@ -13,6 +13,7 @@ import (
 // TestJobCommands: show, logs, requeue, ship and reject on real jobs, and a
 // usage error (exit 2, one line) for an unknown or invalid id.
 func TestJobCommands(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Repo(t, "app", nil)
 	built, flop := testenv.ID("built"), testenv.ID("flop")

@@ -19,6 +19,7 @@ import (
 // A job that will be retried says nothing. The URL (with its token) is in
 // no log line and `aq config` masks it.
 func TestRunNotifies(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	fakeGH(t, h)
 	repo := h.Repo(t, "app", nil)
@@ -86,6 +87,7 @@ func TestRunNotifies(t *testing.T) {
 // A bad AQ_NOTIFY_URL (or --notify-url-file content): one line, exit 2,
 // nothing taken, and the value is not quoted.
 func TestRunBadNotifyURL(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "kept", scriptJob("app", "echo x > x.txt", "ship: branch"))

@@ -19,6 +19,7 @@ import (
 // next claude job waits on the hold; `aq caps --json` lists the hold; a
 // requeue by hand clears the job's own wait but not the engine's hold.
 func TestRunOnceParks(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Repo(t, "app", nil)
 	reset := time.Now().Add(2 * time.Hour).Truncate(time.Second)

@@ -73,6 +73,7 @@ func TestReadmeEngineManifestIsValid(t *testing.T) {
 // aq's in the environment: a README edit that breaks it fails here. Then
 // it checks what the README says the commands print and do.
 func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	if testing.Short() {
 		t.Skip("runs the aq binary")
 	}

@@ -62,6 +62,7 @@ func (e *daemonEnv) advertises(repo string) bool {
 // — the default cadence is five minutes: the repo base's change is what
 // triggers the detection.
 func TestDaemonHeartbeatFollowsTheRepoBase(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	e := newDaemonEnv(t, false)
 	p := e.startDaemon()
 	e.waitFor(p, "the first heartbeat offering app", func() bool { return e.advertises("app") })

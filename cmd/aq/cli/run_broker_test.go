@@ -129,6 +129,7 @@ func TestRunJobByID(t *testing.T) {
 // Flags that do not parse or do not fit are exit 2 before anything is
 // dialled.
 func TestRunReplicaFlagsExit2(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	e := newDaemonEnv(t, false)
 	for _, c := range []struct {
 		args []string

@@ -543,6 +543,7 @@ func TestRunHomeNotWritable(t *testing.T) {
 // would take and why it waits (here: its engine is not installed), how many
 // more wait, and says so when nothing is queued at all.
 func TestRunOnceSaysWhyNothingRuns(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Repo(t, "app", nil)
 	bin := t.TempDir()

@@ -96,6 +96,7 @@ func TestSelftestJSON(t *testing.T) {
 // TestSelftestGitMissing runs the built binary with git off PATH: the host
 // group fails (exit 1) and the git check says why in one line.
 func TestSelftestGitMissing(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	bin := testenv.BuildAQ(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "bin")

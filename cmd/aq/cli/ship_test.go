@@ -42,6 +42,7 @@ echo "fake gh: unexpected $*" >&2; exit 1
 // engine's .aq_pr.md as its body (never committed), and records the URL;
 // ship: merge also enables auto-merge with branch deletion.
 func TestShipPRAndMerge(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	calls, body := fakeGH(t, h)
 	repo := h.Repo(t, "app", nil)
@@ -82,6 +83,7 @@ func TestShipPRAndMerge(t *testing.T) {
 // TestShipPRWithoutGH: gh missing is caught before any worktree is made,
 // as capability_mismatch naming has:gh.
 func TestShipPRWithoutGH(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Env = append(h.Env, "PATH=/usr/bin:/bin") // no gh here
 	if _, err := os.Stat("/usr/bin/gh"); err == nil {

@@ -13,6 +13,7 @@ import (
 // job with its pid and age (not mistaken for an orphan), blocked jobs and
 // why, inbox jobs this host cannot run and why, and failed jobs.
 func TestStatusBoard(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	h.Repo(t, "other", nil)

@@ -30,6 +30,7 @@ func queued(t *testing.T, h *testenv.Home, stage string) []string {
 // TestSubmitInvalidManifest: errors are FILE:LINE lines, exit 2, and nothing
 // of the batch is enqueued.
 func TestSubmitInvalidManifest(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	dir := t.TempDir()
 	good := testenv.Manifest(t, dir, "good", scriptJob("app", "true"))
@@ -71,6 +72,7 @@ func TestSubmitInvalidManifest(t *testing.T) {
 // TestSubmitDuplicates: a second job with an existing idempotencyKey is
 // refused naming the existing job; so is an existing id.
 func TestSubmitDuplicates(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	dir := t.TempDir()
 	first := testenv.Manifest(t, dir, "first", scriptJob("app", "true", "idempotencyKey: TRACK-1234"))

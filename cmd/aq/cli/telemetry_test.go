@@ -20,6 +20,7 @@ import (
 // the engine saw TRACEPARENT naming its own span in the job's trace, and
 // never the exporter's credentials (which the collector did get).
 func TestRunTracesLocalJob(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h, mark := markedHome(t)
 	h.Repo(t, "app", nil)
 	rcv := otlptest.Start(t)
@@ -110,6 +111,7 @@ echo '::aq-usage tokens_in=1200 tokens_out=300 tokens_cached=7 cost_usd=0.125 tu
 
 // Bad OTEL_* input is one clear line and exit 2, before any job is taken.
 func TestRunBadOTELEndpoint(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "untouched", scriptJob("app", "echo x > x.txt", "ship: branch"))
@@ -138,6 +140,7 @@ func TestRunBadOTELEndpoint(t *testing.T) {
 // A collector that is down: the job runs and ships as without tracing; the
 // log says once that spans are dropped.
 func TestRunOTLPEndpointDown(t *testing.T) {
+	t.Parallel() // its own home, repos and processes: it runs beside the others
 	h := binHome(t)
 	h.Repo(t, "app", nil)
 	h.Submit(t, "untraced", scriptJob("app", "echo x > x.txt", "ship: branch"))
