@@ -14,6 +14,7 @@ import (
 	"github.com/aqfleet/aq/agent/manifest"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/coord/coordtest"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -129,6 +130,10 @@ func TestBreaksAreCaught(t *testing.T) {
 	} {
 		t.Run(tc.brk, func(t *testing.T) {
 			t.Parallel()
+			if tc.brk == coord.BreakFrozenVersion {
+				// The check waits up to 10 s for a due version that never moves.
+				testenv.Slow(t, "waits out the check's 10 s for a parked job's version to move")
+			}
 			rep, _ := check(t, coord.Options{Breaks: []string{tc.brk}})
 			for _, row := range rep.Rows {
 				want, broken := tc.rows[row.ID]

@@ -67,6 +67,7 @@ func (l *eventLog) kinds(kind string) []string {
 // to origin's aq/wip/<id>, without touching the worktree's index.lock (the
 // engine holds it throughout and checks it is still its own).
 func TestPeriodicCheckpointsWhileTheEngineRuns(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 250 * time.Millisecond
 	origin := testenv.AddOrigin(t, f.repo)
@@ -121,6 +122,7 @@ func TestPeriodicCheckpointsWhileTheEngineRuns(t *testing.T) {
 // refused as stale: the final checkpoint stayed on this host, origin kept
 // the older one. aq now asks origin about a push in doubt first.
 func TestFinalPushAfterAStoppedPeriodicPush(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	testenv.Slow(t, "waits out git's WaitDelay after the stopped push")
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
@@ -152,6 +154,7 @@ func TestFinalPushAfterAStoppedPeriodicPush(t *testing.T) {
 // An engine that changes nothing between two intervals costs no commit and
 // no push.
 func TestPeriodicCheckpointUnchangedIsFree(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
 	testenv.AddOrigin(t, f.repo)
@@ -183,6 +186,7 @@ func TestPeriodicCheckpointUnchangedIsFree(t *testing.T) {
 // against the clock of a whole run; a step count here would assume the
 // checkpoint keeps pace with the engine on a loaded machine.)
 func TestPreemptionLosesAtMostOneInterval(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	const interval, step = 300 * time.Millisecond, 100 * time.Millisecond
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = interval
@@ -245,6 +249,7 @@ func (l *atomicLease) Held(time.Duration) bool { return l.held.Load() }
 // pushed it was lost before its PATCH went out). The next run resumes from
 // origin's, which descends from the recorded one.
 func TestResumeFromANewerPushedCheckpoint(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
 	j := f.job("newer", "echo one > one.txt\nexit 1\n")
@@ -284,6 +289,7 @@ func (l *flakyLease) Held(time.Duration) bool { return l.refusals.Add(-1) < 0 }
 // nothing since: found by the scale-to-zero act, where an engine that had
 // made its change and then waited never had its work on origin.
 func TestPeriodicCheckpointPushIsRetried(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
 	testenv.AddOrigin(t, f.repo)
@@ -315,6 +321,7 @@ func (l *laggingLease) Held(time.Duration) bool { return l.confirms.Load() == 0 
 // alone could land after the job went to another factory (found by the
 // chaos run: a WIP push a few ms after the new owner took the job).
 func TestPeriodicPushConfirmsTheLease(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
 	origin := testenv.AddOrigin(t, f.repo)
@@ -340,6 +347,7 @@ func TestPeriodicPushConfirmsTheLease(t *testing.T) {
 // chaos run: a WIP push 0.9 s after the requeue, 0.7 s after the other
 // factory's claim).
 func TestFinalPushConfirmsTheLease(t *testing.T) {
+	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
 	j := f.job("final-preempted", "echo once > once.txt\nexit 1\n")

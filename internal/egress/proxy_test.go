@@ -371,9 +371,10 @@ func TestProxyIdleTunnelEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
 	stop := make(chan struct{})
-	defer close(stop)
+	// Cleanups, not defers: the parallel modes below run after this
+	// function returns, and need the server until they end.
+	t.Cleanup(func() { close(stop); ln.Close() })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -405,6 +406,7 @@ func TestProxyIdleTunnelEnds(t *testing.T) {
 	const idle = 2 * time.Second // a hundred ticks: a busy direction is never mistaken for an idle one
 	for _, mode := range []string{"watched", "copied"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel() // each its own proxy; both wait out the idle time
 			o := Options{Rules: mustRules(t, "127.0.0.1"), IdleTimeout: idle}
 			if mode == "copied" {
 				// Not a *net.TCPConn: no kernel account, each direction
