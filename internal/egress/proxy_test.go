@@ -29,6 +29,19 @@ import (
 func startProxy(t *testing.T, o Options, sock bool) *Proxy {
 	t.Helper()
 	o.TCP = true
+	// No packet leaves the host, whatever the proxy decides: with the real
+	// dialer, a dial to anything but loopback fails the test instead of
+	// being made (a test's own Dial is a fake, or dials its loopback server).
+	if o.Dial == nil {
+		o.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if ap, err := netip.ParseAddrPort(addr); err != nil || !ap.Addr().Unmap().IsLoopback() {
+				t.Errorf("the proxy dialled %s: only loopback may be dialled in a test", addr)
+				return nil, fmt.Errorf("test: %s is not loopback", addr)
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+	}
 	if sock {
 		dir, err := os.MkdirTemp("", "egress") // short: a socket path is at most 107 bytes
 		if err != nil {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -41,7 +42,7 @@ req() { exec 3<>/dev/tcp/${hp%:*}/${hp##*:} && printf "$1" >&3 && cat <&3; exec 
 req "GET http://127.0.0.1:`+port+`/pkg HTTP/1.0\r\n\r\n" > allowed.txt
 req "CONNECT registry.npmjs.org:443 HTTP/1.0\r\n\r\n" > refused.txt
 req "CONNECT registry.npmjs.org:443 HTTP/1.0\r\n\r\n" >> refused.txt
-req "GET http://169.254.169.254/latest/meta-data/ HTTP/1.0\r\n\r\n" > metadata.txt
+req "GET http://127.0.0.2:`+port+`/pkg HTTP/1.0\r\n\r\n" > special.txt
 SH`, "ship: branch"))
 	h.Env = append(h.Env, "AQ_SANDBOX_NET=github.com, exa mple.com")
 	r := h.Run(t, "run", "--once")
@@ -71,16 +72,17 @@ SH`, "ship: branch"))
 	if got := files["refused.txt"]; strings.Count(got, "403 Forbidden") != 2 || !strings.Contains(got, "registry.npmjs.org is not allowed: add it to AQ_SANDBOX_NET") {
 		t.Errorf("a host not named: %q", got)
 	}
-	if got := files["metadata.txt"]; !strings.Contains(got, "169.254.169.254 is a link-local address") {
-		t.Errorf("the metadata service: %q", got)
+	// A special address not named is refused before any dial.
+	if got := files["special.txt"]; !strings.Contains(got, "127.0.0.2 is a loopback address") {
+		t.Errorf("a special address not named: %q", got)
 	}
 	in := v.State.Insights
 	if in == nil || len(in.EgressRefused) != 2 || in.EgressRefused[0].Host != "registry.npmjs.org" || in.EgressRefused[0].Count != 2 ||
-		in.EgressRefused[1].Host != "169.254.169.254" || in.EgressRefused[1].Port != 80 {
+		in.EgressRefused[1].Host != "127.0.0.2" || fmt.Sprint(in.EgressRefused[1].Port) != port {
 		t.Fatalf("insights: %+v", in)
 	}
 	text := h.Run(t, "job", "show", testenv.ID("net"))
-	for _, want := range []string{"egress refused", "registry.npmjs.org:443  2×  registry.npmjs.org is not allowed", "169.254.169.254:80  1×"} {
+	for _, want := range []string{"egress refused", "registry.npmjs.org:443  2×  registry.npmjs.org is not allowed", "127.0.0.2:" + port + "  1×"} {
 		if !strings.Contains(text.Stdout, want) {
 			t.Errorf("aq job show lacks %q:\n%s", want, text.Stdout)
 		}
