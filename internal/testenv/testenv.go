@@ -361,7 +361,23 @@ func (h *Home) RunE(tb testing.TB, args ...string) (Result, error) {
 	if h.Bin == "" {
 		return Result{}, errors.New("testenv: Home.Bin is not set")
 	}
-	cmd := h.Command(tb, args...)
+	return runCmd(h.Command(tb, args...))
+}
+
+// RunCmd runs cmd — an aq command from Command that the test has changed
+// (another program in front of it, a namespace of its own), or a process
+// group of its own — and returns what it printed and its exit status, as
+// Run does; a start failure or a deadlock fails the test.
+func RunCmd(tb testing.TB, cmd *exec.Cmd) Result {
+	tb.Helper()
+	res, err := runCmd(cmd)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return res
+}
+
+func runCmd(cmd *exec.Cmd) (Result, error) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {

@@ -3,13 +3,11 @@
 package cli
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/internal/process"
@@ -32,16 +30,7 @@ func inSmallHome(t *testing.T, h *testenv.Home, size, script string) testenv.Res
 	cmd.Env = append(h.Environ(), "AQ="+h.Bin)
 	cmd.Dir = h.RepoBase
 	process.SetGroup(cmd)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return testenv.RunCmd(t, cmd)
 }
 
 // Finding 8: a full disk is the host's fault. $AQ_HOME on a real file

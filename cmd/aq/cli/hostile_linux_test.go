@@ -1,13 +1,13 @@
 package cli
 
 import (
-	"bytes"
 	"encoding/json"
 	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -250,21 +250,9 @@ func TestSandboxWhereUserNamespacesAreBlocked(t *testing.T) {
 	run := func(mode string) testenv.Result {
 		t.Helper()
 		cmd := h.Command(t, "run", "--once")
-		cmd.Path, cmd.Args = "/bin/sh", []string{"/bin/sh", "-c", `echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" run --once`, h.Bin}
 		cmd.Env = append(cmd.Env, "AQ_SANDBOX="+mode)
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
+		withoutUserNamespaces(cmd, h.Bin, `run --once`)
+		return testenv.RunCmd(t, cmd)
 	}
 
 	h.Submit(t, "blocked-on", scriptJob("app", "echo x > x.txt", "ship: branch"))
@@ -305,20 +293,9 @@ func TestSelftestSandbox(t *testing.T) {
 		cmd := h.Command(t, "selftest", "--only", `^pipeline\.sandbox\.`, "--json")
 		cmd.Env = append(cmd.Env, "AQ_SANDBOX="+mode)
 		if blocked {
-			cmd.Path, cmd.Args = "/bin/sh", []string{"/bin/sh", "-c", `echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" selftest --only '^pipeline\.sandbox\.' --json`, h.Bin}
-			cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
-			cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
-			cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+			withoutUserNamespaces(cmd, h.Bin, `selftest --only '^pipeline\.sandbox\.' --json`)
 		}
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := testenv.RunCmd(t, cmd)
 		var rep struct {
 			Checks []struct{ Name, Status, Reason string }
 		}
@@ -351,4 +328,14 @@ func TestSelftestSandbox(t *testing.T) {
 			t.Errorf("AQ_SANDBOX=%s, user namespaces blocked %v: %v, want %v", tc.mode, tc.blocked, got, tc.want)
 		}
 	}
+}
+
+// withoutUserNamespaces makes cmd run aq (bin, with args as a shell would
+// read them) where user namespaces are blocked: in a user namespace of its
+// own whose max_user_namespaces is 0, as on a host that restricts them.
+func withoutUserNamespaces(cmd *exec.Cmd, bin, args string) {
+	cmd.Path, cmd.Args = "/bin/sh", []string{"/bin/sh", "-c", `echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" ` + args, bin}
+	cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
+	cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+	cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
 }
