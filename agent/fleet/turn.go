@@ -41,30 +41,16 @@ func newWireTurn(jobID string, epoch int64, waits func()) *wireTurn {
 // renewal takes the wire for a renewal, waiting while a report attempt is on
 // it; false when ctx ended or the report may have ended the lease.
 func (w *wireTurn) renewal(ctx context.Context) bool {
-	said := false
-	for {
-		w.mu.Lock()
+	return w.await(ctx, w.renewalWaits, func() (got, never bool) {
 		if w.taken {
-			w.mu.Unlock()
-			return false
+			return false, true
 		}
 		if !w.sending {
 			w.renewing++
-			w.mu.Unlock()
-			return true
+			return true, false
 		}
-		ch := w.changed
-		w.mu.Unlock()
-		if !said && w.renewalWaits != nil {
-			said = true
-			w.renewalWaits()
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		}
-	}
+		return false, false
+	})
 }
 
 // renewed gives the wire back after a renewal.
@@ -78,28 +64,7 @@ func (w *wireTurn) renewed() {
 // send takes the wire for one attempt of the report, waiting while a
 // renewal is on it; false when ctx ended first (the attempt then fails on
 // ctx without being sent).
-func (w *wireTurn) send(ctx context.Context) bool {
-	said := false
-	for {
-		w.mu.Lock()
-		if w.renewing == 0 && !w.sending {
-			w.sending = true
-			w.mu.Unlock()
-			return true
-		}
-		ch := w.changed
-		w.mu.Unlock()
-		if !said && w.waits != nil {
-			said = true
-			w.waits()
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
+func (w *wireTurn) send(ctx context.Context) bool { return w.await(ctx, w.waits, w.takeSending) }
 
 // sent gives the wire back after a report attempt; taken says the
 // coordinator may have acted on it (then no renewal follows, ever).
@@ -111,26 +76,45 @@ func (w *wireTurn) sent(taken bool) {
 	w.mu.Unlock()
 }
 
-func (w *wireTurn) signal() {
-	close(w.changed)
-	w.changed = make(chan struct{})
-}
-
 // beside takes the wire for a call of the job's that is no report (a live
 // log chunk), waiting while a renewal or a report attempt is on it; false
 // when ctx ended first. So a renewal and a chunk are never on the wire
 // together: after one of them is refused 409, the other sees the fence
 // before it is sent (a fenced factory sends nothing more).
-func (w *wireTurn) beside(ctx context.Context) bool {
+func (w *wireTurn) beside(ctx context.Context) bool { return w.await(ctx, nil, w.takeSending) }
+
+// besideDone gives the wire back after a call beside the report; it never
+// ends renewals.
+func (w *wireTurn) besideDone() { w.sent(false) }
+
+// takeSending takes the wire for a report attempt or a call beside it when
+// nothing is on it (w.mu held).
+func (w *wireTurn) takeSending() (got, never bool) {
+	if w.renewing == 0 && !w.sending {
+		w.sending = true
+		return true, false
+	}
+	return false, false
+}
+
+// await calls take (with w.mu held) at every change of the wire until it
+// got the wire, or says it never will, or ctx ends; waits, if set, is
+// called once, the first time it has to wait.
+func (w *wireTurn) await(ctx context.Context, waits func(), take func() (got, never bool)) bool {
+	said := false
 	for {
 		w.mu.Lock()
-		if w.renewing == 0 && !w.sending {
-			w.sending = true
+		got, never := take()
+		if got || never {
 			w.mu.Unlock()
-			return true
+			return got
 		}
 		ch := w.changed
 		w.mu.Unlock()
+		if !said && waits != nil {
+			said = true
+			waits()
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -139,13 +123,9 @@ func (w *wireTurn) beside(ctx context.Context) bool {
 	}
 }
 
-// besideDone gives the wire back after a call beside the report; it never
-// ends renewals.
-func (w *wireTurn) besideDone() {
-	w.mu.Lock()
-	w.sending = false
-	w.signal()
-	w.mu.Unlock()
+func (w *wireTurn) signal() {
+	close(w.changed)
+	w.changed = make(chan struct{})
 }
 
 // turnKey carries a lease's wireTurn in its terminal report's context
