@@ -87,6 +87,7 @@ func (l *LiveLogs) Start(ctx context.Context, c *Claim, lease RunLease, log *slo
 		s.pos = st.Size() // earlier attempts on this host: not this run's
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
+	s.quit = make(chan struct{})
 	s.wg.Add(1)
 	go s.loop(ctx)
 	return s
@@ -116,6 +117,7 @@ type LogStream struct {
 	log            *slog.Logger
 	lease          RunLease
 	cancel         context.CancelFunc
+	quit           chan struct{} // closed by Close: no flush after the one under way
 	wg             sync.WaitGroup
 	closeOnce      sync.Once
 	mu             sync.Mutex // guards stats
@@ -164,23 +166,42 @@ func (s *LogStream) Stats() LogStats {
 
 // Close stops the flush loop and, with flush (the run was not fenced),
 // sends what the log gained since and the stream's end, within a few
-// seconds: what does not go through is in the final artifact.
+// seconds: what does not go through is in the final artifact. A chunk on
+// the wire when Close is called is let finish within that budget rather
+// than cut off (cut off, the coordinator may have taken it and the last
+// flush would only send it again); without flush it is cut off at once.
 func (s *LogStream) Close(ctx context.Context, flush bool) LogStats {
 	if s == nil {
 		return LogStats{}
 	}
 	s.closeOnce.Do(func() {
-		s.cancel()
-		s.wg.Wait()
-		if flush && !s.stopped {
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), logFinalBudget)
-			defer cancel()
-			s.tick(fctx, true)
+		if flush {
+			s.finish(ctx)
+		} else {
+			s.cancel()
+			s.wg.Wait()
 		}
 		st := s.Stats()
 		s.log.Debug("live log closed", "chunks", st.Chunks, "requests", st.Requests, "bytes", st.Bytes, "gaps", st.Gaps, "ended", st.Ended, "stopped", st.Stopped)
 	})
 	return s.Stats()
+}
+
+// finish lets the flush under way end and sends the rest, all within
+// logFinalBudget.
+func (s *LogStream) finish(ctx context.Context) {
+	defer s.cancel()
+	deadline := time.Now().Add(logFinalBudget)
+	close(s.quit)
+	cut := time.AfterFunc(logFinalBudget, s.cancel)
+	s.wg.Wait()
+	cut.Stop()
+	if s.stopped {
+		return
+	}
+	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	s.tick(fctx, true)
 }
 
 // loop flushes at most once every Every: at once when the log grows after
@@ -197,6 +218,8 @@ func (s *LogStream) loop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-s.quit:
 			return
 		case <-t.C:
 		}

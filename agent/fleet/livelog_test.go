@@ -269,6 +269,42 @@ func TestLiveLogOutage(t *testing.T) {
 	}
 }
 
+// TestLiveLogCloseLetsTheChunkOnTheWireEnd: a job that ends while a chunk
+// is on its way to the coordinator does not cut that request off (the
+// coordinator may take it anyway, and the last flush would send it again):
+// Close waits for its answer, then sends the end — two requests, the
+// first never abandoned.
+func TestLiveLogCloseLetsTheChunkOnTheWireEnd(t *testing.T) {
+	t.Parallel()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var gated atomic.Bool
+	gate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/log") && gated.CompareAndSwap(false, true) {
+				close(arrived)
+				<-release
+			}
+			next.ServeHTTP(w, r) // taken even if the client gave up, as a real server may
+		})
+	}
+	r := newLiveRig(t, startStubBehind(t, coord.Options{}, gate), testenv.ID("live-close"))
+	l := &LiveLogs{Client: r.c, LogsDir: r.logs, Every: 10 * time.Millisecond, Log: newTestLogger(r.logBuf)}
+	s := l.Start(context.Background(), r.claim, r, l.Log)
+	t.Cleanup(func() { s.Close(context.Background(), false) })
+	r.write("the job's only line\n")
+	<-arrived
+	closed := make(chan LogStats, 1)
+	go func() { closed <- s.Close(ctxT(t), true) }()
+	// The coordinator answers once Close has had the time to cut the
+	// request off (if it were to: it would then send the chunk again).
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	st := <-closed
+	if st.Requests != 2 || st.Chunks != 2 || !st.Ended || r.text() != "the job's only line\n" {
+		t.Fatalf("stream %+v, text %q; want two requests: the chunk and the end", st, r.text())
+	}
+}
+
 // TestLiveLogStops: a fenced run (409), a coordinator without the route and
 // one that answers with garbage each stop the stream for good with one
 // line, and nothing more is sent; the job is not touched.
