@@ -92,9 +92,16 @@ func listPids() ([]int, error) {
 // readProcFile reads /proc/<pid>/<name> into buf, which it returns (perhaps
 // grown) for reuse; ok is false when the file cannot be opened.
 func readProcFile(pid int, name string, buf []byte) (_ []byte, ok bool) {
+	buf, err := readProcFileErr(pid, name, buf)
+	return buf, err == nil
+}
+
+// readProcFileErr is readProcFile with the reason a file could not be
+// opened.
+func readProcFileErr(pid int, name string, buf []byte) ([]byte, error) {
 	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/"+name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return buf[:0], false // gone, or not ours to read
+		return buf[:0], err // gone, or not ours to read
 	}
 	defer syscall.Close(fd)
 	buf = buf[:0]
@@ -107,10 +114,37 @@ func readProcFile(pid int, name string, buf []byte) (_ []byte, ok bool) {
 			continue
 		}
 		if err != nil || n <= 0 {
-			return buf, true // a read error is a process exiting under us: take what we got
+			return buf, nil // a read error is a process exiting under us: take what we got
 		}
 		buf = buf[:len(buf)+n]
 	}
+}
+
+// readEnviron reads pid's environment. A process whose main thread has
+// exited while others run (pthread_exit in main; or, for an instant,
+// another thread in the middle of an execve) is a zombie leader: its own
+// environ answers ESRCH, and the environment is read through one of its
+// live threads instead — the process runs, and may hold a job's tag.
+func readEnviron(pid int, buf []byte) ([]byte, bool) {
+	buf, err := readProcFileErr(pid, "environ", buf)
+	if err != syscall.ESRCH {
+		return buf, err == nil
+	}
+	d, err := os.Open("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return buf, false
+	}
+	tids, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, tid := range tids {
+		if tid == strconv.Itoa(pid) {
+			continue
+		}
+		if b, err := readProcFileErr(pid, "task/"+tid+"/environ", buf); err == nil {
+			return b, true
+		}
+	}
+	return buf, false
 }
 
 // hasTag reports whether pid's environment holds every entry of want. buf
@@ -124,7 +158,7 @@ func hasTag(pid int, want [][]byte, buf []byte) (bool, []byte) {
 // a process in the middle of an execve shows one for an instant, and must
 // not be mistaken for an untagged process.
 func hasTagOrEmpty(pid int, want [][]byte, buf []byte) (bool, bool, []byte) {
-	buf, ok := readProcFile(pid, "environ", buf)
+	buf, ok := readEnviron(pid, buf)
 	if !ok {
 		return false, false, buf
 	}
@@ -173,7 +207,7 @@ func readStat(pid int, buf []byte) (st procStat, ok bool, _ []byte) {
 // parseStat parses the contents of /proc/<pid>/stat:
 // "pid (comm) state ppid pgrp ... starttime ...". comm may hold anything,
 // spaces and parentheses included, so fields are counted from the last ')':
-// state is field 3, pgrp 5, starttime 22.
+// state is field 3, pgrp 5, flags 9, num_threads 20, starttime 22.
 func parseStat(b []byte) (st procStat, ok bool) {
 	open, shut := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
 	if open < 1 || shut < open {
@@ -198,17 +232,22 @@ func parseStat(b []byte) (st procStat, ok bool) {
 	}
 	pgid, err1 := strconv.Atoi(string(f[2]))
 	start, err2 := strconv.ParseUint(string(f[19]), 10, 64)
-	flags, err3 := strconv.ParseUint(string(f[6]), 10, 64) // field 9
-	if err1 != nil || err2 != nil || err3 != nil {
+	flags, err3 := strconv.ParseUint(string(f[6]), 10, 64)    // field 9
+	threads, err4 := strconv.ParseUint(string(f[17]), 10, 64) // field 20
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return st, false
 	}
+	// A zombie is dead unless it is a leader whose threads still run (its
+	// main thread exited): the state is the leader's, the count the group's.
 	state := f[0][0]
+	live := state != 'Z' && state != 'X' && state != 'x' || threads > 1
 	const pfKthread = 0x00200000
-	return procStat{pid: pid, pgid: pgid, start: start, live: state != 'Z' && state != 'X' && state != 'x', kthread: flags&pfKthread != 0}, true
+	return procStat{pid: pid, pgid: pgid, start: start, live: live, kthread: flags&pfKthread != 0}, true
 }
 
 // Alive reports whether pid is a running process: it exists and is not a
-// zombie (an exited process its parent has not reaped yet is dead). Any
+// zombie (an exited process its parent has not reaped yet is dead; one
+// whose main thread exited while other threads run is not). Any
 // user's process counts: /proc/<pid>/stat is readable by all.
 func Alive(pid int) bool {
 	if pid <= 0 {

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -22,6 +23,8 @@ func TestParseStat(t *testing.T) {
 	}{
 		{"23781 (process.test) S 1 23775 9840 0 -1 4228108 47" + tail, procStat{23781, 23775, 70706, true, false}, true},
 		{"23781 (process.test) Z 1 23775 9840 0 -1 4228108 47" + tail, procStat{23781, 23775, 70706, false, false}, true},
+		// a leader whose main thread exited while another runs (2 threads)
+		{"23781 (a.out) Z 1 23775 9840 0 -1 4228108 47 0 0 0 0 0 0 0 20 0 2 0 70706 0 0 18446744073709551615\n", procStat{23781, 23775, 70706, true, false}, true},
 		{"7 (a) Z 1 2 (b) c) R 1 42 9840 0 -1 4228108 47" + tail, procStat{7, 42, 70706, true, false}, true},
 		{"2 (kthreadd) S 0 0 0 0 -1 2129984 0" + tail, procStat{2, 0, 70706, true, true}, true},
 		{"7 (sh) R 1 42 9840 0 -1 4228108 47 0 0", procStat{}, false}, // cut short
@@ -126,6 +129,56 @@ func TestSweepSeesProcessesMidExec(t *testing.T) {
 		if len(left) > 0 {
 			t.Fatalf("iteration %d: the sweep (which found %d) left %v alive", i, n, left)
 		}
+	}
+}
+
+// TestSweepFindsALeaderThatExited: a process whose main thread has exited
+// while another runs on (pthread_exit in main) looks like a zombie in
+// /proc/<pid>/stat, and its environ answers ESRCH; it is alive, and a job's
+// sweep must find it by its tag through a live thread, and kill it.
+func TestSweepFindsALeaderThatExited(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler to build testdata/leaderexits.c")
+	}
+	bin := filepath.Join(t.TempDir(), "leaderexits")
+	if out, err := exec.Command(cc, "-pthread", "-o", bin, "testdata/leaderexits.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	tag := fmt.Sprintf("leader-%d-%d", os.Getpid(), time.Now().UnixNano())
+	cmd := exec.Command(bin)
+	cmd.Env = withTag([]string{"PATH=/usr/bin:/bin"}, tag, "", "r1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	pid := cmd.Process.Pid
+	for { // until the main thread has exited
+		b, ok := readProcFile(pid, "stat", nil)
+		if !ok {
+			t.Fatal("the process is gone")
+		}
+		if f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:]); len(f) > 17 && string(f[0]) == "Z" && string(f[17]) == "2" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !Alive(pid) {
+		t.Error("Alive: a process whose threads run counts as dead")
+	}
+	if found, err := FindTagged(tag); err != nil || !slices.Equal(found, []int{pid}) {
+		t.Fatalf("FindTagged = %v, %v; want [%d]", found, err, pid)
+	}
+	n, err := KillTagged(context.Background(), tag, time.Second)
+	if err != nil || n != 1 {
+		t.Fatalf("KillTagged = %d, %v", n, err)
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the sweep left the process alive")
 	}
 }
 
