@@ -126,14 +126,25 @@ func TestSupervisorDoneLeavesTheGroupAlone(t *testing.T) {
 func TestSupervisorSparesTheNextRun(t *testing.T) {
 	tag := fmt.Sprintf("sup-next-%d-%d", os.Getpid(), time.Now().UnixNano())
 	self, _ := os.Executable()
+	// Each sleeper is ready (its signal dispositions in place: a child
+	// started with SIGINT ignored executes itself again first) before the
+	// supervisor looks: this test is about which run it stops, not about
+	// a process caught in the middle of an execve (proc_linux_test.go).
 	sleeper := func(run string) *exec.Cmd {
 		c := exec.Command(self)
-		c.Env = append(os.Environ(), childModeEnv+"=sleep", process.TagEnv+"="+tag, process.RunEnv+"="+run)
+		c.Env = append(os.Environ(), childModeEnv+"=ready-sleep", process.TagEnv+"="+tag, process.RunEnv+"="+run)
 		process.SetGroup(c)
+		out, err := c.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = process.KillGroup(c.Process.Pid); _ = c.Wait() })
+		if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+			t.Fatalf("sleeper %s: %q", run, line)
+		}
 		return c
 	}
 	straggler, next := sleeper("run-1"), sleeper("run-2")
