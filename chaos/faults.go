@@ -53,7 +53,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 	rec := FaultRecord{Fault: f}
-	if f.factoryFault() {
+	if f.factoryFault() && f.Kind != KindKill9Sandboxed { // that one picks its factory (lockStraggler)
 		fa := r.facts[f.Target]
 		fa.faultMu.Lock()
 		defer fa.faultMu.Unlock()
@@ -73,21 +73,24 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 		sleepCtx(ctx, f.Down)
 		r.restart(fa, &rec)
 	case KindKill9Sandboxed:
-		fa := r.facts[f.Target]
 		if !r.stragglers {
 			rec.Start = time.Now().UTC()
 			rec.End, rec.Detail = rec.Start, "not run: "+r.res.SandboxWhy
-			r.logf("FAULT kill -9 %s under a sandboxed engine: not run (%s)", fa.id, r.res.SandboxWhy)
+			r.logf("FAULT kill -9 %s under a sandboxed engine: not run (%s)", r.facts[f.Target].id, r.res.SandboxWhy)
 			break
 		}
-		run, n := fa.waitStraggler(r.sb.runsDir(), 20*time.Second)
+		var run string
+		var n int
+		rec.Target, run, n = r.lockStraggler(f.Target, 20*time.Second)
+		fa := r.facts[rec.Target]
+		defer fa.faultMu.Unlock()
 		rec.Running = fa.waitBusy(time.Second)
 		rec.Start = time.Now().UTC()
 		if run != "" {
 			rec.Job = run
 			rec.Detail = "killed while the straggler of " + run + " was up"
 		} else {
-			rec.Detail = "no engine of it had a straggler up within 20s"
+			rec.Detail = "no engine of any factory had a straggler up within 20s"
 		}
 		r.logf("FAULT kill -9 %s under a sandboxed engine (running %d jobs; %s, %d stragglers up)", fa.id, rec.Running, rec.Detail, n)
 		if c := fa.take(); c != nil {

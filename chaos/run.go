@@ -716,48 +716,58 @@ func (f *factory) waitUp(c *child, d time.Duration) {
 	}
 }
 
-// waitBusy waits (a little) for f to run a job, so that a fault lands
-// mid-job; it returns how many it runs.
-// waitStraggler waits (at most d) until an engine this factory runs has
-// daemonised a straggler that is up (the engine's and the straggler's
-// files both refreshed within the last second: a run that failed writes no
-// done file), and returns that run ("<job>/<n>") and how many are up; ""
-// when none came up in time.
-func (f *factory) waitStraggler(runs string, d time.Duration) (string, int) {
-	deadline := time.Now().Add(d)
-	for {
-		var up []string
-		jobs, _ := os.ReadDir(runs)
-		for _, j := range jobs {
-			ns, _ := os.ReadDir(filepath.Join(runs, j.Name()))
-			for _, n := range ns {
-				dir := filepath.Join(runs, j.Name(), n.Name())
-				who, err := os.ReadFile(filepath.Join(dir, "who"))
-				if err != nil || !strings.HasPrefix(string(who), f.id+" ") {
-					continue
-				}
-				if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
-					continue
-				}
-				fresh := func(name string) bool {
-					st, err := os.Stat(filepath.Join(dir, name))
-					return err == nil && time.Since(st.ModTime()) < time.Second
-				}
-				if fresh("alive") && fresh("straggler") {
-					up = append(up, j.Name()+"/"+n.Name())
-				}
+// lockStraggler waits (at most d) until an engine of some factory whose
+// fault lock is free has daemonised a straggler that is up — the planned
+// target first, then the others: one factory may run no such engine for a
+// while, all three rarely — and returns that factory's index with its
+// fault lock held, the run ("<job>/<n>") and how many are up on it. When
+// none came up in time it returns the planned target, locked, and "".
+func (r *harness) lockStraggler(target int, d time.Duration) (int, string, int) {
+	runs := r.sb.runsDir()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for k := range r.facts {
+			i := (target + k) % len(r.facts)
+			if up := r.facts[i].stragglersUp(runs); len(up) > 0 && r.facts[i].faultMu.TryLock() {
+				return i, up[0], len(up)
 			}
 		}
-		if len(up) > 0 {
-			return up[0], len(up)
-		}
-		if time.Now().After(deadline) {
-			return "", 0
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	r.facts[target].faultMu.Lock()
+	return target, "", 0
 }
 
+// stragglersUp lists the runs of this factory's engines that have
+// daemonised a straggler that is up (the engine's and the straggler's
+// files both refreshed within the last second: a run that failed writes no
+// done file), as "<job>/<n>".
+func (f *factory) stragglersUp(runs string) []string {
+	var up []string
+	jobs, _ := os.ReadDir(runs)
+	for _, j := range jobs {
+		ns, _ := os.ReadDir(filepath.Join(runs, j.Name()))
+		for _, n := range ns {
+			dir := filepath.Join(runs, j.Name(), n.Name())
+			who, err := os.ReadFile(filepath.Join(dir, "who"))
+			if err != nil || !strings.HasPrefix(string(who), f.id+" ") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
+				continue
+			}
+			fresh := func(name string) bool {
+				st, err := os.Stat(filepath.Join(dir, name))
+				return err == nil && time.Since(st.ModTime()) < time.Second
+			}
+			if fresh("alive") && fresh("straggler") {
+				up = append(up, j.Name()+"/"+n.Name())
+			}
+		}
+	}
+	return up
+}
+
+// waitBusy waits (a little) for f to run a job, so that a fault lands
+// mid-job; it returns how many it runs.
 func (f *factory) waitBusy(d time.Duration) int {
 	deadline := time.Now().Add(d)
 	for {
