@@ -147,12 +147,12 @@ func TestProxyAllows(t *testing.T) {
 // fails the test if called), no lookup made for a name refused by name.
 func TestProxyRefusesBeforeDialing(t *testing.T) {
 	resolved := map[string][]string{
-		"rebind.test":   {"169.254.169.254"},
+		"rebind.test":   {refusedAddr},
 		"private.test":  {"10.0.0.7"},
 		"mixed.test":    {"140.82.112.3", "192.168.1.10"},
 		"loopback.test": {"::1"},
 		"mapped.test":   {"::ffff:127.0.0.1"},
-		"nat64.test":    {"64:ff9b::a9fe:a9fe"},
+		"nat64.test":    {refusedNAT64},
 	}
 	var mu sync.Mutex
 	var lookups []string
@@ -180,19 +180,19 @@ func TestProxyRefusesBeforeDialing(t *testing.T) {
 		},
 	}, false)
 	for _, tc := range []struct{ target, why string }{
-		{"169.254.169.254:80", "169.254.169.254 is a link-local address"},
-		{"169.254.169.254:80", "link-local"},
+		{refusedAddr + ":80", refusedAddr + " is a documentation address"},
+		{refusedAddr + ":80", "documentation"},
 		{"10.0.0.5:443", "a private address"},
-		{"[fd00:ec2::254]:80", "a private (unique local) address"},
-		{"[::ffff:169.254.169.254]:80", "a link-local address"},
+		{"[fd12:3456::7]:80", "a private (unique local) address"},
+		{"[::ffff:" + refusedAddr + "]:80", "a documentation address"},
 		{"0.0.0.0:22", "a 'this network' address"},
 		{"127.0.0.1:" + portOf(t, p.Addr()), "a loopback address"}, // the proxy itself
-		{"rebind.test:443", "rebind.test resolved to 169.254.169.254"},
+		{"rebind.test:443", "rebind.test resolved to " + refusedAddr},
 		{"private.test:443", "resolved to 10.0.0.7, a private address"},
 		{"mixed.test:443", "resolved to 192.168.1.10"},
 		{"loopback.test:443", "resolved to ::1, a loopback address"},
 		{"mapped.test:443", "resolved to 127.0.0.1"},
-		{"nat64.test:443", "resolved to 64:ff9b::a9fe:a9fe, a link-local address"},
+		{"nat64.test:443", "resolved to " + refusedNAT64 + ", a documentation address"},
 	} {
 		code, body := connectRaw(t, p.Addr(), tc.target)
 		if code != http.StatusForbidden || !strings.Contains(body, tc.why) || !strings.Contains(body, "refused") {
@@ -200,9 +200,9 @@ func TestProxyRefusesBeforeDialing(t *testing.T) {
 		}
 	}
 	// Plain HTTP is judged the same way.
-	resp := plainVia(t, p.Addr(), "http://169.254.169.254/latest/meta-data/")
+	resp := plainVia(t, p.Addr(), "http://"+refusedAddr+"/latest/meta-data/")
 	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Aq-Egress") != "refused" {
-		t.Errorf("plain GET of the metadata service: %d %v", resp.StatusCode, resp.Header)
+		t.Errorf("plain GET of a refused address: %d %v", resp.StatusCode, resp.Header)
 	}
 
 	// A name the rules do not allow is refused without a lookup.
@@ -228,8 +228,8 @@ func TestProxyRefusesBeforeDialing(t *testing.T) {
 	}
 
 	got := p.Refusals()
-	if len(got) == 0 || got[0].Host != "169.254.169.254" || got[0].Port != 80 || got[0].Count != 3 {
-		t.Errorf("most refused: %+v, want 169.254.169.254:80 three times (two CONNECTs, one GET)", got)
+	if len(got) == 0 || got[0].Host != refusedAddr || got[0].Port != 80 || got[0].Count != 3 {
+		t.Errorf("most refused: %+v, want %s:80 three times (two CONNECTs, one GET)", got, refusedAddr)
 	}
 	if len(got) != 12 {
 		t.Errorf("%d destinations refused, want 12: %+v", len(got), got)
@@ -240,7 +240,7 @@ func TestProxyRefusesBeforeDialing(t *testing.T) {
 		t.Errorf("OnRefusal called %d times, want once per refused connection (14)", len(reports))
 	}
 	for i, want := range []int{1, 2} {
-		if reports[i].Host != "169.254.169.254" || reports[i].Count != want {
+		if reports[i].Host != refusedAddr || reports[i].Count != want {
 			t.Errorf("report %d: %+v, want count %d", i, reports[i], want)
 		}
 	}
@@ -306,7 +306,7 @@ func TestProxyDialsTheDecidedAddress(t *testing.T) {
 		Resolve: func(ctx context.Context, host string) ([]netip.Addr, error) {
 			if lookups.Add(1) > 1 {
 				// A second answer would be the rebinding one.
-				return []netip.Addr{netip.MustParseAddr("169.254.169.254")}, nil
+				return []netip.Addr{netip.MustParseAddr(refusedAddr)}, nil
 			}
 			return []netip.Addr{netip.MustParseAddr("93.184.215.14")}, nil
 		},

@@ -135,6 +135,59 @@ func TestEngineHostSet(t *testing.T) {
 	}
 }
 
+// refusedAddr is the special address these tests have the proxy refuse: a
+// documentation address (RFC 5737's TEST-NET-1, routed nowhere), and
+// nothing is dialled whatever the proxy decides. No test names an address
+// of the link-local range, where the cloud metadata service lives:
+// TestSpecialKindAgreesWithTheStandardLibrary finds that range's
+// addresses through the standard library. refusedNAT64 is refusedAddr
+// inside NAT64's prefix.
+const (
+	refusedAddr  = "192.0.2.10"
+	refusedNAT64 = "64:ff9b::c000:20a"
+)
+
+// TestSpecialKindAgreesWithTheStandardLibrary: every IPv4 address the
+// standard library calls loopback, private, link-local, multicast or
+// unspecified is special — alone, IPv4-mapped, inside NAT64 and inside
+// 6to4 alike — and a link-local one is refused as where the cloud
+// metadata service lives. One address in each /16, both ends of it.
+func TestSpecialKindAgreesWithTheStandardLibrary(t *testing.T) {
+	linkLocal := 0
+	for hi := range 256 {
+		for mid := range 256 {
+			for _, lo := range [][2]byte{{0, 1}, {255, 254}} {
+				v4 := netip.AddrFrom4([4]byte{byte(hi), byte(mid), lo[0], lo[1]})
+				if !(v4.IsLoopback() || v4.IsPrivate() || v4.IsLinkLocalUnicast() || v4.IsMulticast() || v4.IsUnspecified()) {
+					continue
+				}
+				b := v4.As4()
+				forms := []netip.Addr{
+					v4,
+					netip.AddrFrom16(v4.As16()), // ::ffff:a.b.c.d
+					netip.AddrFrom16([16]byte{0, 0x64, 0xff, 0x9b, 10: 0, 11: 0, 12: b[0], 13: b[1], 14: b[2], 15: b[3]}),
+					netip.AddrFrom16([16]byte{0x20, 0x02, b[0], b[1], b[2], b[3], 15: 1}),
+				}
+				for _, a := range forms {
+					kind := specialKind(a)
+					if kind == "" {
+						t.Fatalf("specialKind(%s) is not special (the standard library says %s is)", a, v4)
+					}
+					if v4.IsLinkLocalUnicast() && !strings.Contains(kind, "cloud metadata service") {
+						t.Fatalf("specialKind(%s) = %q, want the metadata service's range named", a, kind)
+					}
+				}
+				if v4.IsLinkLocalUnicast() {
+					linkLocal++
+				}
+			}
+		}
+	}
+	if linkLocal == 0 {
+		t.Fatal("no link-local address was sampled")
+	}
+}
+
 func TestSpecialKind(t *testing.T) {
 	for _, tc := range []struct {
 		addr    string
@@ -147,20 +200,19 @@ func TestSpecialKind(t *testing.T) {
 		{"172.16.0.1", true},
 		{"172.32.0.1", false},
 		{"192.168.1.1", true},
-		{"169.254.169.254", true},
-		{"100.100.100.200", true}, // a cloud's metadata service in CGNAT space
+		{"100.64.0.1", true}, // carrier-grade NAT
 		{"0.0.0.0", true},
 		{"::", true},
 		{"224.0.0.1", true},
 		{"255.255.255.255", true},
 		{"fe80::1", true},
 		{"fe80::1%eth0", true},
-		{"fd00:ec2::254", true}, // AWS's IPv6 metadata service
+		{"fd12:3456::7", true}, // unique local
 		{"::ffff:127.0.0.1", true},
-		{"::ffff:169.254.169.254", true},
-		{"64:ff9b::a9fe:a9fe", true},  // NAT64 of 169.254.169.254
+		{"::ffff:" + refusedAddr, true},
+		{refusedNAT64, true},          // NAT64 of refusedAddr
 		{"64:ff9b::808:808", false},   // NAT64 of 8.8.8.8
-		{"2002:a9fe:a9fe::1", true},   // 6to4 of 169.254.169.254
+		{"2002:c000:20a::1", true},    // 6to4 of refusedAddr
 		{"2002:808:808::1", false},    // 6to4 of 8.8.8.8
 		{"2001:db8::1", true},         // documentation
 		{"2001:0:4136:e378::1", true}, // Teredo
@@ -196,7 +248,7 @@ func TestDecisions(t *testing.T) {
 		{"*", "anything.example", 443, []string{"93.184.215.14"}, ""},
 		// A name that resolves to a special address is refused, whatever
 		// allowed the name.
-		{"*", "rebind.example", 443, []string{"169.254.169.254"}, "rebind.example resolved to 169.254.169.254, a link-local address"},
+		{"*", "rebind.example", 443, []string{refusedAddr}, "rebind.example resolved to " + refusedAddr + ", a documentation address"},
 		{"db.internal", "db.internal", 5432, []string{"10.1.2.3"}, "resolved to 10.1.2.3, a private address: name the address or its range"},
 		{"db.internal,10.0.0.0/8", "db.internal", 5432, []string{"10.1.2.3"}, ""},
 		{"db.internal,10.0.0.0/8:5432", "db.internal", 22, []string{"10.1.2.3"}, "a private address"},
@@ -204,9 +256,9 @@ func TestDecisions(t *testing.T) {
 		{"*", "mixed.example", 443, []string{"140.82.112.3", "10.0.0.1"}, "resolved to 10.0.0.1"},
 		{"*", "mapped.example", 443, []string{"::ffff:127.0.0.1"}, "resolved to 127.0.0.1, a loopback address"},
 		// Addresses named in the request.
-		{"*", "169.254.169.254", 80, nil, "169.254.169.254 is a link-local address (the cloud metadata service lives there): name it"},
+		{"*", refusedAddr, 80, nil, refusedAddr + " is a documentation address: name it"},
 		{"*", "10.0.0.5", 443, nil, "a private address"},
-		{"*", "fd00:ec2::254", 80, nil, "a private (unique local) address"},
+		{"*", "fd12:3456::7", 80, nil, "a private (unique local) address"},
 		{"*", "8.8.8.8", 443, []string{"8.8.8.8"}, ""},
 		{"github.com", "8.8.8.8", 443, nil, "8.8.8.8 is not allowed"},
 		{"8.8.8.8", "8.8.8.8", 443, []string{"8.8.8.8"}, ""},
