@@ -223,18 +223,26 @@ func startReady(setsid bool, disposition string) int {
 	cmd := exec.Command(self, disposition)
 	cmd.Env = append(os.Environ(), childModeEnv+"=ready-sleep")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		panic(err)
-	}
-	if err := cmd.Start(); err != nil {
-		panic(err)
-	}
-	line, _ := bufio.NewReader(out).ReadString('\n')
-	if line != "ready\n" {
-		panic("grandchild not ready: " + line)
+	if err := startWaitReady(cmd); err != nil {
+		panic("grandchild: " + err.Error())
 	}
 	return cmd.Process.Pid
+}
+
+// startWaitReady starts cmd, a child in a mode that prints "ready" once its
+// signal dispositions are in place, and waits for that line.
+func startWaitReady(cmd *exec.Cmd) error {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		return fmt.Errorf("not ready: %q", line)
+	}
+	return nil
 }
 
 // startSleeper starts the test binary in mode sleep with our stdout and

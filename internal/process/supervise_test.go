@@ -134,16 +134,12 @@ func TestSupervisorSparesTheNextRun(t *testing.T) {
 		c := exec.Command(self)
 		c.Env = append(os.Environ(), childModeEnv+"=ready-sleep", process.TagEnv+"="+tag, process.RunEnv+"="+run)
 		process.SetGroup(c)
-		out, err := c.StdoutPipe()
+		err := startWaitReady(c)
+		if c.Process != nil {
+			t.Cleanup(func() { _ = process.KillGroup(c.Process.Pid); _ = c.Wait() })
+		}
 		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = process.KillGroup(c.Process.Pid); _ = c.Wait() })
-		if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-			t.Fatalf("sleeper %s: %q", run, line)
+			t.Fatalf("sleeper %s: %v", run, err)
 		}
 		return c
 	}
