@@ -14,7 +14,7 @@ FUZZTIME  ?= 2m
 # tool dependencies in go.mod); later runs start at once.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: all build install test unit lint fuzz fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer
+.PHONY: all build install test unit lint fuzz fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer realcli
 
 all: build
 
@@ -74,7 +74,7 @@ tidycheck:
 ## -timeout is a deadlock guard per package, not a speed limit: cmd/aq/cli's
 ## race run takes 4-7 minutes on two cores, too near go test's default 10m
 ## on a loaded machine
-race: sbpeer
+race: sbpeer realcli
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
@@ -90,6 +90,17 @@ sbpeer:
 
 $(SBPEER_STAMP): demo/sbpeer/package-lock.json demo/sbpeer/package.json
 	npm ci --prefix demo/sbpeer --no-audit --no-fund --loglevel=error
+
+## realcli: the real engine CLIs (claude, codex), pinned in engines/realcli,
+## that the end-to-end tests run offline against in-tree API fakes. Without
+## npm those tests skip with a reason; with npm but no registry this fails.
+REALCLI_STAMP := engines/realcli/node_modules/.package-lock.json
+realcli:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(REALCLI_STAMP); \
+	else echo "note: npm not found: the real-engine tests will be skipped"; fi
+
+$(REALCLI_STAMP): engines/realcli/package-lock.json engines/realcli/package.json
+	npm ci --prefix engines/realcli --no-audit --no-fund --loglevel=error
 
 ## fuzz: each native fuzz target for FUZZTIME (default 2m), one after
 ## another with -parallel 1 (the machine is shared); their seed corpora
