@@ -74,8 +74,13 @@ tidycheck:
 ## -timeout is a deadlock guard per package, not a speed limit: cmd/aq/cli's
 ## race run takes 4-7 minutes on two cores, too near go test's default 10m
 ## on a loaded machine
+## aq is built once, with -race, for every test package that runs the binary
+## (internal/testenv.PrebuiltEnv); a package run alone builds its own. Its own
+## folder: a test puts the binary's folder on PATH to run `aq` by name.
+RACE_AQ := $(CURDIR)/bin/race/aq
 race: sbpeer realcli
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) build -race -o $(RACE_AQ) ./cmd/aq
+	TESTENV_AQ_RACE_BINARY=$(RACE_AQ) $(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
 selftest: build sbpeer

@@ -251,9 +251,21 @@ func BuildAQ(tb testing.TB) string {
 	return aqBin
 }
 
+// PrebuiltEnv names an aq binary that `make race` built once, with -race,
+// for every test package: BuildAQ takes it instead of building its own when
+// the test binary is race-enabled too. A package run alone (go test ./pkg)
+// has no such variable and builds its own, as before.
+const PrebuiltEnv = "TESTENV_AQ_RACE_BINARY"
+
 func build() (string, error) {
 	if scratch == "" {
 		return "", errors.New("testenv.Main was not called from TestMain")
+	}
+	if bin := os.Getenv(PrebuiltEnv); bin != "" && Race {
+		if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
+			return "", fmt.Errorf("%s=%s: not a built aq binary (%v): unset it or run make race", PrebuiltEnv, bin, err)
+		}
+		return bin, nil
 	}
 	bin := filepath.Join(scratch, "aq")
 	args := []string{"build", "-o", bin}
