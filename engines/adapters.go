@@ -92,9 +92,14 @@ type streamParser interface {
 // the engine outlives grace after its final event (the parser calls final
 // on it). The result's detail and final text are redacted.
 func runStreaming(ctx context.Context, spec Spec, name, bin string, inv Invocation, grace time.Duration, newParser func(final func()) streamParser) (Result, error) {
-	runCtx, final, stop := graceAfterFinal(ctx, grace)
+	runCtx, final, stop, abort := graceAfterFinal(ctx, grace)
 	defer stop()
 	p := newParser(final)
+	if w, ok := p.(interface {
+		watch(max int, endpoint string, abort func(error))
+	}); ok {
+		w.watch(spec.MaxAPIRetries, apiEndpoint(name, spec.Env), abort)
+	}
 	inv.Stdin, inv.OnStdout, inv.OnStderr = strings.NewReader(spec.Prompt), p.onStdout, p.onStderr
 	pres, err := Exec(runCtx, spec, inv)
 	if err != nil {
@@ -349,7 +354,9 @@ var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]
 // graceAfterFinal stops a run whose engine outlives grace after its final
 // event: it returns a context for the run and a function to call when that
 // event arrives. stop releases the timer; call it when the run is over.
-func graceAfterFinal(ctx context.Context, grace time.Duration) (runCtx context.Context, final func(), stop func()) {
+//
+// abort stops the run at once with a cause (errNoProgress).
+func graceAfterFinal(ctx context.Context, grace time.Duration) (runCtx context.Context, final func(), stop func(), abort func(error)) {
 	if grace <= 0 {
 		grace = DefaultResultGrace
 	}
@@ -375,7 +382,8 @@ func graceAfterFinal(ctx context.Context, grace time.Duration) (runCtx context.C
 		mu.Unlock()
 		cancel(nil)
 	}
-	return runCtx, final, stop
+	abort = func(cause error) { cancel(cause) }
+	return runCtx, final, stop, abort
 }
 
 // stoppedByGrace reports whether the kill ladder ran only because the engine

@@ -46,20 +46,20 @@ func (b BaseURL) Where() string {
 // "http://"). Nil when it is a URL an engine can call.
 func (b BaseURL) Check() error {
 	u, err := url.Parse(b.Value)
-	fix := "set it to a URL such as https://llm-gateway.example.com or http://127.0.0.1:4000"
+	fix := " (set it to a URL such as https://llm-gateway.example.com or http://127.0.0.1:4000)"
 	switch {
 	case err != nil:
-		return fmt.Errorf("%s=%s is not a URL: %s", b.Where(), shown(b.Value), fix)
+		return fmt.Errorf("%s=%s is not a URL%s", b.Where(), shown(b.Value), fix)
 	case u.Scheme == "" || u.Host == "" && u.Opaque != "":
-		return fmt.Errorf("%s=%s has no scheme (http:// or https://): %s", b.Where(), shown(b.Value), fix)
+		return fmt.Errorf("%s=%s has no scheme (http:// or https://)%s", b.Where(), shown(b.Value), fix)
 	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Errorf("%s=%s has scheme %q, not http or https: %s", b.Where(), shown(b.Value), u.Scheme, fix)
+		return fmt.Errorf("%s=%s has scheme %q, not http or https%s", b.Where(), shown(b.Value), u.Scheme, fix)
 	case u.Hostname() == "":
-		return fmt.Errorf("%s=%s has no host: %s", b.Where(), shown(b.Value), fix)
+		return fmt.Errorf("%s=%s has no host%s", b.Where(), shown(b.Value), fix)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("%s=%s has port %q (a port is 1 to 65535): %s", b.Where(), shown(b.Value), p, fix)
+			return fmt.Errorf("%s=%s has port %q (a port is 1 to 65535)%s", b.Where(), shown(b.Value), p, fix)
 		}
 	}
 	return nil
@@ -99,10 +99,7 @@ func (b BaseURL) HostPort() string {
 // Redacted is the URL without a password, for messages and logs.
 func (b BaseURL) Redacted() string {
 	if u, err := url.Parse(b.Value); err == nil && b.Check() == nil {
-		if u.User != nil {
-			u.User = url.User("***")
-		}
-		return u.String()
+		return u.Redacted()
 	}
 	return strings.Trim(shown(b.Value), `"`)
 }
