@@ -249,6 +249,9 @@ type UnavailableError struct {
 	Why    string
 	// MissingFlags are the required flags the CLI lacks, when that is why.
 	MissingFlags []string
+	// TimedOut: a probe (--version, --help) did not answer within its
+	// deadline — on a busy host, not a sign the engine is missing.
+	TimedOut bool
 }
 
 func (e *UnavailableError) Error() string { return e.Engine + " is unavailable: " + e.Why }

@@ -61,7 +61,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 	}
 	eng := p.Engines
 	if eng == nil {
-		eng = engines.DefaultWith(engines.NewProbeCache(ProbeCachePath(cfg.Home)))
+		eng = engines.DefaultProbing(engines.NewProbeCache(ProbeCachePath(cfg.Home)), cfg.EngineProbeTimeout)
 	}
 	return &Runner{
 		Cfg: Config{
