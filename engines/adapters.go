@@ -22,8 +22,11 @@ import (
 // engine's PATH, the cheap --version probe, recognising "not the task's
 // fault" failures in engine text, and the one-line progress format.
 
-// DefaultVersionTimeout bounds the --version probe of a pre-flight.
-const DefaultVersionTimeout = 10 * time.Second
+// DefaultVersionTimeout bounds the --version probe of a pre-flight
+// (AQ_ENGINE_PROBE_TIMEOUT): generous, as a cold start of a large CLI on a
+// busy host takes long, and one that times out only leaves the version
+// unknown.
+const DefaultVersionTimeout = 60 * time.Second
 
 // DefaultResultGrace is how long an engine may keep running after it printed
 // its final event (claude's result, codex's turn.completed) before aq stops
@@ -61,7 +64,13 @@ func preflight(ctx context.Context, name, bin string, spec Spec, timeout, helpTi
 	if err != nil {
 		return Info{}, err
 	}
-	v, err := cache.Version(path, func() (string, error) { return probeVersion(ctx, name, path, spec, timeout) })
+	v, err := cache.Version(ctx, path, func() (string, error) { return probeVersion(ctx, name, path, spec, timeout) })
+	var ue *UnavailableError
+	if errors.As(err, &ue) && ue.TimedOut {
+		// A busy host, not a missing engine: its version is unknown for
+		// now (not kept: probed again next time).
+		v, err = "unknown ("+ue.Why+")", nil
+	}
 	if err != nil {
 		return Info{}, err
 	}
@@ -92,9 +101,14 @@ type streamParser interface {
 // the engine outlives grace after its final event (the parser calls final
 // on it). The result's detail and final text are redacted.
 func runStreaming(ctx context.Context, spec Spec, name, bin string, inv Invocation, grace time.Duration, newParser func(final func()) streamParser) (Result, error) {
-	runCtx, final, stop := graceAfterFinal(ctx, grace)
+	runCtx, final, stop, abort := graceAfterFinal(ctx, grace)
 	defer stop()
 	p := newParser(final)
+	if w, ok := p.(interface {
+		watch(max int, endpoint string, abort func(error))
+	}); ok {
+		w.watch(spec.MaxAPIRetries, apiEndpoint(name, spec.Env), abort)
+	}
 	inv.Stdin, inv.OnStdout, inv.OnStderr = strings.NewReader(spec.Prompt), p.onStdout, p.onStderr
 	pres, err := Exec(runCtx, spec, inv)
 	if err != nil {
@@ -158,6 +172,7 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 	if timeout <= 0 {
 		timeout = DefaultVersionTimeout
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var out limitedBuffer
@@ -178,8 +193,10 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 	}
 	first := brief.FirstLine(out.String(), 200)
 	switch {
+	case res.Stopped && parent.Err() == nil:
+		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version did not answer within %s", path, timeout), TimedOut: true}
 	case res.Stopped:
-		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version did not answer within %s", path, timeout)}
+		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version was interrupted", path)}
 	case res.ExitCode != 0:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version exited %d: %s", path, res.ExitCode, orNone(first))}
 	case first == "":
@@ -349,7 +366,9 @@ var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]
 // graceAfterFinal stops a run whose engine outlives grace after its final
 // event: it returns a context for the run and a function to call when that
 // event arrives. stop releases the timer; call it when the run is over.
-func graceAfterFinal(ctx context.Context, grace time.Duration) (runCtx context.Context, final func(), stop func()) {
+//
+// abort stops the run at once with a cause (errNoProgress).
+func graceAfterFinal(ctx context.Context, grace time.Duration) (runCtx context.Context, final func(), stop func(), abort func(error)) {
 	if grace <= 0 {
 		grace = DefaultResultGrace
 	}
@@ -375,7 +394,8 @@ func graceAfterFinal(ctx context.Context, grace time.Duration) (runCtx context.C
 		mu.Unlock()
 		cancel(nil)
 	}
-	return runCtx, final, stop
+	abort = func(cause error) { cancel(cause) }
+	return runCtx, final, stop, abort
 }
 
 // stoppedByGrace reports whether the kill ladder ran only because the engine

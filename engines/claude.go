@@ -3,6 +3,7 @@ package engines
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -300,6 +301,10 @@ type claudeEvent struct {
 	} `json:"message"`
 	ParentToolUseID *string         `json:"parent_tool_use_id"`
 	Error           json.RawMessage `json:"error"` // a string in the Agent SDK types; anything else is kept as text
+	// system api_retry: the status (null: no answer at all) and its kind
+	Attempt     int  `json:"attempt"`
+	MaxRetries  int  `json:"max_retries"`
+	ErrorStatus *int `json:"error_status"`
 	// result
 	IsError        bool            `json:"is_error"`
 	NumTurns       int             `json:"num_turns"`
@@ -370,6 +375,8 @@ type claudeParser struct {
 	// later one said allowed again; limitNote says why an event was unread.
 	rejected  *claudeRateLimit
 	limitNote string
+	noProgress
+	refused *EgressRefusal // the proxy's refusal the failure quoted
 
 	now func() time.Time // when "resets 3pm" is read; time.Now
 }
@@ -392,12 +399,23 @@ func (p *claudeParser) onStdout(line []byte) {
 		return
 	}
 	var (
-		observe bool
-		u       Usage
+		observe, stall bool
+		u              Usage
 	)
 	p.mu.Lock()
 	switch ev.Type {
 	case "system":
+		if ev.Subtype == "api_retry" && (ev.ErrorStatus == nil || *ev.ErrorStatus != 429) {
+			// A rate limit (429) is not the API out of reach: its own
+			// events and result say until when.
+			what := rawText(ev.Error)
+			if ev.ErrorStatus != nil {
+				what += " (status " + strconv.Itoa(*ev.ErrorStatus) + ")"
+			} else {
+				what += " (no answer)"
+			}
+			stall = p.retry("claude", "api_retry", fmt.Sprintf("attempt %d/%d, %s", ev.Attempt, ev.MaxRetries, strings.TrimSpace(what)))
+		}
 		if ev.Subtype == "init" {
 			if ev.Model != "" {
 				p.model = ev.Model
@@ -413,6 +431,9 @@ func (p *claudeParser) onStdout(line []byte) {
 			p.errText.add(assistantText(ev))
 		} else {
 			p.apiError, p.errText = "", tail{n: 5}
+		}
+		if m := ev.Message; m != nil && m.Usage != nil && !strings.HasPrefix(m.Model, "<") {
+			p.progress() // the API answered ("<synthetic>": claude's own error message)
 		}
 		if m := ev.Message; m != nil && m.Usage != nil {
 			id := m.ID
@@ -452,6 +473,9 @@ func (p *claudeParser) onStdout(line []byte) {
 		}
 	}
 	p.mu.Unlock()
+	if stall {
+		p.stop()
+	}
 	if ev.Type == "result" && p.final != nil {
 		p.final()
 	}
@@ -592,6 +616,10 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 	}
 	defer func() { res.Detail = p.withSkipped(res.Detail, "stream") }()
 
+	if p.stalled != "" && pres.Stopped && errors.Is(pres.StopCause, errNoProgress) {
+		res.Outcome, res.Subtype, res.Detail, res.NoProgress = Unavailable, "no_api_progress", p.stalled, true
+		return res
+	}
 	r := p.result
 	if r == nil {
 		res.resumeMissing = containsFold([]string{p.errLines.String()}, claudeNoSession)
@@ -643,6 +671,10 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 // rate_limit_event, else from the text ("resets 2pm (Europe/Berlin)",
 // "…limit reached|<epoch>"). The caller holds mu.
 func (p *claudeParser) classify(res *Result, kind, excerpt string) {
+	if kind == kindEgressRefused && p.refused != nil {
+		res.Outcome, res.Detail, res.EgressRefused = Unavailable, refusedDetail("claude", p.refused), p.refused
+		return
+	}
 	lk := limitKind(kind)
 	if lk == "" {
 		res.Outcome, res.Detail = Unavailable, "claude is unavailable ("+kind+"): "+excerpt
@@ -690,6 +722,16 @@ func (p *claudeParser) classify(res *Result, kind, excerpt string) {
 func (p *claudeParser) unavailable(r *claudeEvent) (kind, excerpt string, ok bool) {
 	texts := []string{p.errText.String(), p.errLines.String()}
 	if r != nil {
+		texts = append([]string{r.Result, strings.Join(rawTexts(r.Errors), "\n")}, texts...)
+	}
+	// The job's egress proxy refused the call: its own marker, before any
+	// status (its 403 is not the API refusing the login).
+	if ref, ok := egressRefusal(texts...); ok {
+		p.refused = ref
+		return kindEgressRefused, refusedDetail("claude", ref), true
+	}
+	if r != nil {
+		texts = texts[2:]
 		errs := strings.Join(rawTexts(r.Errors), "; ")
 		why := r.Result
 		if why == "" {

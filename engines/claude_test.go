@@ -102,6 +102,14 @@ var claudeCases = []struct {
 	// Recorded from claude 2.1.197 with an API key and no network: ten
 	// api_retry events, then "Unable to connect to API", exit 1.
 	{name: "real_offline_api_key", exit: 1, want: Unavailable},
+	// Recorded from claude 2.1.332 with CLAUDE_CODE_MAX_RETRIES=2 against
+	// a 127.0.0.1 port (testdata/README.md): nothing listening; a server
+	// answering 500; one answering the egress proxy's 403 (X-Aq-Egress:
+	// refused), which claude calls "Failed to authenticate" — an egress
+	// refusal, never "auth failed".
+	{name: "real_api_retry_no_listener", exit: 1, want: Unavailable},
+	{name: "real_api_retry_500", exit: 1, want: Unavailable},
+	{name: "real_proxy_refused", exit: 1, want: Unavailable},
 	{name: "max_turns", exit: 1, want: TaskFailed},        // error_max_turns (is_error false)
 	{name: "max_budget", want: Stopped, wantBudget: true}, // error_max_budget_usd, is_error false, exit 0
 	{name: "during_execution", exit: 1, want: TaskFailed}, // error_during_execution

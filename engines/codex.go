@@ -3,6 +3,7 @@ package engines
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -282,7 +283,14 @@ type codexParser struct {
 	// base is the thread's usage before this run (a resumed thread): codex
 	// reports the thread's running total, this run spent what it adds.
 	base Usage
+	noProgress
 }
+
+// codexReconnecting is codex's retry event: an error event "Reconnecting...
+// 2/5 (stream disconnected before completion: …)", then, once it falls back
+// from WebSockets to HTTPS, "Reconnecting... waiting for network (…)"
+// without end (codex 0.171.0, recorded in testdata/codex).
+var codexReconnecting = regexp.MustCompile(`^Reconnecting\.\.\.`)
 
 func newCodexParser(model string, prices *PriceTable, meter Meter, final func()) *codexParser {
 	if prices == nil {
@@ -298,8 +306,8 @@ func (p *codexParser) onStdout(line []byte) {
 		return
 	}
 	var (
-		observe, final bool
-		u              Usage
+		observe, final, stall bool
+		u                     Usage
 	)
 	p.mu.Lock()
 	switch ev.Type {
@@ -310,6 +318,7 @@ func (p *codexParser) onStdout(line []byte) {
 		p.last = ev.Type
 		u, observe = p.current(), true
 	case "turn.completed":
+		p.progress()
 		p.last, p.completed, final = ev.Type, true, true
 		if ev.Usage != nil {
 			p.usage = Usage{
@@ -325,12 +334,21 @@ func (p *codexParser) onStdout(line []byte) {
 	case "error":
 		p.last = ev.Type
 		p.failure = ev.Message
+		if codexReconnecting.MatchString(ev.Message) {
+			stall = p.retry("codex", "\"Reconnecting...\"", brief.OneLine(ev.Message, 200))
+		}
 	case "item.completed":
 		if ev.Item != nil && ev.Item.Type == "agent_message" {
 			p.finalText = ev.Item.Text
 		}
+		if ev.Item != nil && ev.Item.Type != "error" {
+			p.progress() // an item came back: the API answered
+		}
 	}
 	p.mu.Unlock()
+	if stall {
+		p.stop()
+	}
 	if final && p.final != nil {
 		p.final()
 	}
@@ -369,6 +387,22 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 		res.Usage = p.current()
 	}
 	defer func() { res.Detail = p.withSkipped(res.Detail, "event") }()
+	if p.stalled != "" && pres.Stopped && errors.Is(pres.StopCause, errNoProgress) {
+		res.Outcome, res.Subtype, res.Detail, res.NoProgress = Unavailable, "no_api_progress", p.stalled, true
+		return res
+	}
+	if p.last != "turn.completed" {
+		// The job's egress proxy refused the call: its own marker, before
+		// any status (its 403 is not the API refusing the login).
+		if ref, ok := egressRefusal(p.failure, p.errLines.String()); ok {
+			res.Subtype = p.last
+			if res.Subtype == "" {
+				res.Subtype = "no_turn_completed"
+			}
+			res.Outcome, res.Detail, res.EgressRefused = Unavailable, refusedDetail("codex", ref), ref
+			return res
+		}
+	}
 	switch {
 	case p.last == "turn.completed":
 		res.Outcome, res.Subtype = Succeeded, "turn.completed"

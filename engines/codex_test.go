@@ -40,6 +40,10 @@ var codexCases = []struct {
 	// timeout(1) after two minutes of "Reconnecting... waiting for
 	// network": had it exited there, the API was out of reach.
 	{name: "real_offline_unauthenticated", exit: 1, stderr: true, want: Unavailable},
+	// Recorded from codex 0.171.0 against a closed 127.0.0.1 port, stopped
+	// by timeout(1) (testdata/README.md): "Reconnecting... n/5", then
+	// "waiting for network" without end.
+	{name: "real_reconnecting", exit: 124, want: Unavailable},
 	{name: "retry_then_success", want: Succeeded}, // an error event codex recovered from
 	{name: "stream_error", exit: 1, want: TaskFailed},
 	{name: "no_events", exit: 1, stderr: true, want: TaskFailed},

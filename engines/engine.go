@@ -97,6 +97,9 @@ type Spec struct {
 	Redactor *secrets.Redactor
 	// Prices meters engines that report tokens but no cost (codex).
 	Prices *PriceTable
+	// MaxAPIRetries is how many of the engine's retry events in a row, with
+	// no answer of its API between, stop the run (0: DefaultMaxAPIRetries).
+	MaxAPIRetries int
 	// Flags is the engine's --help probe (Info.Flags from Preflight): the
 	// invocation leaves out optional flags the CLI lacks. nil: Run probes
 	// (through the engine's cache) itself.
@@ -215,6 +218,15 @@ type Result struct {
 	SkippedLines int `json:"skippedLines,omitempty"`
 	// Limit is set with Outcome Limited.
 	Limit *Limit `json:"limit,omitempty"`
+	// NoProgress is set with Outcome Unavailable when aq stopped the run
+	// because the engine's API made no progress (DefaultMaxAPIRetries retry
+	// events in a row): the endpoint is unreachable, and other jobs of the
+	// engine would meet it too (the runner holds the engine).
+	NoProgress bool `json:"noProgress,omitempty"`
+	// EgressRefused is set with Outcome Unavailable when the engine's API
+	// call was refused by aq's egress proxy (its marker in the engine's
+	// error): an egress refusal, not a login failure.
+	EgressRefused *EgressRefusal `json:"egressRefused,omitempty"`
 	// Resumed says the run continued the session Spec.Resume named.
 	Resumed bool `json:"resumed,omitempty"`
 	// ResumeNote says why a run asked to resume a session started fresh
@@ -237,6 +249,9 @@ type UnavailableError struct {
 	Why    string
 	// MissingFlags are the required flags the CLI lacks, when that is why.
 	MissingFlags []string
+	// TimedOut: a probe (--version, --help) did not answer within its
+	// deadline — on a busy host, not a sign the engine is missing.
+	TimedOut bool
 }
 
 func (e *UnavailableError) Error() string { return e.Engine + " is unavailable: " + e.Why }

@@ -64,6 +64,10 @@ type FlagSet struct {
 	Missing []string `json:"missing,omitempty"`
 	// Notes say, one line each, what each dropped flag costs.
 	Notes []string `json:"notes,omitempty"`
+	// Unknown: the --help probe did not answer within its deadline (a
+	// busy host): every flag is taken as present (the full command line),
+	// nothing is refused, and nothing is kept in the probe cache.
+	Unknown bool `json:"unknown,omitempty"`
 }
 
 // Has reports whether the CLI has flag (as aq spells it). A nil set has
@@ -111,8 +115,11 @@ var HelpSpecs = map[string]HelpSpec{
 	"devin":  {Needs: devinNeeds},
 }
 
-// DefaultHelpTimeout bounds each --help probe (and each hidden-flag probe).
-const DefaultHelpTimeout = 10 * time.Second
+// DefaultHelpTimeout bounds each --help probe (and each hidden-flag probe)
+// (AQ_ENGINE_PROBE_TIMEOUT). A probe that times out leaves the flags
+// unknown (FlagSet.Unknown): the engine is offered and run with its full
+// flag set, and probed again next time.
+const DefaultHelpTimeout = 60 * time.Second
 
 // maxHelp bounds the help text read (claude's is about 14 KB).
 const maxHelp = 256 << 10
@@ -146,8 +153,24 @@ func probeHelp(ctx context.Context, name, path string, spec HelpSpec, env []stri
 	if cache.get(path, what, &cached) {
 		return &cached, nil
 	}
+	// One process probes a binary at a time: the others wait, then find
+	// its answer in the cache.
+	unlock := cache.lock(ctx, path)
+	defer unlock()
+	if cache.get(path, what, &cached) {
+		return &cached, nil
+	}
 	cmd := strings.Join(append(append([]string{filepath.Base(path)}, spec.Sub...), "--help"), " ")
 	out, err := runProbe(ctx, name, path, append(append([]string(nil), spec.Sub...), "--help"), env, timeout, cmd)
+	var ue *UnavailableError
+	if errors.As(err, &ue) && ue.TimedOut {
+		fs := &FlagSet{Engine: name, Path: path, Probed: []string{cmd}, Found: []string{}, Dropped: []string{}, Unknown: true}
+		for _, n := range spec.Needs {
+			fs.Found = append(fs.Found, n.Flag)
+		}
+		fs.Notes = []string{fmt.Sprintf("%s: `%s` did not answer within %s (a busy host?): its flags are unknown, it is offered and runs with all of them, and is probed again next time (AQ_ENGINE_PROBE_TIMEOUT)", name, cmd, timeout)}
+		return fs, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +217,7 @@ func runProbe(ctx context.Context, name, path string, args, env []string, timeou
 	case res.Stopped && ctx.Err() != nil:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` was interrupted: %v", cmd, context.Cause(ctx))}
 	case res.Stopped:
-		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` did not answer within %s", cmd, timeout)}
+		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` did not answer within %s", cmd, timeout), TimedOut: true}
 	case res.ExitCode != 0:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("`%s` exited %d: %s", cmd, res.ExitCode, orNone(brief.FirstLine(out, 200)))}
 	case strings.TrimSpace(out) == "":

@@ -254,3 +254,54 @@ func copyFile(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// TestProbeUnknownIsNotCached and TestProbeLockRunsOnce (#33 item 6): a
+// --help that times out is "unknown" and probed again next time, never
+// kept; four probes of one binary at once — four processes' caches on one
+// file — run its --help once, the others waiting on the probe's lock and
+// finding the answer in the cache.
+func TestProbeUnknownIsNotCached(t *testing.T) {
+	h := newFakeHost(t)
+	r := h.run(t, fixture{}, fakeHelpHang+"=1")
+	cache := NewProbeCache(filepath.Join(t.TempDir(), "engines.json"))
+	path := filepath.Join(h.bin, "codex")
+	for range 2 {
+		fs, err := ProbeFlags(t.Context(), "codex", path, r.spec.Env, 200*time.Millisecond, cache)
+		if err != nil || !fs.Unknown {
+			t.Fatalf("%+v %v", fs, err)
+		}
+	}
+	var kept FlagSet
+	if cache.get(path, helpProbeKey(HelpSpecs["codex"]), &kept) {
+		t.Errorf("unknown flags were kept in the cache: %+v", kept)
+	}
+}
+
+func TestProbeLockRunsOnce(t *testing.T) {
+	h := newFakeHost(t)
+	count := filepath.Join(t.TempDir(), "count")
+	r := h.run(t, fixture{}, fakeHelpCount+"="+count)
+	cacheFile := filepath.Join(t.TempDir(), "engines.json")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "codex")
+	copyFile(t, self, path)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := ProbeFlags(t.Context(), "codex", path, r.spec.Env, 0, NewProbeCache(cacheFile))
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := os.ReadFile(count)
+	if n := strings.Count(string(b), "\n"); n != 1 {
+		t.Errorf("four probes at once ran --help %d times, want 1:\n%s", n, b)
+	}
+}

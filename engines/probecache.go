@@ -1,12 +1,18 @@
 package engines
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/gofrs/flock"
 )
 
 // ProbeCache remembers what probing an engine CLI found — the first line
@@ -126,8 +132,13 @@ func (c *ProbeCache) put(bin, what string, v any) {
 // Version returns the first line of bin's --version: the cache's when bin
 // did not change since it was last probed, else what probe says (kept
 // when it succeeds).
-func (c *ProbeCache) Version(bin string, probe func() (string, error)) (string, error) {
+func (c *ProbeCache) Version(ctx context.Context, bin string, probe func() (string, error)) (string, error) {
 	var v string
+	if c.get(bin, "--version", &v) {
+		return v, nil
+	}
+	unlock := c.lock(ctx, bin)
+	defer unlock()
 	if c.get(bin, "--version", &v) {
 		return v, nil
 	}
@@ -136,6 +147,32 @@ func (c *ProbeCache) Version(bin string, probe func() (string, error)) (string, 
 		c.put(bin, "--version", v)
 	}
 	return v, err
+}
+
+// lock takes the probe lock of bin — a file beside the cache, one per
+// binary (its resolved path), held with flock — so that one process at a
+// time probes it: four aq processes starting together on a busy host run
+// its --help once, not four times at once. It waits as long as ctx allows
+// (a probe holds it at most its deadline); on any failure to lock it goes
+// on unlocked (the worst is a probe more). The returned func unlocks.
+func (c *ProbeCache) lock(ctx context.Context, bin string) func() {
+	if c == nil {
+		return func() {}
+	}
+	real, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		real = bin
+	}
+	sum := sha256.Sum256([]byte(real))
+	path := c.path + "." + hex.EncodeToString(sum[:8]) + ".lock"
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return func() {}
+	}
+	l := flock.New(path)
+	if ok, err := l.TryLockContext(ctx, 50*time.Millisecond); err != nil || !ok {
+		return func() {}
+	}
+	return func() { _ = l.Unlock() }
 }
 
 // helpProbeKey names a --help probe of spec: the subcommand and the flags

@@ -1,5 +1,7 @@
 package engines
 
+import "time"
+
 // Registry holds the engines aq knows, by name.
 type Registry struct {
 	byName map[string]Engine
@@ -35,7 +37,16 @@ func Default() *Registry { return DefaultWith(nil) }
 // DefaultWith is Default with the coding engines' --help probes cached in
 // probes.
 func DefaultWith(probes *ProbeCache) *Registry {
-	return NewRegistry(&Claude{Probes: probes}, &Codex{Probes: probes}, &Devin{Probes: probes}, &Script{})
+	return DefaultProbing(probes, 0)
+}
+
+// DefaultProbing is DefaultWith with each --version and --help probe
+// bounded by timeout (AQ_ENGINE_PROBE_TIMEOUT; 0: DefaultVersionTimeout and
+// DefaultHelpTimeout).
+func DefaultProbing(probes *ProbeCache, timeout time.Duration) *Registry {
+	return NewRegistry(&Claude{Probes: probes, VersionTimeout: timeout, HelpTimeout: timeout},
+		&Codex{Probes: probes, VersionTimeout: timeout, HelpTimeout: timeout},
+		&Devin{Probes: probes, VersionTimeout: timeout, HelpTimeout: timeout}, &Script{})
 }
 
 // Get returns the engine called name.

@@ -545,8 +545,10 @@ func suiteHelpFails(t *testing.T, h *fakeHost, a suiteAdapter) {
 	}
 }
 
-// suiteHelpHangs: a --help that never answers is stopped at the probe's
-// timeout and the engine is unavailable, saying so.
+// suiteHelpHangs (#33 item 6): a --help that never answers is stopped at
+// the probe's timeout, and the engine's flags are unknown — not refused:
+// it is offered with its full flag set, saying why, and the unknown answer
+// is not kept (probed again next time).
 func suiteHelpHangs(t *testing.T, h *fakeHost, a suiteAdapter) {
 	r := h.run(t, a.success, fakeHelpHang+"=1")
 	eng := withProbeTimeout(a.engine, 300*time.Millisecond)
@@ -558,9 +560,17 @@ func suiteHelpHangs(t *testing.T, h *fakeHost, a suiteAdapter) {
 	case <-time.After(2 * time.Minute): // a deadlock guard, not a speed limit
 		t.Fatal("Preflight did not return: the --help probe is not bounded")
 	}
-	var ue *UnavailableError
-	if !errors.As(err, &ue) || !strings.Contains(ue.Why, "did not answer within 300ms") {
-		t.Errorf("Preflight with a hanging --help: %v, want *UnavailableError saying it did not answer within 300ms", err)
+	if err != nil {
+		t.Fatalf("Preflight with a hanging --help: %v, want the engine offered with its flags unknown", err)
+	}
+	fs, err := ProbeFlags(t.Context(), a.name, filepath.Join(h.bin, a.name), r.spec.Env, 300*time.Millisecond, nil)
+	if err != nil || fs == nil || !fs.Unknown || fs.Refusal(HelpSpecs[a.name].Needs) != "" || len(fs.Notes) != 1 || !strings.Contains(fs.Notes[0], "did not answer within 300ms") {
+		t.Fatalf("a hanging --help: %+v %v, want unknown flags, no refusal, a note", fs, err)
+	}
+	for _, n := range HelpSpecs[a.name].Needs {
+		if !fs.Has(n.Flag) {
+			t.Errorf("unknown flags: %s dropped, want the full flag set", n.Flag)
+		}
 	}
 }
 

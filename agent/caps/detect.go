@@ -198,6 +198,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		info      EngineInfo
 		note      string
 		flagNotes []string
+		unknown   bool // its --help timed out: offered with every flag
 	}
 	var found []*engineProbe
 	for _, name := range engines.Coding() { // found by their binary on PATH; script is built in
@@ -226,7 +227,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		repoErr   error
 	)
 	version := func(bin string) (string, error) {
-		return opts.Probes.Version(bin, func() (string, error) {
+		return opts.Probes.Version(ctx, bin, func() (string, error) {
 			return probeVersion(ctx, bin, env, opts.ProbeTimeout)
 		})
 	}
@@ -245,7 +246,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 			case fs != nil:
 				e.info.Flags, e.info.Dropped = fs.Found, fs.Dropped
 				e.info.Refused = fs.Refusal(engines.HelpSpecs[e.info.Name].Needs)
-				e.flagNotes = fs.Notes
+				e.flagNotes, e.unknown = fs.Notes, fs.Unknown
 			}
 		})
 	}
@@ -287,6 +288,10 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 			h.Notes = append(h.Notes, fmt.Sprintf("engine %s refused, not offered: %s", e.info.Name, e.info.Refused))
 		}
 		for _, n := range e.flagNotes {
+			if e.unknown {
+				h.Notes = append(h.Notes, "engine "+n)
+				continue
+			}
 			h.Notes = append(h.Notes, "engine "+n+" (dropped)")
 		}
 	}

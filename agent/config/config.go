@@ -69,11 +69,14 @@ type Config struct {
 	SBSubscription     string
 	SBSessions         bool
 
-	MetricsAddr        string
-	GCWIPRetention     time.Duration
-	Slots              int
-	DrainTimeout       time.Duration
-	KillGrace          time.Duration
+	MetricsAddr    string
+	GCWIPRetention time.Duration
+	Slots          int
+	DrainTimeout   time.Duration
+	KillGrace      time.Duration
+	// EngineProbeTimeout (AQ_ENGINE_PROBE_TIMEOUT) bounds each engine
+	// CLI's --version and --help probe.
+	EngineProbeTimeout time.Duration
 	CheckpointInterval time.Duration // periodic checkpoints while an engine runs; 0: off
 	// VerifyRounds (AQ_VERIFY_ROUNDS) is how many repair rounds a job gets
 	// after a failed verify when neither its manifest nor its profile says;

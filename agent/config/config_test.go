@@ -47,6 +47,7 @@ var sample = map[string]string{
 	"worktree_disk_max":      "50GiB",
 	"drain_timeout":          "10m0s",
 	"kill_grace":             "500ms",
+	"engine_probe_timeout":   "90s",
 	"checkpoint_interval":    "2m",
 	"verify_rounds":          "1",
 	"claude_permission_mode": "bypassPermissions",

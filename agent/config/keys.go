@@ -118,6 +118,8 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.DrainTimeout }, 0)},
 	{Name: "kill_grace", Group: GroupEngine, Type: "duration", Env: []string{"AQ_KILL_GRACE"}, Flag: "kill-grace", Default: "3s", Usage: "grace between the steps of the kill ladder (SIGINT, SIGTERM, SIGKILL)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.KillGrace }, 100*time.Millisecond)},
+	{Name: "engine_probe_timeout", Group: GroupEngine, Type: "duration", Env: []string{"AQ_ENGINE_PROBE_TIMEOUT"}, Flag: "engine-probe-timeout", Default: "60s", Usage: "bounds each engine CLI's --version and --help probe (cached per binary, one process probing a binary at a time); one that times out leaves the engine's version and flags unknown: it is still offered and run with its full flag set, and probed again later",
+		set: setDuration(func(c *Config) *time.Duration { return &c.EngineProbeTimeout }, time.Second)},
 	{Name: "checkpoint_interval", Group: GroupEngine, Type: "duration", Env: []string{"AQ_CHECKPOINT_INTERVAL"}, Flag: "checkpoint-interval", Default: "5m", Usage: "while an engine runs, checkpoint its worktree this often (pushed to origin's aq/wip/<id> while the lease is held; 0: only when it stops)",
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
 	{Name: "sandbox", Group: GroupEngine, Env: []string{"AQ_SANDBOX"}, Flag: "sandbox", Default: "auto", Usage: "run each job's engine and verify in a sandbox of its own: auto (the best this host offers, said once at start), on (refuse jobs, retryable elsewhere, where the full sandbox cannot run), off (docs/sandbox.md)",

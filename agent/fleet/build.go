@@ -59,7 +59,7 @@ func DetectHost(cfg *config.Config, sb *sandbox.Host) func(ctx context.Context) 
 	probes := engines.NewProbeCache(runner.ProbeCachePath(cfg.Home))
 	return func(ctx context.Context) (*caps.Host, error) {
 		return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs), Probes: probes,
-			Engines: cfg.RunEngines(true), EnginesListed: cfg.EnginesExplicit(), Sandbox: sb})
+			Engines: cfg.RunEngines(true), EnginesListed: cfg.EnginesExplicit(), Sandbox: sb, HelpTimeout: cfg.EngineProbeTimeout})
 	}
 }
 

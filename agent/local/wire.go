@@ -75,7 +75,7 @@ func New(cfg *config.Config, log *slog.Logger, red *secrets.Redactor, parts Part
 			// `aq run --once` after `aq run --once` runs none.
 			return caps.Detect(ctx, caps.DetectOptions{RepoBase: cfg.RepoBase, Clonable: repos.Clonable(cfg.RepoURLs),
 				Probes: engines.NewProbeCache(runner.ProbeCachePath(cfg.Home)), Engines: cfg.RunEngines(false), EnginesListed: cfg.EnginesExplicit(),
-				Sandbox: r.Sandbox})
+				Sandbox: r.Sandbox, HelpTimeout: cfg.EngineProbeTimeout})
 		},
 		Log:      log,
 		Tracer:   parts.Tracer,

@@ -269,6 +269,14 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 		return true
 	case engines.Unavailable:
 		ru.fail(job.ReasonEngineUnavailable, firstNonEmpty(res.Detail, "the engine is unavailable"))
+		if r := res.EgressRefused; r != nil {
+			ru.engineRefused(job.EgressRefusal{Host: r.Host, Port: r.Port, Count: 1, Why: r.Why})
+		}
+		if res.NoProgress {
+			if _, gw := engines.Endpoint(ru.eng.Name(), ru.r.env()); gw {
+				ru.holdUnreachable(res.Detail)
+			}
+		}
 	case engines.Limited:
 		ru.limited(res)
 	case engines.Stopped:

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"log/slog"
+	"os"
 	"path/filepath"
 
 	"go.opentelemetry.io/otel/trace"
@@ -50,12 +51,17 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			p.Log.Warn(w)
 		}
 	}
+	// A malformed base URL would send every job of its engine nowhere:
+	// one line naming the setting, before anything runs.
+	if err := engines.CheckBaseURLs(os.Environ()); err != nil {
+		return nil, aqerr.Wrap(aqerr.Usage, err, err.Error(), "")
+	}
 	if p.Egress == nil {
 		p.Egress = EgressProxies{Rules: cfg.SandboxNet, EngineHosts: cfg.SandboxEngineHosts, Log: p.Log}
 	}
 	eng := p.Engines
 	if eng == nil {
-		eng = engines.DefaultWith(engines.NewProbeCache(ProbeCachePath(cfg.Home)))
+		eng = engines.DefaultProbing(engines.NewProbeCache(ProbeCachePath(cfg.Home)), cfg.EngineProbeTimeout)
 	}
 	return &Runner{
 		Cfg: Config{

@@ -123,6 +123,9 @@ func (ru *run) pickEngine(ctx context.Context) (engines.Engine, engines.Info, jo
 	}
 	if held != nil {
 		detail := fmt.Sprintf("%s is held until %s: its account hit its %s (met by job %s)", held.Engine, held.Until.UTC().Format(time.RFC3339), held.Why, held.Job)
+		if held.Why == HoldUnreachable {
+			detail = fmt.Sprintf("%s is held until %s: its API was unreachable (met by job %s)", held.Engine, held.Until.UTC().Format(time.RFC3339), held.Job)
+		}
 		ru.park(held.Engine+" "+held.Why, held.Until, detail)
 		return nil, engines.Info{}, job.ReasonRateLimited, detail
 	}

@@ -464,6 +464,11 @@ func (ru *run) do(ctx context.Context) {
 		return
 	}
 	defer ru.closeSandbox()
+	// An engine pointed at a gateway: can it be reached through the job's
+	// way out? If not, fail in seconds, saying why, and hold the engine.
+	if !ru.checkGateway(ctx) {
+		return
+	}
 	ru.event(EngineStarted{Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.

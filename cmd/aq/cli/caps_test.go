@@ -272,16 +272,19 @@ func TestCapsProbeTimeout(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatal(err)
 	}
-	if slices.Contains(got.Tokens, "engine:claude") || got.Engines[0]["name"] != "claude" || got.Engines[0]["version"] != "" || got.Engines[0]["path"] != claude {
-		t.Errorf("hung claude must be listed without a version, and not offered: %+v", got)
+	// A probe that times out is a busy host, not a missing engine (#33
+	// item 6): claude is listed without a version and offered, its flags
+	// unknown.
+	if !slices.Contains(got.Tokens, "engine:claude") || got.Engines[0]["name"] != "claude" || got.Engines[0]["version"] != "" || got.Engines[0]["path"] != claude {
+		t.Errorf("hung claude must be listed without a version, and offered: %+v", got)
 	}
-	refused := "claude is unavailable: `claude --help` did not answer within 200ms"
-	if got.Engines[0]["refused"] != refused {
-		t.Errorf("refused = %v, want %q", got.Engines[0]["refused"], refused)
+	if r, ok := got.Engines[0]["refused"]; ok && r != "" {
+		t.Errorf("refused = %v, want none", r)
 	}
 	want := "engine claude: " + claude + " --version did not finish within 200ms; listed without a version"
-	if !slices.Contains(got.Notes, want) || !slices.Contains(got.Notes, "engine claude refused, not offered: "+refused) {
-		t.Errorf("notes = %q, want %q and the refusal", got.Notes, want)
+	unknown := "engine claude: `claude --help` did not answer within 200ms (a busy host?): its flags are unknown"
+	if !slices.Contains(got.Notes, want) || !slices.ContainsFunc(got.Notes, func(n string) bool { return strings.HasPrefix(n, unknown) }) {
+		t.Errorf("notes = %q, want %q and %q", got.Notes, want, unknown)
 	}
 }
 
