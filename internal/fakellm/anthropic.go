@@ -175,6 +175,13 @@ func (s *Server) anthropicMessages(w http.ResponseWriter, r *http.Request, rec *
 	if !req.Stream {
 		b, _ := json.Marshal(m)
 		w.Header().Set("Content-Type", "application/json")
+		if fault != nil && fault.CutAfter > 0 {
+			// A cut answer: half the body, then the connection drops.
+			rec.Answer = fmt.Sprintf("cut after %d bytes", len(b)/2)
+			w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+			_, _ = w.Write(b[:len(b)/2])
+			cut(w)
+		}
 		if _, err := w.Write(b); err == nil {
 			s.player.spend(rec.Turn)
 		}

@@ -322,6 +322,12 @@ func TestAnthropicStreamCut(t *testing.T) {
 	if m := assemble(t, evs); m.Content[0].Text != "a long answer cut short" {
 		t.Errorf("the retry's answer %+v", m)
 	}
+	// A non-streaming request gets half its body.
+	srv2 := start(t, Script{Turns: []Turn{{Text: "cut", Fault: &Fault{CutAfter: 1}}}})
+	resp = post(t, srv2, "/v1/messages", messagesBody(false, true))
+	if b, err := io.ReadAll(resp.Body); !errors.Is(err, io.ErrUnexpectedEOF) || json.Valid(b) {
+		t.Errorf("a cut JSON answer: %q, %v", b, err)
+	}
 	if got := srv.Requests()[0].Answer; got != "cut after 3 events" {
 		t.Errorf("recorded %q", got)
 	}
@@ -463,5 +469,30 @@ func TestCloseEndsHeldConnections(t *testing.T) {
 	}
 	if err := <-errc; err == nil {
 		t.Error("the held request was answered after Close")
+	}
+}
+
+func TestDelayOnlyOnce(t *testing.T) {
+	// A delay with Times 1 holds back the first request's answer only: the
+	// retry of a client that gave up is answered at once.
+	srv := start(t, Script{Turns: []Turn{{Text: "late", Fault: &Fault{Delay: time.Hour, Times: 1}}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/messages", strings.NewReader(messagesBody(false, true)))
+	go func() {
+		for srv.Pending() == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+	}()
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("the delayed request was answered")
+	}
+	var m AnthropicAnswer
+	if err := json.NewDecoder(post(t, srv, "/v1/messages", messagesBody(false, true)).Body).Decode(&m); err != nil || m.Content[0].Text != "late" {
+		t.Fatalf("the retry: %+v %v", m, err)
+	}
+	if srv.Played() != 1 {
+		t.Errorf("played %d", srv.Played())
 	}
 }

@@ -76,10 +76,12 @@ type Fault struct {
 	// the API's format, with Status (200 when 0).
 	HTML bool
 	// CutAfter, with Status 0, streams the turn's answer and cuts the
-	// connection after this many events (a stream cut mid-way).
+	// connection after this many events (a stream cut mid-way); a
+	// non-streaming request gets half its JSON body, then the cut (claude
+	// retries a cut stream without streaming).
 	CutAfter int
 	// Delay holds the first byte back this long (a slow first byte); alone
-	// it delays the turn's normal answer.
+	// it delays the turn's normal answer (for the first Times requests).
 	Delay time.Duration
 	// Times is how many requests the fault answers before the turn is
 	// answered; 0 is every request.
@@ -109,13 +111,7 @@ func (p *player) turn() (Turn, int, *Fault) {
 		return Turn{Text: "Done.", Usage: Usage{Input: 1, Output: 1}}, -1, nil
 	}
 	t, i := p.script.Turns[p.next], p.next
-	f := t.Fault
-	switch {
-	case f == nil:
-		return t, i, nil
-	case f.delayOnly():
-		return t, i, f
-	case f.Times == 0 || p.faults < f.Times:
+	if f := t.Fault; f != nil && (f.Times == 0 || p.faults < f.Times) {
 		p.faults++
 		return t, i, f
 	}
