@@ -112,15 +112,35 @@ type rig struct {
 // newRig makes an aq home whose claude will talk to the fake (serve starts
 // it), with the test-only switches a factory sets through what aq passes to
 // claude (its ANTHROPIC_*, CLAUDE_CODE_* and DISABLE_* variables:
-// docs/engines.md), and aq's own secrets in aq's environment.
+// docs/engines.md), and aq's own secrets in aq's environment. The engine
+// runs unsandboxed (AQ_SANDBOX=off), aq, claude and the fake in a network
+// namespace of the test's own.
 func newRig(t *testing.T, env ...string) *rig {
+	t.Helper()
+	return makeRig(t, false, env...)
+}
+
+// newSandboxedRig is newRig with the engine in aq's sandbox as a factory
+// runs it (AQ_SANDBOX=on): the sandbox's own network namespace and egress
+// proxy, the fake on the host's 127.0.0.1 reached through the sandbox's
+// loopback bridge to a base URL's port. aq and the fake stay on the host.
+func newSandboxedRig(t *testing.T, env ...string) *rig {
+	t.Helper()
+	return makeRig(t, true, env...)
+}
+
+func makeRig(t *testing.T, sandboxed bool, env ...string) *rig {
 	t.Helper()
 	bin := testenv.RealCLI(t, "claude")
 	aq := testenv.BuildAQ(t) // before the namespace: building may fetch modules
-	r := &rig{t: t, h: testenv.NewHome(t), ns: newNetns(t), claude: bin, home: t.TempDir()}
+	r := &rig{t: t, h: testenv.NewHome(t), claude: bin, home: t.TempDir()}
+	mode := "on"
+	if !sandboxed {
+		r.ns, mode = newNetns(t), "off"
+	}
 	r.h.Bin = aq
 	r.h.Env = append(r.h.Env,
-		"AQ_SANDBOX=off",
+		"AQ_SANDBOX="+mode,
 		"PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"HOME="+r.home,
 		"ANTHROPIC_API_KEY="+apiKey,
@@ -137,12 +157,22 @@ func newRig(t *testing.T, env ...string) *rig {
 	return r
 }
 
+// do runs f in the rig's network namespace (on the host for a sandboxed
+// rig: the sandbox makes the engine's).
+func (r *rig) do(f func()) {
+	if r.ns == nil {
+		f()
+		return
+	}
+	r.ns.do(f)
+}
+
 // serve starts the fake, playing script, in the rig's namespace, and points
 // claude's ANTHROPIC_BASE_URL at it.
 func (r *rig) serve(script fakellm.Script) *fakellm.Server {
 	r.t.Helper()
 	var lerr error
-	r.ns.do(func() {
+	r.do(func() {
 		var ln net.Listener
 		if ln, lerr = net.Listen("tcp", "127.0.0.1:0"); lerr == nil {
 			r.fake = fakellm.Serve(ln, script)
@@ -177,7 +207,7 @@ func (r *rig) run(args ...string) testenv.Result {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	var err error
-	r.ns.do(func() { err = cmd.Start() })
+	r.do(func() { err = cmd.Start() })
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -55,7 +55,19 @@ func sum(ts []fakellm.Turn) fakellm.Usage {
 // the manifest's model, and none of aq's secrets.
 func TestClaudeShips(t *testing.T) {
 	t.Parallel()
-	r := newRig(t)
+	shipCase(t, newRig(t))
+}
+
+// TestClaudeShipsSandboxed: the ship case with claude in aq's sandbox, as
+// the factory runs it by default (AQ_SANDBOX=on here: a host that cannot
+// sandbox fails it rather than running unsandboxed): the fake on the host's
+// loopback is reached at the same URL through the sandbox's bridge.
+func TestClaudeShipsSandboxed(t *testing.T) {
+	t.Parallel()
+	shipCase(t, newSandboxedRig(t))
+}
+
+func shipCase(t *testing.T, r *rig) {
 	r.h.Repo(t, "app", map[string]string{"greet.txt": "hello\n"})
 	origin := testenv.AddOrigin(t, filepath.Join(r.h.RepoBase, "app"))
 	id := testenv.ID("ships")
@@ -200,7 +212,7 @@ func TestClaudeRetryAfterCrash(t *testing.T) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	var err error
-	r.ns.do(func() { err = cmd.Start() })
+	r.do(func() { err = cmd.Start() })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,9 +225,15 @@ func TestClaudeRetryAfterCrash(t *testing.T) {
 	testenv.WaitFor(t, 2*time.Minute, "claude to end with aq", func() bool { return r.fake.Pending() == 0 })
 
 	var res testenv.Result
-	testenv.WaitFor(t, 3*time.Minute, "the retry to run", func() bool {
+	// The crash's backoff (at least 30 s for an infrastructure reason)
+	// first: aq run --once finds no runnable job until it passes.
+	testenv.WaitFor(t, 4*time.Minute, "the retry to run", func() bool {
 		res = r.run("run", "--once")
-		return len(r.turns()) >= 2
+		if len(r.turns()) >= 2 {
+			return true
+		}
+		time.Sleep(2 * time.Second)
+		return false
 	})
 	v := r.show(id)
 	if v.Stage == "failed" || v.Stage == "dead_letter" {
@@ -365,7 +383,7 @@ func TestClaudeShipsFleet(t *testing.T) {
 		s   *coord.Served
 		err error
 	)
-	r.ns.do(func() {
+	r.do(func() {
 		var ln net.Listener
 		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err == nil {
 			s, err = coord.ServeOn(context.Background(), ln, coord.Options{}, nil)
