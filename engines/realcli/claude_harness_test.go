@@ -154,6 +154,14 @@ func makeRig(t *testing.T, sandboxed bool, env ...string) *rig {
 		r.h.Env = append(r.h.Env, k+"="+v)
 	}
 	r.h.Env = append(r.h.Env, env...)
+	// claude's --help answers in seconds, but not always within aq's 10 s
+	// probe deadline on a loaded test machine (#33's "a busy host loses its
+	// engine"): probe it once here with a generous deadline, as an operator
+	// can (aq caps --probe-timeout); aq keeps a successful probe in
+	// $AQ_HOME/engines/probes.json and the jobs' runs reuse it.
+	if res := r.h.Run(t, "caps", "--probe-timeout", "3m"); res.Code != 0 || !strings.Contains(res.Stdout, "--max-budget-usd") {
+		t.Fatalf("aq caps --probe-timeout 3m: %s", res)
+	}
 	return r
 }
 
