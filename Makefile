@@ -14,7 +14,7 @@ FUZZTIME  ?= 2m
 # tool dependencies in go.mod); later runs start at once.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
-.PHONY: all build install test unit lint fuzz fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer realcli
+.PHONY: all build install test unit lint fuzz fmtcheck vet tidycheck crossbuild race selftest bench demo chaos clean sbpeer realcli engines-latest
 
 all: build
 
@@ -106,6 +106,14 @@ realcli:
 
 $(REALCLI_STAMP): engines/realcli/package-lock.json engines/realcli/package.json
 	npm ci --prefix engines/realcli --no-audit --no-fund --loglevel=error
+
+## engines-latest: the end-to-end tests against the newest published claude
+## and codex CLIs (opt-in, not part of make test; needs the npm registry):
+## they are installed into a temp copy of engines/realcli and the table of
+## versions and results is printed (docs/engines.md, "Compatibility").
+## RUN=REGEXP narrows the tests.
+engines-latest:
+	engines/realcli/latest.sh
 
 ## fuzz: each native fuzz target for FUZZTIME (default 2m), one after
 ## another with -parallel 1 (the machine is shared); their seed corpora

@@ -318,6 +318,13 @@ var unavailablePatterns = []struct {
 	// (ConnectionRefused)"; codex says "Reconnecting... waiting for
 	// network (Connection failed: error sending request)" (both recorded).
 	{regexp.MustCompile(`(?i)unable to connect to api|connection ?refused|econnrefused|enotfound|getaddrinfo|failed to lookup address|waiting for network|error sending request`), "API unreachable"},
+	// Something between the engine and the API answered instead of it (an
+	// HTML page, a cut body): claude 2.1.332 says "API Error: API returned
+	// an empty or malformed response (HTTP 200) — check for a proxy or
+	// gateway intercepting the request." (recorded against
+	// internal/fakellm). Not the task's fault: another factory's way out
+	// may be fine.
+	{regexp.MustCompile(`(?i)empty or malformed response|malformed response from (the )?api`), "API answered garbage"},
 }
 
 // unavailableReason reports whether any of texts says the engine cannot work

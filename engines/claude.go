@@ -292,6 +292,9 @@ type claudeEvent struct {
 	SessionID string `json:"session_id"`
 	Model     string `json:"model"`
 	Version   string `json:"claude_code_version"`
+	// APIKeySource is where claude took its credential from
+	// (ANTHROPIC_API_KEY, apiKeyHelper, /login managed key, none, …).
+	APIKeySource string `json:"apiKeySource"`
 	// assistant
 	Message *struct {
 		ID      string          `json:"id"`
@@ -365,6 +368,7 @@ type claudeParser struct {
 	model     string
 	version   string
 	sessionID string
+	keySource string // the init event's apiKeySource
 	calls     map[string]*claudeCall
 	order     []string
 	anon      int
@@ -422,6 +426,7 @@ func (p *claudeParser) onStdout(line []byte) {
 			}
 			p.version = ev.Version
 			p.sessionID = ev.SessionID
+			p.keySource = ev.APIKeySource
 		}
 	case "assistant":
 		// Only an error on the last assistant event speaks for the end of
@@ -678,6 +683,9 @@ func (p *claudeParser) classify(res *Result, kind, excerpt string) {
 	lk := limitKind(kind)
 	if lk == "" {
 		res.Outcome, res.Detail = Unavailable, "claude is unavailable ("+kind+"): "+excerpt
+		if strings.HasPrefix(kind, "auth") {
+			res.Detail += claudeLoginHint(p.keySource)
+		}
 		return
 	}
 	lim := &Limit{Kind: lk, Note: p.limitNote}
@@ -713,6 +721,18 @@ func (p *claudeParser) classify(res *Result, kind, excerpt string) {
 	}
 	res.Outcome, res.Limit = Limited, lim
 	res.Detail = "claude " + lim.Kind + ": " + excerpt
+}
+
+// claudeLoginHint names the login a refused or expired credential came
+// from (the init event's apiKeySource), so the operator fixes that one.
+func claudeLoginHint(source string) string {
+	switch source {
+	case "":
+		return ""
+	case "none":
+		return " — claude's login: no API key, its OAuth login if any: log in again (`claude`, or `claude setup-token` for CLAUDE_CODE_OAUTH_TOKEN) or set ANTHROPIC_API_KEY"
+	}
+	return " — claude's login: " + source + ": check or replace it"
 }
 
 // unavailable looks for a not-the-task's-fault failure in what claude said

@@ -110,6 +110,22 @@ var claudeCases = []struct {
 	{name: "real_api_retry_no_listener", exit: 1, want: Unavailable},
 	{name: "real_api_retry_500", exit: 1, want: Unavailable},
 	{name: "real_proxy_refused", exit: 1, want: Unavailable},
+	// Recorded from claude 2.1.332 against internal/fakellm (the API
+	// fake; testdata/README.md): a turn's text and usage; a refused key
+	// (401, retried twice under CLAUDE_CODE_MAX_RETRIES=2, "Invalid API key ·
+	// Fix external API key"); a 429 with retry-after 1800 (not retried, no
+	// reset time printed); 529 and 500 (retried, then "API Error: 529
+	// Overloaded…" / "API Error: 500 …", error server_error); an HTML page
+	// (a non-streaming retry, then "API returned an empty or malformed
+	// response", error unknown); streams cut on every try, then the
+	// non-streaming fallback that got the whole answer.
+	{name: "real_2.1.332_success", want: Succeeded},
+	{name: "real_2.1.332_401", exit: 1, want: Unavailable},
+	{name: "real_2.1.332_429", exit: 1, want: Limited, wantLimit: &Limit{Kind: LimitRate}},
+	{name: "real_2.1.332_529", exit: 1, want: Unavailable},
+	{name: "real_2.1.332_500", exit: 1, want: Unavailable},
+	{name: "real_2.1.332_html", exit: 1, want: Unavailable},
+	{name: "real_2.1.332_cut_then_whole", want: Succeeded},
 	{name: "max_turns", exit: 1, want: TaskFailed},        // error_max_turns (is_error false)
 	{name: "max_budget", want: Stopped, wantBudget: true}, // error_max_budget_usd, is_error false, exit 0
 	{name: "during_execution", exit: 1, want: TaskFailed}, // error_during_execution

@@ -24,6 +24,17 @@ func readTestdata(t *testing.T, rel string) string {
 // found, and the traps FIELD-NOTES §4 names are what the help says.
 func TestHelpFlagsRealCLIs(t *testing.T) {
 	claude := HelpFlags(readTestdata(t, "claude/help.txt"))
+	// The pinned claude (engines/realcli, 2.1.332) answers as the 2.1.197
+	// help that the fake claudes print, for every flag aq passes: the fakes'
+	// --help is still the real one where aq looks.
+	pinned := HelpFlags(readTestdata(t, "claude/help-2.1.332.txt"))
+	for _, n := range claudeNeeds {
+		for _, sp := range n.spellings() {
+			if claude[sp] != pinned[sp] {
+				t.Errorf("%s: claude 2.1.197's --help lists it: %t; the pinned 2.1.332's: %t", sp, claude[sp], pinned[sp])
+			}
+		}
+	}
 	for _, n := range claudeNeeds {
 		has := slices.ContainsFunc(n.spellings(), func(s string) bool { return claude[s] })
 		if has == n.Hidden {

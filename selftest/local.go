@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/aqfleet/aq/agent/caps"
@@ -42,6 +43,9 @@ type localSetup struct {
 type localOpt struct {
 	parts local.Parts
 	env   []string // extra host environment
+	// drop removes variables of the host's environment (before env is
+	// added): the engine checks keep an operator's engine settings out.
+	drop  func(key string) bool
 	pass  []string // AQ_ENGINE_ENV: names of env the engines get
 	clock func() time.Time
 	// config adjusts the installation's configuration before its agent is
@@ -67,7 +71,13 @@ func (w *workspace) newLocal(name string, o localOpt) (*localSetup, error) {
 		o.config(l.cfg)
 	}
 	l.scope = runner.Scope(l.home)
-	env := append(append([]string(nil), w.engineEnv...), o.env...)
+	var env []string
+	for _, kv := range w.engineEnv {
+		if k, _, _ := strings.Cut(kv, "="); o.drop == nil || !o.drop(k) {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, o.env...)
 	l.red = secrets.NewRedactor(env)
 	parts := o.parts
 	if parts.Catalog == nil {

@@ -28,6 +28,7 @@ func scenarios() []*scenario {
 	var out []*scenario
 	out = append(out, hostScenarios()...)
 	out = append(out, pipelineScenarios()...)
+	out = append(out, cliScenarios()...)
 	return out
 }
 

@@ -52,10 +52,14 @@ type Group string
 const (
 	GroupHost     Group = "host"
 	GroupPipeline Group = "pipeline"
+	// GroupEngines runs each engine CLI installed here through a tiny job
+	// against a fake API (engines.go). It is not part of a default run:
+	// `aq selftest --engines` adds it, `--group engines` runs it alone.
+	GroupEngines Group = "engines"
 )
 
 // Groups lists every group.
-var Groups = []Group{GroupHost, GroupPipeline}
+var Groups = []Group{GroupHost, GroupPipeline, GroupEngines}
 
 // Status is how a check ended.
 type Status string
@@ -140,8 +144,11 @@ type Options struct {
 	// are skipped).
 	Config    *config.Config
 	ConfigErr error
-	// Group limits the run to one group ("" runs both).
+	// Group limits the run to one group ("" runs host and pipeline, and
+	// engines with Engines).
 	Group Group
+	// Engines adds the engines group to a run of every group.
+	Engines bool
 	// Only limits the run to the checks whose name it matches.
 	Only *regexp.Regexp
 	// Exe is the aq binary the recovery check runs as a child (`aq run
@@ -183,6 +190,9 @@ func (o *Options) scenarioList() []*scenario {
 
 func (o *Options) selected(c Check) bool {
 	if o.Group != "" && c.Group != o.Group {
+		return false
+	}
+	if o.Group == "" && c.Group == GroupEngines && !o.Engines {
 		return false
 	}
 	return o.Only == nil || o.Only.MatchString(c.Name)

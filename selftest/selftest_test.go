@@ -35,7 +35,7 @@ func hostConfig(t *testing.T) *config.Config {
 	return cfg
 }
 
-var namePattern = regexp.MustCompile(`^(host|pipeline)\.[a-z0-9]+(?:[.-][a-z0-9]+)*$`)
+var namePattern = regexp.MustCompile(`^(host|pipeline|engines)\.[a-z0-9]+(?:[.-][a-z0-9]+)*$`)
 
 // TestCatalog: at least sixty distinct, well-formed checks, each with a
 // one-line description, in two groups.
@@ -59,8 +59,25 @@ func TestCatalog(t *testing.T) {
 	if len(seen) < 60 {
 		t.Fatalf("%d distinct checks, want at least 60", len(seen))
 	}
-	if groups[GroupHost] == 0 || groups[GroupPipeline] == 0 || len(groups) != 2 {
+	if groups[GroupHost] == 0 || groups[GroupPipeline] == 0 || groups[GroupEngines] == 0 || len(groups) != 3 {
 		t.Fatalf("groups %v", groups)
+	}
+	// The engines group runs only when asked: --engines adds it to a run of
+	// every group, --group engines runs it alone.
+	def := Select(Options{})
+	for _, c := range def {
+		if c.Group == GroupEngines {
+			t.Errorf("a default run selects %s", c.Name)
+		}
+	}
+	if n := len(def); n != groups[GroupHost]+groups[GroupPipeline] {
+		t.Errorf("a default run selects %d checks, want host and pipeline's %d", n, groups[GroupHost]+groups[GroupPipeline])
+	}
+	if n := len(Select(Options{Engines: true})); n != len(cat) {
+		t.Errorf("--engines selects %d checks, want all %d", n, len(cat))
+	}
+	if got := Select(Options{Group: GroupEngines}); len(got) != groups[GroupEngines] || got[0].Name != "engines.claude" {
+		t.Errorf("--group engines selects %v, want the engines group, claude first", got)
 	}
 	if n := len(Select(Options{Group: GroupHost})); n != groups[GroupHost] {
 		t.Errorf("--group host selects %d, want %d", n, groups[GroupHost])
@@ -96,8 +113,8 @@ func TestRunAllPassOrSkip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Counts.Total != len(Catalog()) || len(rep.Checks) != len(Catalog()) {
-		t.Fatalf("%d results for %d checks", len(rep.Checks), len(Catalog()))
+	if n := len(Select(Options{})); rep.Counts.Total != n || len(rep.Checks) != n {
+		t.Fatalf("%d results for %d checks", len(rep.Checks), n)
 	}
 	broker := sbpeertest.Missing() == "" // the broker checks must then pass, not skip
 	for _, r := range rep.Checks {

@@ -33,9 +33,17 @@ func RealCLI(tb testing.TB, name string) string {
 	return ""
 }
 
+// RealCLIEnv names a directory that holds other versions of the CLIs in
+// its node_modules instead of engines/realcli (`make engines-latest`: the
+// newest published versions, installed into a temp copy).
+const RealCLIEnv = "REALCLI_DIR"
+
 // RealCLIDir is engines/realcli in the module that holds the working
-// directory.
+// directory, or $REALCLI_DIR when set.
 func RealCLIDir() (string, error) {
+	if dir := os.Getenv(RealCLIEnv); dir != "" {
+		return filepath.Abs(dir)
+	}
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err

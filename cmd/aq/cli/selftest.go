@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/aqfleet/aq/agent/config"
 	"github.com/aqfleet/aq/internal/aqerr"
@@ -21,6 +22,7 @@ import (
 func init() { register(newSelftestCmd) }
 
 type selftestOptions struct {
+	Engines bool
 	JSON    bool
 	Only    string
 	Group   string
@@ -31,7 +33,7 @@ type selftestOptions struct {
 func newSelftestCmd(f *Factory) *cobra.Command {
 	opts := &selftestOptions{}
 	cmd := &cobra.Command{
-		Use:   "selftest [--json] [--group host|pipeline] [--only PATTERN] [--list]",
+		Use:   "selftest [--json] [--group host|pipeline|engines] [--engines] [--only PATTERN] [--list]",
 		Short: "Check this host and this build, offline: named checks, pass/fail/skip; non-zero exit on any failure",
 		Long: `Run aq's self-checks, in two groups:
 
@@ -52,6 +54,10 @@ func newSelftestCmd(f *Factory) *cobra.Command {
             delivery through the local AMQP peer (when Node and 'make sbpeer'
             are there), gc and secrets. It leaves nothing behind: the last
             checks prove it.
+  engines   only with --engines (or --group engines): each engine CLI
+            installed here runs a tiny job in this host's engine sandbox
+            against an in-process fake of its API, with an empty login — no
+            token is spent, nothing reaches a real API.
 
 Each check prints one line: PASS, FAIL or SKIP, its name, its duration and a
 one-line reason. --list names every check with what it proves.
@@ -68,27 +74,52 @@ With --list --json: [{name, group, description}].
 Exit codes: 0 no check failed, 1 a check failed, 2 usage error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// --engines here is the selftest's own switch, not the
+			// configuration key of that name (AQ_ENGINES still sets it):
+			// the configuration must not read "true" as a list of engines.
+			if fl := cmd.Flags().Lookup("engines"); fl != nil {
+				fl.Changed = false
+			}
 			return runSelftest(cmd.Context(), f, opts)
 		},
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&opts.JSON, "json", false, "print the report as JSON: {ok, counts, checks: [{name, group, status, reason, durationMs}]}")
 	fl.StringVar(&opts.Only, "only", "", "run only the checks whose name matches this regular expression")
-	fl.StringVar(&opts.Group, "group", "", "run only one group: host or pipeline")
+	fl.StringVar(&opts.Group, "group", "", "run only one group: host, pipeline or engines")
+	fl.BoolVar(&opts.Engines, "engines", false, "also run the engines group: each engine CLI installed here, a tiny job against a fake API in the sandbox")
 	fl.BoolVar(&opts.List, "list", false, "list the checks (name and what each proves) without running them")
 	fl.DurationVar(&opts.Timeout, "timeout", 3*time.Minute, "give up on the whole run after this long (each check has its own, shorter deadline)")
 	_ = fl.MarkHidden("timeout")
-	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon)
+	// Every key of these groups as a flag but engines (AQ_ENGINES): on this
+	// command --engines is the engines group's switch.
+	keys := pflag.NewFlagSet("keys", pflag.ContinueOnError)
+	config.AddFlags(keys, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupDaemon)
+	keys.VisitAll(func(k *pflag.Flag) {
+		if k.Name != "engines" {
+			fl.AddFlag(k)
+		}
+	})
+	return cmd
 }
+
+// engineSelftestTimeout is the least overall deadline of a run with the
+// engines group.
+const engineSelftestTimeout = 8 * time.Minute
 
 func runSelftest(ctx context.Context, f *Factory, opts *selftestOptions) error {
 	o := selftest.Options{Timeout: opts.Timeout}
 	if opts.Group != "" {
 		g, err := selftest.ParseGroup(opts.Group)
 		if err != nil {
-			return aqerr.Usagef("use --group host or --group pipeline", "--group: %v", err)
+			return aqerr.Usagef("use --group host, --group pipeline or --group engines", "--group: %v", err)
 		}
 		o.Group = g
+	}
+	o.Engines = opts.Engines
+	if (o.Engines || o.Group == selftest.GroupEngines) && opts.Timeout < engineSelftestTimeout {
+		// Each engine's job takes tens of seconds on a busy host.
+		o.Timeout = engineSelftestTimeout
 	}
 	if opts.Only != "" {
 		re, err := regexp.Compile(opts.Only)
@@ -112,15 +143,22 @@ func runSelftest(ctx context.Context, f *Factory, opts *selftestOptions) error {
 	}
 	out := f.IO.Out
 	if !opts.JSON {
-		hostN, pipeN := 0, 0
+		hostN, pipeN, engN := 0, 0, 0
 		for _, c := range checks {
-			if c.Group == selftest.GroupHost {
+			switch c.Group {
+			case selftest.GroupHost:
 				hostN++
-			} else {
+			case selftest.GroupEngines:
+				engN++
+			default:
 				pipeN++
 			}
 		}
-		fmt.Fprintf(out, "aq selftest: %d checks (host %d, pipeline %d)\n", len(checks), hostN, pipeN)
+		if engN > 0 {
+			fmt.Fprintf(out, "aq selftest: %d checks (host %d, pipeline %d, engines %d)\n", len(checks), hostN, pipeN, engN)
+		} else {
+			fmt.Fprintf(out, "aq selftest: %d checks (host %d, pipeline %d)\n", len(checks), hostN, pipeN)
+		}
 		width := 0
 		for _, c := range checks {
 			width = max(width, len(c.Name))

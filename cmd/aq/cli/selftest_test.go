@@ -145,3 +145,41 @@ func TestSelftestGitMissing(t *testing.T) {
 		}
 	}
 }
+
+// TestSelftestEnginesGroup: the engines group is listed and run only when
+// asked (--engines, --group engines), and --engines on this command is the
+// group's switch, not the AQ_ENGINES key's flag: the configuration does not
+// read "true" as a list of engines (a run with it starts, its engine check
+// skipped where no claude is on PATH).
+func TestSelftestEnginesGroup(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("PATH", "/usr/bin:/bin") // no claude here
+	list := func(args ...string) []string {
+		t.Helper()
+		out, errOut, code := runAQ(t, append([]string{"selftest", "--list", "--json"}, args...)...)
+		var checks []struct{ Name, Group string }
+		if code != 0 || json.Unmarshal([]byte(out), &checks) != nil {
+			t.Fatalf("selftest --list --json %v: %d %q %q", args, code, out, errOut)
+		}
+		var names []string
+		for _, c := range checks {
+			if c.Group == "engines" {
+				names = append(names, c.Name)
+			}
+		}
+		return names
+	}
+	if got := list(); len(got) != 0 {
+		t.Errorf("a default --list names the engines group: %v", got)
+	}
+	if got := list("--engines"); len(got) == 0 || got[0] != "engines.claude" {
+		t.Errorf("--list --engines: engines group %v, want engines.claude first", got)
+	}
+	if got := list("--group", "engines"); len(got) == 0 || got[0] != "engines.claude" {
+		t.Errorf("--list --group engines: %v", got)
+	}
+	out, errOut, code := runAQ(t, "selftest", "--engines", "--only", `^engines\.claude$`)
+	if code != 0 || !strings.Contains(out, "SKIP  engines.claude") || !strings.Contains(out, "claude is not installed here") {
+		t.Errorf("selftest --engines without claude: %d %q %q", code, out, errOut)
+	}
+}
