@@ -48,13 +48,17 @@ import (
 //     why in those terms), or Stopped when aq stopped it.
 //
 // Usage comes only from turn.completed.usage {input_tokens,
-// cached_input_tokens, output_tokens}; codex reports the thread's running
-// total there (the exec event processor's usage_from_last_total), so the
-// last one wins. Codex reports no cost: it is metered from spec.Prices for
+// cached_input_tokens, cache_write_input_tokens, output_tokens,
+// reasoning_output_tokens} (reasoning is part of output); codex reports
+// the thread's running total there, so the last one wins — also across
+// `codex exec resume`: measured with codex 0.171.0 against fakellm, a
+// first run whose two requests reported 1000+2000 input tokens printed
+// 3000, and the resumed run's one request of 3000 printed 6000
+// (testdata/codex/real_tool_call.jsonl, real_resume.jsonl). Codex reports no cost: it is metered from spec.Prices for
 // the model (the price table's default when -m is not set, as codex then
 // uses its own configured model), with Usage.Estimated set. A repair round
 // that continues the thread (`codex exec resume`, see Run) reports the
-// thread's total too: its own usage is what it adds. Codex reports
+// thread's total too: its own usage is what it adds to Resume.Usage. Codex reports
 // no usage during a turn, so aq's token and USD budgets can only stop it
 // between turns; the wall budget still applies throughout.
 type Codex struct {
@@ -251,7 +255,11 @@ type codexEvent struct {
 	Usage    *struct {
 		InputTokens       int64 `json:"input_tokens"`
 		CachedInputTokens int64 `json:"cached_input_tokens"`
-		OutputTokens      int64 `json:"output_tokens"`
+		// CacheWriteInputTokens: codex 0.171.0 prints it (0 against the
+		// OpenAI API); reasoning_output_tokens, also printed, is part of
+		// output_tokens.
+		CacheWriteInputTokens int64 `json:"cache_write_input_tokens"`
+		OutputTokens          int64 `json:"output_tokens"`
 	} `json:"usage"`
 	Error   json.RawMessage `json:"error"` // turn.failed: {message}; a bare string is taken too
 	Message string          `json:"message"`
@@ -316,6 +324,8 @@ func (p *codexParser) onStdout(line []byte) {
 				TokensIn:     since(ev.Usage.InputTokens, p.base.TokensIn),
 				TokensCached: since(ev.Usage.CachedInputTokens, p.base.TokensCached),
 				TokensOut:    since(ev.Usage.OutputTokens, p.base.TokensOut),
+
+				TokensCacheWrite: since(ev.Usage.CacheWriteInputTokens, p.base.TokensCacheWrite),
 			}
 		}
 		u, observe = p.current(), true

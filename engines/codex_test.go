@@ -46,6 +46,12 @@ var codexCases = []struct {
 	{name: "malformed", want: Succeeded},
 	// exec resume of a thread codex does not have: stderr only, exit 1.
 	{name: "resume_not_found", exit: 1, stderr: true, want: TaskFailed},
+	// Recorded from codex 0.171.0 against fakellm (engines/realcli): an
+	// exec_command call, then a message; the "Model metadata … not found"
+	// item of type error a model outside codex's catalogue adds; usage
+	// with cache_write_input_tokens and reasoning_output_tokens.
+	{name: "real_tool_call", want: Succeeded},
+	{name: "real_resume", want: Succeeded},
 }
 
 func TestCodexGolden(t *testing.T) {
@@ -196,5 +202,29 @@ func TestCodexArgsSandboxMode(t *testing.T) {
 		if got := (&Codex{}).Args(Spec{CodexSandbox: tc.mode, Flags: tc.flags}); !slices.Equal(got, tc.want) {
 			t.Errorf("Args(%q) = %q, want %q", tc.mode, got, tc.want)
 		}
+	}
+}
+
+// TestCodexResumedThreadUsage: codex 0.171.0 (recorded against fakellm)
+// prints the thread's running total in a resumed run's turn.completed —
+// the first run's 3000/1100/110 tokens plus the resumed request's
+// 3000/2000/70 — so the resumed run's own usage is what it adds to the
+// session's usage before it, counted once.
+func TestCodexResumedThreadUsage(t *testing.T) {
+	first := newCodexParser("gpt-5.5", nil, nil, nil)
+	res := finishRecorded(t, first, "codex", "real_tool_call", 0, false)
+	if res.Outcome != Succeeded || res.Usage.TokensIn != 3000 || res.Usage.TokensCached != 1100 || res.Usage.TokensOut != 110 {
+		t.Fatalf("the first run: %s %+v", res.Outcome, res.Usage)
+	}
+	resumed := newCodexParser("gpt-5.5", nil, nil, nil)
+	resumed.base = res.Usage
+	res2 := finishRecorded(t, resumed, "codex", "real_resume", 0, false)
+	want := Usage{TokensIn: 3000, TokensCached: 2000, TokensOut: 70, Turns: 1, Estimated: true}
+	want.CostUSD = DefaultPrices().Cost("gpt-5.5", want)
+	if res2.Outcome != Succeeded || res2.Usage != want || res2.SessionID != res.SessionID {
+		t.Errorf("the resumed run: %s %+v (session %s), want %+v (session %s)", res2.Outcome, res2.Usage, res2.SessionID, want, res.SessionID)
+	}
+	if sum := res.Usage.Plus(res2.Usage); sum.TokensIn != 6000 || sum.TokensOut != 180 {
+		t.Errorf("the session's usage %+v, want the thread's total 6000 in, 180 out", sum)
 	}
 }
