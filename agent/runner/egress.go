@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/job"
 )
@@ -44,12 +45,16 @@ func (e EgressProxies) Start(ctx context.Context, jobID, engine, sock string, tc
 	if err != nil {
 		return nil, fmt.Errorf("the endpoints of engine %s: %w", engine, err)
 	}
+	rules, err := e.Rules.Union(own).WithGateways(gatewayHosts(engine, env))
+	if err != nil {
+		return nil, fmt.Errorf("the gateway of engine %s: %w", engine, err)
+	}
 	log := e.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p, err := egress.Start(ctx, egress.Options{
-		Rules: e.Rules.Union(own), UnixSocket: sock, TCP: tcp, Log: log.With("job", jobID),
+		Rules: rules, UnixSocket: sock, TCP: tcp, Log: log.With("job", jobID),
 		OnRefusal: func(r egress.Refusal) {
 			if onRefusal != nil {
 				onRefusal(job.EgressRefusal(r))
@@ -59,11 +64,32 @@ func (e EgressProxies) Start(ctx context.Context, jobID, engine, sock string, tc
 	if err != nil {
 		return nil, err
 	}
-	return jobProxy{p}, nil
+	return jobProxy{p: p, gateways: rules.Loopbacks()}, nil
+}
+
+// gatewayHosts are the "host:port" of engine's base URLs, wherever they
+// are set (engines.BaseURLs: its variable, its own settings files): the
+// proxy allows each whatever address it resolves to but a link-local one.
+func gatewayHosts(engine string, env []string) []string {
+	var out []string
+	for _, b := range engines.BaseURLs(engine, env) {
+		if hp := b.HostPort(); hp != "" {
+			out = append(out, hp)
+		}
+	}
+	return out
 }
 
 // jobProxy is one job's running proxy.
-type jobProxy struct{ p *egress.Proxy }
+type jobProxy struct {
+	p        *egress.Proxy
+	gateways []string
+}
+
+// Gateways are the destinations on the host's loopback its rules name
+// with a port (the engine's base URL's, AQ_SANDBOX_NET's): the sandbox
+// makes them reachable at their own address (sandbox.Net.Gateways).
+func (j jobProxy) Gateways() []string { return j.gateways }
 
 func (j jobProxy) Port() int {
 	_, port, err := net.SplitHostPort(j.p.Addr())

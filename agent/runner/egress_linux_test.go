@@ -6,6 +6,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,5 +124,100 @@ env | sort > env.txt`)
 	defer mu.Unlock()
 	if len(events) != 2 || events[0].Count != 1 || events[1].Count != 1 {
 		t.Errorf("events: %+v, want the first refusal of each destination", events)
+	}
+}
+
+// TestSandboxedRunReachesLoopbackGateways (#33 item 4): a gateway on the
+// host's loopback — named in AQ_SANDBOX_NET by address and port or as
+// localhost:port — is reached from inside the sandbox at the same URL
+// (NO_PROXY sends loopback direct; the sandbox's init listens there and
+// carries the connection through the job's proxy); a loopback port not
+// named is not. On main the engine's connections were refused inside the
+// sandbox's own loopback, and the proxy never asked.
+func TestSandboxedRunReachesLoopbackGateways(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+		t.Skipf("this host sandboxes at level %s", lvl)
+	}
+	var served sync.Map
+	gw := func(name string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			served.Store(name+" "+r.URL.Path, true)
+			fmt.Fprintf(w, "gateway %s served %s\n", name, r.URL.Path)
+		}))
+		t.Cleanup(srv.Close)
+		_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+		return port
+	}
+	byAddr, byName := gw("by-address"), gw("by-name")
+	unnamed := gw("unnamed")
+	rules, err := egress.ParseRules("127.0.0.1:" + byAddr + ",localhost:" + byName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r.Egress = runner.EgressProxies{Rules: rules, Env: f.r.Env}
+	j := f.job("loopback-gw", `bash <<'SH'
+get() { exec 3<>/dev/tcp/$1/$2 && printf "GET /$3 HTTP/1.0\r\nHost: $1\r\n\r\n" >&3 && cat <&3; exec 3<&-; }
+get 127.0.0.1 `+byAddr+` v1/messages > by-address.txt 2>&1
+get localhost `+byName+` v1/responses > by-name.txt 2>&1
+get 127.0.0.1 `+unnamed+` nope > unnamed.txt 2>&1
+true
+SH`)
+	out := f.run(context.Background(), j, runner.Options{Attempt: 1})
+	if out.Failed() {
+		t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
+	}
+	files := testenv.TreeFiles(t, f.repo, out.Commit)
+	if got := files["by-address.txt"]; !strings.Contains(got, "gateway by-address served /v1/messages") {
+		t.Errorf("127.0.0.1:%s from inside the sandbox: %q", byAddr, got)
+	}
+	if got := files["by-name.txt"]; !strings.Contains(got, "gateway by-name served /v1/responses") {
+		t.Errorf("localhost:%s from inside the sandbox: %q", byName, got)
+	}
+	if _, ok := served.Load("unnamed /nope"); ok || strings.Contains(files["unnamed.txt"], "served") {
+		t.Errorf("a loopback port not named was reached: %q", files["unnamed.txt"])
+	}
+	if len(out.Insights.EgressRefused) != 0 {
+		t.Errorf("refusals: %+v", out.Insights.EgressRefused)
+	}
+}
+
+// TestSandboxedGatewayOfTheEngine (#33 item 4): the host of an engine's
+// base URL — set in its environment or in its own settings file that aq
+// copies into the job's home — is its gateway: allowed whatever it
+// resolves to, and on loopback bridged. The proxy a job of engine claude
+// gets allows the localhost gateway its settings.json names (and tells
+// the sandbox to bridge it), and the 127.0.0.1 one of its environment.
+func TestSandboxedGatewayOfTheEngine(t *testing.T) {
+	home := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(home, ".claude"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, ".claude", "settings.json"), []byte(`{"env":{"ANTHROPIC_BASE_URL":"http://localhost:4010"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := runner.EgressProxies{Env: []string{"HOME=" + home, "ANTHROPIC_BASE_URL=http://127.0.0.1:4011/anthropic"}}
+	sock := filepath.Join(t.TempDir(), "p.sock")
+	p, err := e.Start(context.Background(), "gw", "claude", sock, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, ok := p.(interface{ Gateways() []string })
+	if !ok {
+		t.Fatal("the job's proxy does not say its gateways")
+	}
+	if got, want := g.Gateways(), []string{"127.0.0.1:4011", "localhost:4010"}; !slices.Equal(got, want) {
+		t.Errorf("gateways %v, want %v", got, want)
+	}
+	// A script job's proxy has none of claude's.
+	p2, err := e.Start(context.Background(), "gw2", "script", filepath.Join(t.TempDir(), "p.sock"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	if got := p2.(interface{ Gateways() []string }).Gateways(); len(got) != 0 {
+		t.Errorf("a script job's gateways: %v", got)
 	}
 }

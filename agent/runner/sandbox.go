@@ -44,6 +44,10 @@ type EgressProxy interface {
 	Close() error
 }
 
+// An EgressProxy may also have Gateways() []string: the destinations on
+// the host's loopback it allows by address and port, which the sandbox
+// then makes reachable at that same address (sandbox.Net.Gateways).
+
 // sandboxDir is where the jobs' own directories live ($AQ_HOME/sandbox).
 func (c Config) sandboxDir() string { return filepath.Join(c.Home, "sandbox") }
 
@@ -108,6 +112,9 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 		}
 		ru.proxy = proxy
 		p.Net = sandbox.Net{ProxySocket: sock, ProxyPort: proxy.Port()}
+		if g, ok := proxy.(interface{ Gateways() []string }); ok {
+			p.Net.Gateways = g.Gateways()
+		}
 	}
 	j, err := sb.Jail(p)
 	if err != nil {

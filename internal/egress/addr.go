@@ -67,3 +67,29 @@ func specialKind(a netip.Addr) string {
 	}
 	return ""
 }
+
+// unwrap is a's IPv4 address when a embeds one (mapped, NAT64, 6to4),
+// else a, without a zone.
+func unwrap(a netip.Addr) netip.Addr {
+	a = a.WithZone("")
+	if a.Is4In6() {
+		return a.Unmap()
+	}
+	if a.Is6() {
+		b := a.As16()
+		if nat64.Contains(a) {
+			return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
+		}
+		if sixToFour.Contains(a) {
+			return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]})
+		}
+	}
+	return a
+}
+
+// linkLocal reports whether a is a link-local address (the cloud metadata
+// service's range among them), judged as specialKind judges.
+func linkLocal(a netip.Addr) bool { return unwrap(a).IsLinkLocalUnicast() }
+
+// loopback reports whether a is a loopback address.
+func loopback(a netip.Addr) bool { return unwrap(a).IsLoopback() }

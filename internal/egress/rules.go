@@ -25,6 +25,10 @@ type hostRule struct {
 	name     string // lower case, no trailing dot
 	wildcard bool   // "*.name": names below name, not name itself
 	port     int
+	// gateway: an engine's gateway (the host of its base URL), allowed
+	// whatever address it resolves to but a link-local one: the operator
+	// chose it (WithGateways).
+	gateway bool
 }
 
 // addrRule allows the addresses of a range on one port or, port 0, on any;
@@ -299,12 +303,89 @@ func (r Rules) refuseName(host string, port int) string {
 // refuseAddrs is the second decision, on what host resolved to: "" when
 // every address may be dialled, else why not. One special address among
 // the answers refuses the name: an answer that mixes public and private
-// addresses is what a rebinding attack looks like.
+// addresses is what a rebinding attack looks like. Two names are judged
+// otherwise: an engine's gateway (WithGateways) may resolve to any address
+// but a link-local one, and "localhost", when a rule names it, to the
+// loopback addresses (what it means: RFC 6761).
 func (r Rules) refuseAddrs(host string, port int, addrs []netip.Addr) string {
+	gateway, localhost := r.gatewayAllowed(host, port), false
+	if host == "localhost" {
+		localhost, _ = r.nameAllowed(host, port)
+	}
 	for _, a := range addrs {
-		if kind := specialKind(a); kind != "" && !r.addrNamed(a, port) {
-			return fmt.Sprintf("%s resolved to %s, %s: name the address or its range in AQ_SANDBOX_NET to allow it", host, a.Unmap(), kind)
+		kind := specialKind(a)
+		switch {
+		case kind == "" || r.addrNamed(a, port):
+			continue
+		case gateway && !linkLocal(a):
+			continue
+		case localhost && loopback(a):
+			continue
+		case gateway:
+			return fmt.Sprintf("%s (an engine's gateway) resolved to %s, %s: a gateway is allowed any address but a link-local one", host, a.Unmap(), kind)
 		}
+		return fmt.Sprintf("%s resolved to %s, %s: name the address or its range in AQ_SANDBOX_NET to allow it", host, a.Unmap(), kind)
 	}
 	return ""
+}
+
+// gatewayAllowed reports whether a gateway rule names host on port.
+func (r Rules) gatewayAllowed(host string, port int) bool {
+	for _, h := range r.hosts {
+		if h.gateway && h.name == host && (h.port == 0 || h.port == port) {
+			return true
+		}
+	}
+	return false
+}
+
+// WithGateways is r with the engines' gateways allowed: each "host:port"
+// (the host and port of an engine's base URL, ANTHROPIC_BASE_URL or
+// OPENAI_BASE_URL, wherever it was set). A gateway named by an address is
+// that address allowed (naming it is what lets the proxy reach a special
+// one); a gateway named by a host name is that name allowed on that port
+// whatever address it resolves to — loopback, private — but a link-local
+// one (the cloud metadata service lives there): the operator chose it.
+// Everything else keeps the special-address refusals. An error names the
+// entry.
+func (r Rules) WithGateways(hostports []string) (Rules, error) {
+	out := r.Union(Rules{})
+	for _, hp := range hostports {
+		var g Rules
+		if err := g.add(hp); err != nil {
+			return Rules{}, fmt.Errorf("gateway %w", err)
+		}
+		if g.open || len(g.hosts) > 0 && g.hosts[0].wildcard {
+			return Rules{}, fmt.Errorf("gateway %q is not a host:port", hp)
+		}
+		for i := range g.hosts {
+			g.hosts[i].gateway = true
+		}
+		out.hosts = append(out.hosts, g.hosts...)
+		out.addrs = append(out.addrs, g.addrs...)
+	}
+	return out, nil
+}
+
+// Loopbacks are the loopback destinations the rules name one by one with a
+// port, as "host:port": a loopback address ("127.0.0.1:8080",
+// "[::1]:8080") or "localhost:8080". A sandbox with a network namespace
+// of its own bridges each: inside it, the same address and port lead
+// through the job's proxy to the host's (NO_PROXY sends loopback direct,
+// and the sandbox's own loopback is not the host's). Sorted, without
+// duplicates.
+func (r Rules) Loopbacks() []string {
+	var out []string
+	for _, h := range r.hosts {
+		if h.name == "localhost" && !h.wildcard && h.port != 0 {
+			out = append(out, "localhost:"+strconv.Itoa(h.port))
+		}
+	}
+	for _, a := range r.addrs {
+		if a.port != 0 && a.prefix.IsSingleIP() && loopback(a.prefix.Addr()) {
+			out = append(out, netip.AddrPortFrom(a.prefix.Addr(), uint16(a.port)).String())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

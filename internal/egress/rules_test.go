@@ -252,7 +252,13 @@ func TestDecisions(t *testing.T) {
 		{"db.internal", "db.internal", 5432, []string{"10.1.2.3"}, "resolved to 10.1.2.3, a private address: name the address or its range"},
 		{"db.internal,10.0.0.0/8", "db.internal", 5432, []string{"10.1.2.3"}, ""},
 		{"db.internal,10.0.0.0/8:5432", "db.internal", 22, []string{"10.1.2.3"}, "a private address"},
-		{"localhost", "localhost", 8080, []string{"127.0.0.1", "::1"}, "a loopback address"},
+		// "localhost" named is the loopback addresses (RFC 6761), and no
+		// other special one.
+		{"localhost", "localhost", 8080, []string{"127.0.0.1", "::1"}, ""},
+		{"localhost:8080", "localhost", 8080, []string{"127.0.0.1", "::1"}, ""},
+		{"localhost:8080", "localhost", 8081, nil, "localhost is allowed on port 8080 only"},
+		{"localhost", "localhost", 8080, []string{"10.0.0.1"}, "resolved to 10.0.0.1, a private address"},
+		{"*", "localhost", 8080, []string{"127.0.0.1"}, "resolved to 127.0.0.1, a loopback address"},
 		{"*", "mixed.example", 443, []string{"140.82.112.3", "10.0.0.1"}, "resolved to 10.0.0.1"},
 		{"*", "mapped.example", 443, []string{"::ffff:127.0.0.1"}, "resolved to 127.0.0.1, a loopback address"},
 		// Addresses named in the request.
@@ -291,6 +297,84 @@ func TestDecisions(t *testing.T) {
 		case tc.refused != "" && !strings.Contains(why, tc.refused):
 			t.Errorf("%q on %s:%d: %q, want refused with %q", tc.rules, tc.host, tc.port, why, tc.refused)
 		}
+	}
+}
+
+// TestGatewayDecisions: an engine's gateway named by a host name is
+// allowed on its port whatever it resolves to (loopback, private) but a
+// link-local address; named by an address, that address; nothing else
+// gains from it.
+func TestGatewayDecisions(t *testing.T) {
+	r, err := ParseRules("github.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = r.WithGateways([]string{"llm-gw.internal:4000", "127.0.0.1:8080", "[::1]:8081", "localhost:9090"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A link-local address, found through the standard library (no test
+	// names one).
+	var ll netip.Addr
+	for a := netip.AddrFrom4([4]byte{169, 0, 0, 1}); ; a = a.Next() {
+		if a.IsLinkLocalUnicast() {
+			ll = a
+			break
+		}
+	}
+	for _, tc := range []struct {
+		host     string
+		port     int
+		resolved []string
+		refused  string
+	}{
+		{"llm-gw.internal", 4000, []string{"127.0.0.1"}, ""},
+		{"llm-gw.internal", 4000, []string{"10.1.2.3", "fd00::7"}, ""},
+		{"llm-gw.internal", 4000, []string{"140.82.112.3"}, ""},
+		{"llm-gw.internal", 4000, []string{"10.1.2.3", ll.String()}, "an engine's gateway) resolved to " + ll.String() + ", a link-local address"},
+		{"llm-gw.internal", 4000, []string{"::ffff:" + ll.String()}, "a link-local address"},
+		{"llm-gw.internal", 22, nil, "llm-gw.internal is allowed on port 4000 only"},
+		{"127.0.0.1", 8080, []string{"127.0.0.1"}, ""},
+		{"127.0.0.1", 8081, nil, "a loopback address"},
+		{"::1", 8081, []string{"::1"}, ""},
+		{"localhost", 9090, []string{"127.0.0.1", "::1"}, ""},
+		{"github.com", 443, []string{"127.0.0.1"}, "github.com resolved to 127.0.0.1, a loopback address"},
+	} {
+		why := r.refuseName(tc.host, tc.port)
+		if why == "" && tc.resolved != nil {
+			var addrs []netip.Addr
+			for _, a := range tc.resolved {
+				addrs = append(addrs, netip.MustParseAddr(a))
+			}
+			why = r.refuseAddrs(tc.host, tc.port, addrs)
+		}
+		switch {
+		case tc.refused == "" && why != "":
+			t.Errorf("%s:%d %v: refused (%s), want allowed", tc.host, tc.port, tc.resolved, why)
+		case tc.refused != "" && !strings.Contains(why, tc.refused):
+			t.Errorf("%s:%d %v: %q, want refused with %q", tc.host, tc.port, tc.resolved, why, tc.refused)
+		}
+	}
+	if got, want := r.Loopbacks(), []string{"127.0.0.1:8080", "[::1]:8081", "localhost:9090"}; !slices.Equal(got, want) {
+		t.Errorf("Loopbacks() = %v, want %v", got, want)
+	}
+	for _, bad := range []string{"*", "*.example.com:443", "ex ample:80"} {
+		if _, err := r.WithGateways([]string{bad}); err == nil || !strings.Contains(err.Error(), "gateway") {
+			t.Errorf("WithGateways(%q) = %v, want an error naming the gateway", bad, err)
+		}
+	}
+}
+
+// TestLoopbacks: the loopback destinations AQ_SANDBOX_NET names one by
+// one with a port are what a sandbox bridges; ranges, other addresses and
+// entries without a port are not.
+func TestLoopbacks(t *testing.T) {
+	r, err := ParseRules("localhost:3000,127.0.0.1:8080,127.0.0.2:8080,[::1]:5000,127.0.0.1,127.0.0.0/8:9999,10.1.2.3:80,localhost,github.com:443,127.0.0.1:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Loopbacks(), []string{"127.0.0.1:8080", "127.0.0.2:8080", "[::1]:5000", "localhost:3000"}; !slices.Equal(got, want) {
+		t.Errorf("Loopbacks() = %v, want %v", got, want)
 	}
 }
 

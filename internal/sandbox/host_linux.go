@@ -166,7 +166,7 @@ func (j *Jail) startFull(cmd *exec.Cmd, probe bool) (process.Jailed, error) {
 	o := orders{
 		Path: cmd.Path, Args: cmd.Args[1:], Env: j.Env(cmd.Env), Dir: cmd.Dir,
 		Root: filepath.Join(j.p.JobDir, "root"), View: j.plat.view, Rules: fullRules(j.plat.view),
-		ProxySocket: j.p.Net.ProxySocket, Probe: probe, Trace: j.trace,
+		ProxySocket: j.p.Net.ProxySocket, Gateways: j.p.Net.Gateways, Probe: probe, Trace: j.trace,
 	}
 	raw, err := json.Marshal(o)
 	if err != nil {

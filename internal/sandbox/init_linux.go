@@ -1,11 +1,13 @@
 package sandbox
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -58,6 +60,9 @@ type orders struct {
 	Rules llRules `json:"rules"`
 	// ProxySocket, when set, is bridged from 127.0.0.1:ProxyBridgePort.
 	ProxySocket string `json:"proxySocket,omitempty"`
+	// Gateways, with ProxySocket, are bridged from their own loopback
+	// addresses and ports through the proxy (Net.Gateways).
+	Gateways []string `json:"gateways,omitempty"`
 	// Probe: build the sandbox, report, exit 0 without starting anything.
 	Probe bool `json:"probe,omitempty"`
 	// Trace: report how long each step took, as notes (the benchmark's
@@ -158,7 +163,8 @@ func runInit() int {
 		if err != nil {
 			return fail(&StartError{Step: "proxy bridge", Err: err})
 		}
-		go bridge(ln, sockDir, filepath.Base(o.ProxySocket))
+		go bridge(ln, sockDir, filepath.Base(o.ProxySocket), "")
+		notes = append(notes, bridgeGateways(o.Gateways, sockDir, filepath.Base(o.ProxySocket))...)
 	}
 	if o.Probe {
 		report(status{Started: true, Notes: notes})
@@ -286,15 +292,40 @@ func loopbackUp() error {
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
 
-// bridge carries each connection ln accepts (127.0.0.1:ProxyBridgePort
-// inside the sandbox) to the job's proxy: the unix socket name in the
-// folder dir (on the host, opened before the pivot), reached through
-// /proc/self/fd. bridge holds dir for as long as it accepts: were dir
-// unreachable, a garbage collection of init would close it (its
-// finalizer), and every connection after would be reset — a job's network
-// gone after the runtime's first collection (the 2-minute forced one at
-// the latest).
-func bridge(ln net.Listener, dir *os.File, name string) {
+// bridgeGateways listens, inside the sandbox, at each gateway's loopback
+// addresses (GatewayListens) and bridges them through the proxy; what it
+// cannot listen at (the proxy's own 127.0.0.1:ProxyBridgePort, an ::1 on
+// a host without IPv6) is a note, and the rest goes on.
+func bridgeGateways(gateways []string, dir *os.File, name string) []string {
+	var notes []string
+	for _, g := range gateways {
+		for _, addr := range GatewayListens(g) {
+			if addr == "127.0.0.1:"+strconv.Itoa(ProxyBridgePort) {
+				notes = append(notes, fmt.Sprintf("gateway %s: %s is the proxy's own address inside the sandbox; it is not bridged (use another port)", g, addr))
+				continue
+			}
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				notes = append(notes, fmt.Sprintf("gateway %s: cannot listen at %s inside the sandbox: %v", g, addr, err))
+				continue
+			}
+			go bridge(ln, dir, name, g)
+		}
+	}
+	return notes
+}
+
+// bridge carries each connection ln accepts to the job's proxy: the unix
+// socket name in the folder dir (on the host, opened before the pivot),
+// reached through /proc/self/fd — as it comes for the proxy's own address
+// (127.0.0.1:ProxyBridgePort inside the sandbox, target ""), or, for a
+// gateway's (target its "host:port"), through a CONNECT to target that
+// the proxy decides on as on any. bridge holds dir for as long as it
+// accepts: were dir unreachable, a garbage collection of init would close
+// it (its finalizer), and every connection after would be reset — a job's
+// network gone after the runtime's first collection (the 2-minute forced
+// one at the latest).
+func bridge(ln net.Listener, dir *os.File, name, target string) {
 	defer runtime.KeepAlive(dir)
 	sock := "/proc/self/fd/" + strconv.Itoa(int(dir.Fd())) + "/" + name
 	for {
@@ -302,17 +333,62 @@ func bridge(ln net.Listener, dir *os.File, name string) {
 		if err != nil {
 			return
 		}
-		go carry(c, sock)
+		go carry(c, sock, target)
 	}
 }
 
-func carry(c net.Conn, sock string) {
+// refuseGateway answers the engine's request on c with the proxy's
+// refusal resp, once the request's header is in (an answer before it
+// reads as unsolicited), and lets the engine finish sending before the
+// connection closes (closing on unread bytes resets it, and the answer
+// with it). A connection that does not start with an HTTP request (TLS to
+// a gateway) is closed.
+func refuseGateway(c net.Conn, resp *http.Response) {
+	defer resp.Body.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+		return
+	}
+	resp.Close = true
+	if err := resp.Write(c); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+}
+
+// carry carries one connection to the proxy, through a CONNECT to target
+// when there is one. A proxy that refuses the CONNECT (or cannot reach the
+// target) has its answer passed to the engine as it is: an HTTP client —
+// a gateway is called over HTTP — reads the 403 with the proxy's marker
+// (X-Aq-Egress, "aq egress proxy:") and says why.
+func carry(c net.Conn, sock, target string) {
 	defer c.Close()
 	u, err := net.Dial("unix", sock)
 	if err != nil {
 		return
 	}
 	defer u.Close()
+	var from io.Reader = u
+	if target != "" {
+		if _, err := fmt.Fprintf(u, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
+			return
+		}
+		br := bufio.NewReader(u)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			return
+		}
+		if resp.StatusCode != http.StatusOK {
+			refuseGateway(c, resp)
+			return
+		}
+		if br.Buffered() > 0 {
+			from = br
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -322,7 +398,7 @@ func carry(c net.Conn, sock string) {
 			_ = cw.CloseWrite()
 		}
 	}()
-	_, _ = io.Copy(c, u) // TCP from unix: the kernel splices it
+	_, _ = io.Copy(c, from) // TCP from unix: the kernel splices it
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}

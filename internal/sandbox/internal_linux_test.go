@@ -73,8 +73,14 @@ func TestPartialRules(t *testing.T) {
 	if want := []string{"/srv/aq/worktrees/app/j1", "/srv/aq/sandbox/j1/home", "/srv/aq/sandbox/j1/tmp", "/srv/aq/sandbox/j1/state"}; !slices.Equal(r.RW, want) {
 		t.Errorf("read-write %v, want %v", r.RW, want)
 	}
-	if !r.Net || r.ConnectPort != 41234 {
-		t.Errorf("net %v port %d", r.Net, r.ConnectPort)
+	if !r.Net || !slices.Equal(r.ConnectPorts, []int{41234}) {
+		t.Errorf("net %v ports %v", r.Net, r.ConnectPorts)
+	}
+	// The loopback gateways' ports open too (on any address: Landlock
+	// filters ports only); a gateway not on loopback goes by the proxy.
+	p.Net.Gateways = []string{"localhost:4000", "127.0.0.1:5000", "[::1]:4000", "gw.example.com:443", "10.1.2.3:80"}
+	if r := partialRules(p, fakeDirs(tree)); !slices.Equal(r.ConnectPorts, []int{41234, 4000, 5000}) {
+		t.Errorf("with gateways: ports %v, want the proxy's, 4000, 5000", r.ConnectPorts)
 	}
 }
 

@@ -26,10 +26,11 @@ type llRules struct {
 	RO, RW, Dev []string
 	// ROFiles are single files it may read.
 	ROFiles []string
-	// Net: restrict TCP bind and connect, allowing connect to ConnectPort
-	// only (0: none) — for a sandbox without a network namespace.
-	Net         bool
-	ConnectPort int
+	// Net: restrict TCP bind and connect, allowing connect to
+	// ConnectPorts only (none: no connect) — for a sandbox without a
+	// network namespace: the proxy's port, and the loopback gateways'.
+	Net          bool
+	ConnectPorts []int
 }
 
 // landlockABI is the kernel's Landlock ABI version, 0 when it has none.
@@ -62,8 +63,12 @@ func (r llRules) rulesetFD() (int, uint32, error) {
 	if len(r.Dev) > 0 {
 		rules = append(rules, landlock.RWFiles(r.Dev...).WithIoctlDev().IgnoreIfMissing())
 	}
-	if r.Net && r.ConnectPort > 0 {
-		rules = append(rules, landlock.ConnectTCP(uint16(r.ConnectPort)))
+	if r.Net {
+		for _, p := range r.ConnectPorts {
+			if p > 0 && p <= 65535 {
+				rules = append(rules, landlock.ConnectTCP(uint16(p)))
+			}
+		}
 	}
 	return cfg.NewRulesetFD(rules...)
 }
@@ -162,7 +167,11 @@ func partialRules(p Policy, list func(dir string) ([]os.DirEntry, error)) llRule
 	if p.Home != "" {
 		hidden = append(hidden, p.Home)
 	}
-	r := llRules{Net: true, ConnectPort: p.Net.ProxyPort, RW: p.Writable(), Dev: devPaths()}
+	r := llRules{Net: true, RW: p.Writable(), Dev: devPaths()}
+	if p.Net.ProxyPort > 0 {
+		r.ConnectPorts = append(r.ConnectPorts, p.Net.ProxyPort)
+	}
+	r.ConnectPorts = append(r.ConnectPorts, p.Net.gatewayPorts()...)
 	grantSiblings("/", hidden, list, &r)
 	r.RO = append(r.RO, p.GitDirs...)
 	r.RO = append(r.RO, p.ReadOnly...)

@@ -189,3 +189,26 @@ func TestPlanMountsShared(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayListens: a loopback gateway is bridged at its own address
+// inside the sandbox, localhost at both loopback addresses; nothing else
+// is.
+func TestGatewayListens(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"127.0.0.1:4000", "127.0.0.1:4000"},
+		{"127.0.0.2:4000", "127.0.0.2:4000"},
+		{"[::1]:4000", "[::1]:4000"},
+		{"[::ffff:127.0.0.1]:4000", "127.0.0.1:4000"},
+		{"localhost:4000", "127.0.0.1:4000 [::1]:4000"},
+		{"LocalHost:4000", "127.0.0.1:4000 [::1]:4000"},
+		{"gw.example.com:443", ""},
+		{"10.1.2.3:80", ""},
+		{"localhost", ""},
+		{"localhost:0", ""},
+		{"localhost:http", ""},
+	} {
+		if got := strings.Join(GatewayListens(tc.in), " "); got != tc.want {
+			t.Errorf("GatewayListens(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -1,8 +1,11 @@
 package sandbox
 
 import (
+	"net"
+	"net/netip"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -76,6 +79,55 @@ type Net struct {
 	// a network namespace of its own (Landlock alone, macOS): the only port
 	// the engine may connect to.
 	ProxyPort int `json:"proxyPort,omitempty"`
+	// Gateways are destinations on the host's loopback the engine reaches
+	// at their own address and port, as "host:port": "127.0.0.1:4000",
+	// "[::1]:4000", "localhost:4000" (127.0.0.1 and ::1) — an engine's
+	// gateway (its base URL), AQ_SANDBOX_NET's loopback entries
+	// (egress.Rules.Loopbacks). NO_PROXY sends loopback direct: inside a
+	// network namespace the sandbox's init listens there and carries each
+	// connection through the job's proxy (which decides, as for any
+	// destination); without one (Landlock alone, macOS) the engine may
+	// connect to their ports, on any address (Landlock filters ports
+	// only). Entries that are not loopback are ignored.
+	Gateways []string `json:"gateways,omitempty"`
+}
+
+// GatewayListens are the addresses inside a network namespace of its own
+// at which the sandbox bridges gateway ("host:port", Net.Gateways): the
+// address itself for a loopback address, 127.0.0.1 and ::1 for localhost;
+// none for anything else.
+func GatewayListens(gateway string) []string {
+	host, port, err := net.SplitHostPort(gateway)
+	if err != nil {
+		return nil
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return nil
+	}
+	if strings.EqualFold(host, "localhost") {
+		return []string{"127.0.0.1:" + port, "[::1]:" + port}
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || !a.Unmap().IsLoopback() || a.Zone() != "" {
+		return nil
+	}
+	return []string{net.JoinHostPort(a.Unmap().String(), port)}
+}
+
+// gatewayPorts are the ports of the loopback gateways, sorted, for a
+// sandbox that filters connections by port alone.
+func (n Net) gatewayPorts() []int {
+	var out []int
+	for _, g := range n.Gateways {
+		if len(GatewayListens(g)) == 0 {
+			continue
+		}
+		_, port, _ := net.SplitHostPort(g)
+		p, _ := strconv.Atoi(port)
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // ProxyBridgePort is where the engine finds its proxy inside a network
@@ -130,6 +182,7 @@ func (p Policy) Clean() Policy {
 	p.GitDirs, p.Hidden, p.HiddenFiles = list(p.GitDirs), list(p.Hidden), list(p.HiddenFiles)
 	p.ReadOnly, p.Caches, p.Shared = list(p.ReadOnly), list(p.Caches), list(p.Shared)
 	p.Net.ProxySocket = clean(p.Net.ProxySocket)
+	p.Net.Gateways = list(p.Net.Gateways)
 	return p
 }
 

@@ -147,6 +147,12 @@ func Seatbelt(p Policy, resolve func(string) string) string {
 	if p.Net.ProxyPort > 0 {
 		w(";; Network: the job's egress proxy on localhost, nothing else.")
 		w("(allow network-outbound (remote tcp %s))", sbString("localhost:"+strconv.Itoa(p.Net.ProxyPort)))
+		if gw := p.Net.gatewayPorts(); len(gw) > 0 {
+			w(";; The engine's gateways on the host's loopback (NO_PROXY sends them direct).")
+			for _, port := range gw {
+				w("(allow network-outbound (remote tcp %s))", sbString("localhost:"+strconv.Itoa(port)))
+			}
+		}
 	} else {
 		w(";; Network: none (the job has no egress proxy).")
 	}
