@@ -384,7 +384,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 		res.Outcome, res.Subtype = Succeeded, "turn.completed"
 	case p.last == "turn.failed" || p.last == "error":
 		res.Subtype = p.last
-		if kind, ex, ok := unavailableReason(p.failure); ok {
+		if kind, ex, ok := codexUnavailable(p.failure); ok {
 			p.classify(&res, kind, ex, p.failure)
 		} else {
 			res.Outcome = TaskFailed
@@ -424,6 +424,9 @@ func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
 	lk := limitKind(kind)
 	if lk == "" {
 		res.Outcome, res.Detail = Unavailable, "codex is unavailable ("+kind+"): "+excerpt
+		if strings.HasPrefix(kind, "auth") {
+			res.Detail += "; " + codexLoginHint
+		}
 		return
 	}
 	lim := &Limit{Kind: lk}
@@ -434,6 +437,28 @@ func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
 	}
 	res.Outcome, res.Limit = Limited, lim
 	res.Detail = "codex " + lk + ": " + excerpt
+}
+
+// codexLoginHint is what an auth failure's detail adds: where codex's
+// login comes from.
+const codexLoginHint = "check codex's login: CODEX_API_KEY (or OPENAI_API_KEY) in the engine's environment, or `codex login` ($CODEX_HOME/auth.json)"
+
+// codexOverloaded is how codex 0.171.0 words a 5xx it gave up on after its
+// retries: "We’re currently experiencing high demand, which may cause
+// temporary errors." (recorded against fakellm answering 500; 503 reads
+// "service unavailable" where it is not reworded).
+var codexOverloaded = regexp.MustCompile(`(?i)experiencing high demand|temporary errors|service unavailable|\b50[0234] (internal|bad|service|gateway)`)
+
+// codexUnavailable is unavailableReason for codex's failure text, with the
+// overload codex words in its own way.
+func codexUnavailable(text string) (kind, excerpt string, ok bool) {
+	if kind, ex, ok := unavailableReason(text); ok {
+		return kind, ex, ok
+	}
+	if loc := codexOverloaded.FindStringIndex(text); loc != nil {
+		return "overloaded", excerptAround(text, loc[0]), true
+	}
+	return "", "", false
 }
 
 // codexNoThread is what `codex exec resume` prints when the thread is not

@@ -52,6 +52,17 @@ var codexCases = []struct {
 	// with cache_write_input_tokens and reasoning_output_tokens.
 	{name: "real_tool_call", want: Succeeded},
 	{name: "real_resume", want: Succeeded},
+	// codex 0.171.0 against fakellm's scripted errors: each retried five
+	// times ("Reconnecting... n/5"), then an error and turn.failed, exit 1.
+	// 401: an auth failure naming the login; 429: a rate limit without a
+	// reset time (codex does not print the retry-after); 500: "high
+	// demand", overloaded; an HTML page for a stream and a stream cut
+	// mid-way: codex's own words, a task failure.
+	{name: "real_auth_401", exit: 1, stderr: true, want: Unavailable},
+	{name: "real_429", exit: 1, stderr: true, want: Limited, wantLimit: &Limit{Kind: LimitRate}},
+	{name: "real_500", exit: 1, stderr: true, want: Unavailable},
+	{name: "real_html", exit: 1, stderr: true, want: TaskFailed},
+	{name: "real_cut", exit: 1, stderr: true, want: TaskFailed},
 }
 
 func TestCodexGolden(t *testing.T) {
