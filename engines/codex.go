@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -160,7 +161,31 @@ func (c *Codex) Args(spec Spec) []string {
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
 	}
+	args = append(args, codexBaseURLArgs(spec)...)
 	return append(args, "-")
+}
+
+// codexBaseURLArgs carries OPENAI_BASE_URL, when the engine's environment
+// has it, to codex as `-c openai_base_url="…"`: codex 0.171.0 reads its
+// base URL only from config.toml (openai_base_url), never from the
+// environment (measured: with OPENAI_BASE_URL set it went to
+// api.openai.com), while aq documents OPENAI_BASE_URL as codex's gateway
+// setting (its sandbox allows and bridges that URL's host). A value that
+// cannot be a TOML basic string as it is (a quote, a backslash, a control
+// character) is not passed, nor one with credentials in it (they would be
+// in codex's argv), nor anything to a codex without -c.
+func codexBaseURLArgs(spec Spec) []string {
+	u := envValue(spec.Env, "OPENAI_BASE_URL")
+	if u == "" || strings.ContainsAny(u, "\"\\") || strings.IndexFunc(u, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+		return nil
+	}
+	if p, err := url.Parse(u); err != nil || p.User != nil {
+		return nil
+	}
+	if !spec.Flags.Has("-c") {
+		return nil
+	}
+	return []string{"-c", `openai_base_url="` + u + `"`}
 }
 
 // ResumeArgs is `codex exec resume`'s command line continuing thread id,
@@ -176,6 +201,7 @@ func (c *Codex) ResumeArgs(spec Spec, id string) []string {
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
 	}
+	args = append(args, codexBaseURLArgs(spec)...)
 	return append(args, id, "-")
 }
 

@@ -239,3 +239,37 @@ func TestCodexResumedThreadUsage(t *testing.T) {
 		t.Errorf("the session's usage %+v, want the thread's total 6000 in, 180 out", sum)
 	}
 }
+
+// TestCodexBaseURLFromTheEnvironment: codex 0.171.0 ignores OPENAI_BASE_URL
+// in its environment (it reads openai_base_url from config.toml only), so
+// aq passes the variable as a config override — to a fresh run and to a
+// resumed one — when it can be one.
+func TestCodexBaseURLFromTheEnvironment(t *testing.T) {
+	const u = "http://127.0.0.1:4000/v1"
+	withC := &FlagSet{Found: []string{"--sandbox", "--json", "-m", "-c"}}
+	for _, tc := range []struct {
+		name  string
+		env   []string
+		flags *FlagSet
+		want  []string
+	}{
+		{"set", []string{"OPENAI_BASE_URL=" + u}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-c", `openai_base_url="` + u + `"`, "-"}},
+		{"unset", nil, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"empty", []string{"OPENAI_BASE_URL="}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"a quote cannot be a TOML string as it is", []string{`OPENAI_BASE_URL=http://h/"x`}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"credentials stay out of argv", []string{"OPENAI_BASE_URL=http://user:secret@gw.example:4000/v1"}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"a codex without -c", []string{"OPENAI_BASE_URL=" + u}, &FlagSet{Found: []string{"--sandbox", "--json", "-m"}}, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := Spec{Model: "gpt-5.5", Env: tc.env, Flags: tc.flags}
+			if got := (&Codex{}).Args(spec); !slices.Equal(got, tc.want) {
+				t.Errorf("Args = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	got := (&Codex{}).ResumeArgs(Spec{Model: "gpt-5.5", Env: []string{"OPENAI_BASE_URL=" + u}}, "01a2264a-4bff-7340-bbcd-8fb54c60ae0f")
+	want := []string{"exec", "resume", "--json", "-c", `sandbox_mode="workspace-write"`, "-m", "gpt-5.5", "-c", `openai_base_url="` + u + `"`, "01a2264a-4bff-7340-bbcd-8fb54c60ae0f", "-"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ResumeArgs = %q, want %q", got, want)
+	}
+}
