@@ -95,6 +95,18 @@ func codexEditsVerifiesAndShips(t *testing.T, env ...string) {
 	if len(posts) != len(turns) {
 		t.Fatalf("the fake saw %d posts, want %d", len(posts), len(turns))
 	}
+	// codex tries a WebSocket first; the fake's 426 makes it fall back to
+	// HTTP at once: one upgrade request for the one codex process (a 404
+	// costs six, measured).
+	var upgrades int
+	for _, req := range r.fake.Requests() {
+		if req.Method == "GET" && strings.EqualFold(req.Header.Get("Upgrade"), "websocket") {
+			upgrades++
+		}
+	}
+	if upgrades != 1 {
+		t.Errorf("%d WebSocket upgrade requests, want 1 (the fake refuses it with 426)", upgrades)
+	}
 	first := posts[0].JSON()
 	if first["model"] != codexModel {
 		t.Errorf("model %v, want %s (the manifest's)", first["model"], codexModel)
@@ -205,9 +217,10 @@ func TestCodexRepairRoundResumesTheThread(t *testing.T) {
 func TestCodexRetryAfterACrash(t *testing.T) {
 	t.Parallel()
 	turns := []fakellm.ResponsesTurn{
-		// The command kills codex: the codex processes whose working
-		// directory is this job's worktree (the command's own), no other.
-		{Calls: []fakellm.ResponsesCall{{Shell: `for p in $(pgrep -f "codex exec"); do [ "$(readlink /proc/$p/cwd)" = "$PWD" ] && kill -KILL $p; done; sleep 5`}}, Usage: fakellm.ResponsesUsage{Input: 1000, Output: 10}},
+		// The command kills codex: the native codex processes (argv[0]
+		// ends in codex; not this shell, whose command line names it too)
+		// whose working directory is this job's worktree, no other.
+		{Calls: []fakellm.ResponsesCall{{Shell: `for p in $(pgrep -f '^[^ ]*/codex exec'); do [ "$(readlink /proc/$p/cwd)" = "$PWD" ] && kill -KILL $p; done; sleep 5`}}, Usage: fakellm.ResponsesUsage{Input: 1000, Output: 10}},
 		{Text: "Done after the crash.", Usage: fakellm.ResponsesUsage{Input: 2000, Output: 20}},
 	}
 	r := codexNewRig(t, fakellm.ResponsesScript{Turns: turns}, nil)
@@ -258,9 +271,12 @@ func TestCodexWallBudgetStopsIt(t *testing.T) {
 	codexNotShipped(t, r, "wall")
 }
 
-// TestCodexUSDBudget: codex reports usage only at the end of its turn; a
-// turn that spent more than budget.usd ends the job budget_exceeded,
-// never shipped.
+// TestCodexUSDBudget: codex reports usage only when its turn ends
+// (turn.completed), so budget.usd cannot stop it mid-turn, and a run that
+// finished is kept (the runner's rule for every engine); what the budget
+// stops is the next run: a repair round after a failed verify is not
+// started once the attempt has spent its budget — budget_exceeded, never
+// shipped, the fake asked by the first run only.
 func TestCodexUSDBudget(t *testing.T) {
 	t.Parallel()
 	turns := []fakellm.ResponsesTurn{
@@ -268,17 +284,22 @@ func TestCodexUSDBudget(t *testing.T) {
 		// context window makes codex compact the thread first).
 		{Calls: []fakellm.ResponsesCall{{Shell: "echo spent > spent.txt"}}, Usage: fakellm.ResponsesUsage{Input: 8000, Output: 3000}},
 		{Text: "Spent a lot.", Usage: fakellm.ResponsesUsage{Input: 9000, Output: 3000}},
+		{Text: "The repair round must not run.", Usage: fakellm.ResponsesUsage{Input: 1, Output: 1}},
 	}
-	if cost := codexUsage(turns...).CostUSD; cost < 0.02 {
+	if cost := codexUsage(turns[:2]...).CostUSD; cost < 0.02 {
 		t.Fatalf("the turns cost $%.4f: too little to pass a $0.01 budget", cost)
 	}
 	r := codexNewRig(t, fakellm.ResponsesScript{Turns: turns}, nil)
-	r.submit("usd", codexManifest("budget:\n  usd: 0.01"))
+	r.submit("usd", codexManifest("budget:\n  usd: 0.01", "verify: test -f never.txt", "verify_rounds: 1"))
 	res := r.run("run", "--once")
 	v := r.show("usd")
-	if v.Reason != job.ReasonBudgetExceeded {
+	if v.Reason != job.ReasonBudgetExceeded || !strings.Contains(v.Detail, "repair round 1 was not started") {
 		t.Fatalf("%s\nstage %s reason %s (%s)\nlogs:\n%s", res, v.Stage, v.Reason, v.Detail, r.logs("usd"))
 	}
+	if n := len(r.fake.Posts()); n != 2 {
+		t.Errorf("the fake saw %d posts, want the first run's 2", n)
+	}
+	codexSameUsage(t, "usd", v.Insights, codexUsage(turns[:2]...))
 	codexNotShipped(t, r, "usd")
 }
 
