@@ -1,3 +1,8 @@
+//go:build linux
+
+// The codex end-to-end tests are Linux-only: their unsandboxed runs need a
+// network namespace of the test's own (unshare(CLONE_NEWNET)).
+
 package realcli_test
 
 import (
