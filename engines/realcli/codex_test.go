@@ -217,6 +217,7 @@ func TestCodexRepairRoundResumesTheThread(t *testing.T) {
 // ran); the attempt fails, and the retry's prompt says how the previous
 // attempt ended.
 func TestCodexRetryAfterACrash(t *testing.T) {
+	t.Skip("not done (#33): the command below killed a codex helper process of the worktree, not the one running the turn — codex 0.171.0 finished its turn and the job shipped; which process to kill is still to be found")
 	t.Parallel()
 	turns := []fakellm.ResponsesTurn{
 		// The command kills codex: the native codex processes (argv[0]
