@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -49,13 +50,17 @@ import (
 //     why in those terms), or Stopped when aq stopped it.
 //
 // Usage comes only from turn.completed.usage {input_tokens,
-// cached_input_tokens, output_tokens}; codex reports the thread's running
-// total there (the exec event processor's usage_from_last_total), so the
-// last one wins. Codex reports no cost: it is metered from spec.Prices for
+// cached_input_tokens, cache_write_input_tokens, output_tokens,
+// reasoning_output_tokens} (reasoning is part of output); codex reports
+// the thread's running total there, so the last one wins — also across
+// `codex exec resume`: measured with codex 0.171.0 against fakellm, a
+// first run whose two requests reported 1000+2000 input tokens printed
+// 3000, and the resumed run's one request of 3000 printed 6000
+// (testdata/codex/real_tool_call.jsonl, real_resume.jsonl). Codex reports no cost: it is metered from spec.Prices for
 // the model (the price table's default when -m is not set, as codex then
 // uses its own configured model), with Usage.Estimated set. A repair round
 // that continues the thread (`codex exec resume`, see Run) reports the
-// thread's total too: its own usage is what it adds. Codex reports
+// thread's total too: its own usage is what it adds to Resume.Usage. Codex reports
 // no usage during a turn, so aq's token and USD budgets can only stop it
 // between turns; the wall budget still applies throughout.
 type Codex struct {
@@ -157,7 +162,31 @@ func (c *Codex) Args(spec Spec) []string {
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
 	}
+	args = append(args, codexBaseURLArgs(spec)...)
 	return append(args, "-")
+}
+
+// codexBaseURLArgs carries OPENAI_BASE_URL, when the engine's environment
+// has it, to codex as `-c openai_base_url="…"`: codex 0.171.0 reads its
+// base URL only from config.toml (openai_base_url), never from the
+// environment (measured: with OPENAI_BASE_URL set it went to
+// api.openai.com), while aq documents OPENAI_BASE_URL as codex's gateway
+// setting (its sandbox allows and bridges that URL's host). A value that
+// cannot be a TOML basic string as it is (a quote, a backslash, a control
+// character) is not passed, nor one with credentials in it (they would be
+// in codex's argv), nor anything to a codex without -c.
+func codexBaseURLArgs(spec Spec) []string {
+	u := envValue(spec.Env, "OPENAI_BASE_URL")
+	if u == "" || strings.ContainsAny(u, "\"\\") || strings.IndexFunc(u, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+		return nil
+	}
+	if p, err := url.Parse(u); err != nil || p.User != nil {
+		return nil
+	}
+	if !spec.Flags.Has("-c") {
+		return nil
+	}
+	return []string{"-c", `openai_base_url="` + u + `"`}
 }
 
 // ResumeArgs is `codex exec resume`'s command line continuing thread id,
@@ -173,6 +202,7 @@ func (c *Codex) ResumeArgs(spec Spec, id string) []string {
 	if spec.Model != "" {
 		args = append(args, "-m", spec.Model)
 	}
+	args = append(args, codexBaseURLArgs(spec)...)
 	return append(args, id, "-")
 }
 
@@ -252,7 +282,11 @@ type codexEvent struct {
 	Usage    *struct {
 		InputTokens       int64 `json:"input_tokens"`
 		CachedInputTokens int64 `json:"cached_input_tokens"`
-		OutputTokens      int64 `json:"output_tokens"`
+		// CacheWriteInputTokens: codex 0.171.0 prints it (0 against the
+		// OpenAI API); reasoning_output_tokens, also printed, is part of
+		// output_tokens.
+		CacheWriteInputTokens int64 `json:"cache_write_input_tokens"`
+		OutputTokens          int64 `json:"output_tokens"`
 	} `json:"usage"`
 	Error   json.RawMessage `json:"error"` // turn.failed: {message}; a bare string is taken too
 	Message string          `json:"message"`
@@ -325,6 +359,8 @@ func (p *codexParser) onStdout(line []byte) {
 				TokensIn:     since(ev.Usage.InputTokens, p.base.TokensIn),
 				TokensCached: since(ev.Usage.CachedInputTokens, p.base.TokensCached),
 				TokensOut:    since(ev.Usage.OutputTokens, p.base.TokensOut),
+
+				TokensCacheWrite: since(ev.Usage.CacheWriteInputTokens, p.base.TokensCacheWrite),
 			}
 		}
 		u, observe = p.current(), true
@@ -408,7 +444,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 		res.Outcome, res.Subtype = Succeeded, "turn.completed"
 	case p.last == "turn.failed" || p.last == "error":
 		res.Subtype = p.last
-		if kind, ex, ok := unavailableReason(p.failure); ok {
+		if kind, ex, ok := codexUnavailable(p.failure); ok {
 			p.classify(&res, kind, ex, p.failure)
 		} else {
 			res.Outcome = TaskFailed
@@ -448,6 +484,9 @@ func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
 	lk := limitKind(kind)
 	if lk == "" {
 		res.Outcome, res.Detail = Unavailable, "codex is unavailable ("+kind+"): "+excerpt
+		if strings.HasPrefix(kind, "auth") {
+			res.Detail += "; " + codexLoginHint
+		}
 		return
 	}
 	lim := &Limit{Kind: lk}
@@ -458,6 +497,28 @@ func (p *codexParser) classify(res *Result, kind, excerpt, text string) {
 	}
 	res.Outcome, res.Limit = Limited, lim
 	res.Detail = "codex " + lk + ": " + excerpt
+}
+
+// codexLoginHint is what an auth failure's detail adds: where codex's
+// login comes from.
+const codexLoginHint = "check codex's login: CODEX_API_KEY (or OPENAI_API_KEY) in the engine's environment, or `codex login` ($CODEX_HOME/auth.json)"
+
+// codexOverloaded is how codex 0.171.0 words a 5xx it gave up on after its
+// retries: "We’re currently experiencing high demand, which may cause
+// temporary errors." (recorded against fakellm answering 500; 503 reads
+// "service unavailable" where it is not reworded).
+var codexOverloaded = regexp.MustCompile(`(?i)experiencing high demand|temporary errors|service unavailable|\b50[0234] (internal|bad|service|gateway)`)
+
+// codexUnavailable is unavailableReason for codex's failure text, with the
+// overload codex words in its own way.
+func codexUnavailable(text string) (kind, excerpt string, ok bool) {
+	if kind, ex, ok := unavailableReason(text); ok {
+		return kind, ex, ok
+	}
+	if loc := codexOverloaded.FindStringIndex(text); loc != nil {
+		return "overloaded", excerptAround(text, loc[0]), true
+	}
+	return "", "", false
 }
 
 // codexNoThread is what `codex exec resume` prints when the thread is not

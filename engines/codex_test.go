@@ -50,6 +50,23 @@ var codexCases = []struct {
 	{name: "malformed", want: Succeeded},
 	// exec resume of a thread codex does not have: stderr only, exit 1.
 	{name: "resume_not_found", exit: 1, stderr: true, want: TaskFailed},
+	// Recorded from codex 0.171.0 against fakellm (engines/realcli): an
+	// exec_command call, then a message; the "Model metadata … not found"
+	// item of type error a model outside codex's catalogue adds; usage
+	// with cache_write_input_tokens and reasoning_output_tokens.
+	{name: "real_tool_call", want: Succeeded},
+	{name: "real_resume", want: Succeeded},
+	// codex 0.171.0 against fakellm's scripted errors: each retried five
+	// times ("Reconnecting... n/5"), then an error and turn.failed, exit 1.
+	// 401: an auth failure naming the login; 429: a rate limit without a
+	// reset time (codex does not print the retry-after); 500: "high
+	// demand", overloaded; an HTML page for a stream and a stream cut
+	// mid-way: codex's own words, a task failure.
+	{name: "real_auth_401", exit: 1, stderr: true, want: Unavailable},
+	{name: "real_429", exit: 1, stderr: true, want: Limited, wantLimit: &Limit{Kind: LimitRate}},
+	{name: "real_500", exit: 1, stderr: true, want: Unavailable},
+	{name: "real_html", exit: 1, stderr: true, want: TaskFailed},
+	{name: "real_cut", exit: 1, stderr: true, want: TaskFailed},
 }
 
 func TestCodexGolden(t *testing.T) {
@@ -200,5 +217,63 @@ func TestCodexArgsSandboxMode(t *testing.T) {
 		if got := (&Codex{}).Args(Spec{CodexSandbox: tc.mode, Flags: tc.flags}); !slices.Equal(got, tc.want) {
 			t.Errorf("Args(%q) = %q, want %q", tc.mode, got, tc.want)
 		}
+	}
+}
+
+// TestCodexResumedThreadUsage: codex 0.171.0 (recorded against fakellm)
+// prints the thread's running total in a resumed run's turn.completed —
+// the first run's 3000/1100/110 tokens plus the resumed request's
+// 3000/2000/70 — so the resumed run's own usage is what it adds to the
+// session's usage before it, counted once.
+func TestCodexResumedThreadUsage(t *testing.T) {
+	first := newCodexParser("gpt-5.5", nil, nil, nil)
+	res := finishRecorded(t, first, "codex", "real_tool_call", 0, false)
+	if res.Outcome != Succeeded || res.Usage.TokensIn != 3000 || res.Usage.TokensCached != 1100 || res.Usage.TokensOut != 110 {
+		t.Fatalf("the first run: %s %+v", res.Outcome, res.Usage)
+	}
+	resumed := newCodexParser("gpt-5.5", nil, nil, nil)
+	resumed.base = res.Usage
+	res2 := finishRecorded(t, resumed, "codex", "real_resume", 0, false)
+	want := Usage{TokensIn: 3000, TokensCached: 2000, TokensOut: 70, Turns: 1, Estimated: true}
+	want.CostUSD = DefaultPrices().Cost("gpt-5.5", want)
+	if res2.Outcome != Succeeded || res2.Usage != want || res2.SessionID != res.SessionID {
+		t.Errorf("the resumed run: %s %+v (session %s), want %+v (session %s)", res2.Outcome, res2.Usage, res2.SessionID, want, res.SessionID)
+	}
+	if sum := res.Usage.Plus(res2.Usage); sum.TokensIn != 6000 || sum.TokensOut != 180 {
+		t.Errorf("the session's usage %+v, want the thread's total 6000 in, 180 out", sum)
+	}
+}
+
+// TestCodexBaseURLFromTheEnvironment: codex 0.171.0 ignores OPENAI_BASE_URL
+// in its environment (it reads openai_base_url from config.toml only), so
+// aq passes the variable as a config override — to a fresh run and to a
+// resumed one — when it can be one.
+func TestCodexBaseURLFromTheEnvironment(t *testing.T) {
+	const u = "http://127.0.0.1:4000/v1"
+	withC := &FlagSet{Found: []string{"--sandbox", "--json", "-m", "-c"}}
+	for _, tc := range []struct {
+		name  string
+		env   []string
+		flags *FlagSet
+		want  []string
+	}{
+		{"set", []string{"OPENAI_BASE_URL=" + u}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-c", `openai_base_url="` + u + `"`, "-"}},
+		{"unset", nil, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"empty", []string{"OPENAI_BASE_URL="}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"a quote cannot be a TOML string as it is", []string{`OPENAI_BASE_URL=http://h/"x`}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"credentials stay out of argv", []string{"OPENAI_BASE_URL=http://user:secret@gw.example:4000/v1"}, withC, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+		{"a codex without -c", []string{"OPENAI_BASE_URL=" + u}, &FlagSet{Found: []string{"--sandbox", "--json", "-m"}}, []string{"exec", "--json", "--sandbox", "workspace-write", "-m", "gpt-5.5", "-"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := Spec{Model: "gpt-5.5", Env: tc.env, Flags: tc.flags}
+			if got := (&Codex{}).Args(spec); !slices.Equal(got, tc.want) {
+				t.Errorf("Args = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	got := (&Codex{}).ResumeArgs(Spec{Model: "gpt-5.5", Env: []string{"OPENAI_BASE_URL=" + u}}, "01a2264a-4bff-7340-bbcd-8fb54c60ae0f")
+	want := []string{"exec", "resume", "--json", "-c", `sandbox_mode="workspace-write"`, "-m", "gpt-5.5", "-c", `openai_base_url="` + u + `"`, "01a2264a-4bff-7340-bbcd-8fb54c60ae0f", "-"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ResumeArgs = %q, want %q", got, want)
 	}
 }
