@@ -138,8 +138,12 @@ func (ru *run) afterSandboxed() {
 	for _, n := range ru.jail.Notes() {
 		ru.log.Warn("sandbox: "+n, "job", ru.j.ID)
 	}
-	for _, n := range ru.logins.WriteBack() {
+	notes, refused := ru.logins.WriteBack()
+	for _, n := range notes {
 		ru.log.Info("sandbox: " + n)
+	}
+	for _, ref := range refused {
+		ru.untrusted(ref)
 	}
 }
 
