@@ -274,4 +274,3 @@ func match(pat, path []string) bool {
 	}
 	return match(pat[1:], path[1:])
 }
-
