@@ -95,12 +95,15 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 		Worktree: ru.wtPath, JobDir: filepath.Join(ru.r.Cfg.sandboxDir(), ru.j.ID), Home: home,
 		Hide: hide, Env: host, Engine: ru.info.Path, Shared: ru.r.Cfg.SandboxWritable,
 	})
+	// The job's directory is made afresh for every run (a recovered
+	// attempt included): nothing a crashed engine planted there survives
+	// into the next one. Repair rounds of this run keep it.
+	if err := sandbox.FreshJobDir(p.JobDir); err != nil {
+		ru.fail(job.ReasonSandboxUnavailable, "the job's sandbox could not be made: "+err.Error())
+		return false
+	}
 	if eg := ru.r.Egress; eg != nil {
 		sock := filepath.Join(p.JobDir, "proxy.sock")
-		if err := os.MkdirAll(p.JobDir, 0o700); err != nil {
-			ru.fail(job.ReasonSandboxUnavailable, "the job's sandbox could not be made: "+err.Error())
-			return false
-		}
 		proxy, err := eg.Start(ctx, ru.j.ID, ru.eng.Name(), sock, sb.Level() != sandbox.LevelFull, ru.egressRefused)
 		if err != nil {
 			ru.fail(job.ReasonSandboxUnavailable, "the job's egress proxy did not start: "+err.Error())

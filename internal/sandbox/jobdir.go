@@ -3,11 +3,13 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
-	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 // The job's own directory (Policy.JobDir) holds, for as long as the run:
@@ -17,7 +19,26 @@ import (
 // group, an empty file that hides files) and root/ (the empty directory a
 // full sandbox's / is built on).
 
-// makeJobDir makes the job's directory, 0700, and what is in it.
+// FreshJobDir makes dir, a job's own directory, afresh for a run: what a
+// crashed run left there (a home whose login copies an engine replaced
+// with links or FIFOs) is removed first — never followed — and dir is
+// made anew, 0700. Repair rounds of one run keep the directory; a new
+// run (a recovered attempt) never sees what an earlier engine planted.
+func FreshJobDir(dir string) error {
+	if err := removeTree(dir); err != nil {
+		return fmt.Errorf("remove what a previous run left in the job's directory %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil { // exclusive: nobody else's
+		return fmt.Errorf("make the job's directory afresh: %w", err)
+	}
+	return nil
+}
+
+// makeJobDir makes the job's directory, 0700, and what is in it; the
+// files aq writes there are created exclusively (internal/safefs).
 func makeJobDir(p Policy) error {
 	for _, d := range []string{p.JobDir, p.JobHome(), p.JobTmp(), p.StateDir(),
 		filepath.Join(p.JobDir, "etc"), filepath.Join(p.JobDir, "root"), filepath.Join(p.JobDir, "cache")} {
@@ -25,13 +46,7 @@ func makeJobDir(p Policy) error {
 			return err
 		}
 	}
-	empty := filepath.Join(p.JobDir, "etc", "empty")
-	if _, err := os.Stat(empty); errors.Is(err, fs.ErrNotExist) {
-		if err := os.WriteFile(empty, nil, 0o444); err != nil {
-			return err
-		}
-	}
-	return nil
+	return safefs.WriteFile("job", p.JobDir, "etc/empty", nil, 0o444)
 }
 
 // replaceEntry returns the colon-separated database db without the lines
