@@ -158,6 +158,7 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 	for _, ref := range res.Refused {
 		ru.untrusted(ref)
 	}
+	ru.removeSpecialFiles()
 	ru.afterSandboxed()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {

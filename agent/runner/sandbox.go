@@ -19,6 +19,7 @@ import (
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // Egress starts a job's egress proxy (internal/egress): the engine's only
@@ -94,6 +95,7 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 	p := sandbox.NewPolicy(sandbox.Paths{
 		Worktree: ru.wtPath, JobDir: filepath.Join(ru.r.Cfg.sandboxDir(), ru.j.ID), Home: home,
 		Hide: hide, Env: host, Engine: ru.info.Path, Shared: ru.r.Cfg.SandboxWritable,
+		GitDirs: worktree.GitDirsOf(ru.wtPath),
 	})
 	// The job's directory is made afresh for every run (a recovered
 	// attempt included): nothing a crashed engine planted there survives

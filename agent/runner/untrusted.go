@@ -8,6 +8,7 @@ package runner
 import (
 	"github.com/aqfleet/aq/internal/safefs"
 	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // untrusted records err when it is a refusal (internal/safefs) and
@@ -30,4 +31,18 @@ func (ru *run) untrusted(err error) bool {
 		ins.UntrustedFiles = append(ins.UntrustedFiles, f)
 	}
 	return true
+}
+
+// removeSpecialFiles removes the FIFOs, sockets and devices the engine
+// left in its worktree before aq runs git there (a FIFO named .gitignore
+// hangs git status; git clean leaves them for the pool's next job), each
+// recorded as refused.
+func (ru *run) removeSpecialFiles() {
+	removed, err := worktree.RemoveSpecialFiles(ru.wtPath)
+	for _, f := range removed {
+		ru.untrusted(&safefs.Refused{Tree: "worktree", Path: f.Path, Why: f.Kind + " (removed)"})
+	}
+	if err != nil {
+		ru.log.Warn("cannot remove every FIFO, socket or device the engine left in its worktree", "err", err)
+	}
 }
