@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 var records struct {
@@ -111,4 +113,30 @@ func GitDirsOf(path string) []string {
 		return nil
 	}
 	return []string{c, x}
+}
+
+// RestoreDotGit puts back the worktree's .git file as aq's record has it
+// when the engine changed it (pointed it elsewhere, or made it a link, a
+// directory, a FIFO), so that every git after aq's — gh's, a person's —
+// finds the right repository too. It reports whether it had to; a
+// worktree of no trusted repository is left as it is.
+func RestoreDotGit(path string) (bool, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return false, err
+	}
+	x, _, ok := recordedGitDir(abs)
+	if !ok {
+		return false, nil
+	}
+	b, err := safefs.ReadFile("worktree", abs, ".git", 4096)
+	if err == nil {
+		if got, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir:"); ok && filepath.Clean(strings.TrimSpace(got)) == x {
+			return false, nil
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(abs, ".git")); err != nil { // RemoveAll follows no link
+		return true, err
+	}
+	return true, safefs.WriteFile("worktree", abs, ".git", []byte("gitdir: "+x+"\n"), 0o644)
 }

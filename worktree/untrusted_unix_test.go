@@ -56,6 +56,16 @@ func TestRewrittenDotGitDoesNotRedirectGit(t *testing.T) {
 	if dirs := GitDirsOf(wt); len(dirs) != 2 || dirs[0] != filepath.Join(repo, ".git") {
 		t.Errorf("GitDirsOf = %v", dirs)
 	}
+	// Put back for every git after aq's: once, then nothing to do.
+	if restored, err := RestoreDotGit(wt); !restored || err != nil {
+		t.Errorf("RestoreDotGit = %v, %v", restored, err)
+	}
+	if got := testenv.Git(t, wt, "rev-parse", "--git-common-dir"); got != filepath.Join(repo, ".git") {
+		t.Errorf("a plain git in the worktree finds %s", got)
+	}
+	if restored, err := RestoreDotGit(wt); restored || err != nil {
+		t.Errorf("RestoreDotGit again = %v, %v", restored, err)
+	}
 }
 
 // TestFIFOsDoNotWedgeGit: a FIFO named .gitignore (git opens it, and would

@@ -33,11 +33,19 @@ func (ru *run) untrusted(err error) bool {
 	return true
 }
 
-// removeSpecialFiles removes the FIFOs, sockets and devices the engine
+// removeSpecialFiles restores a rewritten .git and removes the FIFOs, sockets and devices the engine
 // left in its worktree before aq runs git there (a FIFO named .gitignore
 // hangs git status; git clean leaves them for the pool's next job), each
 // recorded as refused.
 func (ru *run) removeSpecialFiles() {
+	// The .git file first: an engine that pointed it at another
+	// repository gets it put back from aq's record (worktree/record.go).
+	if restored, err := worktree.RestoreDotGit(ru.wtPath); restored {
+		ru.untrusted(&safefs.Refused{Tree: "worktree", Path: ".git", Why: "rewritten by the engine (restored from aq's record)"})
+		if err != nil {
+			ru.log.Warn("cannot restore the worktree's .git", "err", err)
+		}
+	}
 	removed, err := worktree.RemoveSpecialFiles(ru.wtPath)
 	for _, f := range removed {
 		ru.untrusted(&safefs.Refused{Tree: "worktree", Path: f.Path, Why: f.Kind + " (removed)"})
