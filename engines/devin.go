@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/aqfleet/aq/internal/safefs"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -139,13 +140,22 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 		return Result{}, err
 	}
 	promptFile, exportFile := devinFiles(spec)
-	if err := os.MkdirAll(filepath.Dir(promptFile), 0o700); err != nil {
+	dir := filepath.Dir(promptFile)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Result{}, fmt.Errorf("devin: create job log dir: %w", err)
 	}
-	if err := os.WriteFile(promptFile, []byte(spec.Prompt), 0o600); err != nil {
+	// The directory is the engine's to write (state/ in a sandbox): the
+	// prompt is created there exclusively, whatever an earlier run left
+	// in its place, and the stale trajectory removed, never followed.
+	files, err := safefs.OpenRoot(devinTree(spec), dir)
+	if err != nil {
+		return Result{}, fmt.Errorf("devin: open the directory of its files: %w", err)
+	}
+	defer files.Close()
+	if err := files.WriteFile(filepath.Base(promptFile), []byte(spec.Prompt), 0o600); err != nil {
 		return Result{}, fmt.Errorf("devin: write the prompt file: %w", err)
 	}
-	if err := os.Remove(exportFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := files.Remove(filepath.Base(exportFile)); err != nil {
 		return Result{}, fmt.Errorf("devin: remove a stale trajectory: %w", err)
 	}
 	out := &devinOutput{answer: tail{n: 200}, errLines: tail{n: 20}}
@@ -158,15 +168,20 @@ func (d *Devin) Run(ctx context.Context, spec Spec) (Result, error) {
 	if err != nil {
 		return Result{}, startError(d.Name(), d.bin(), err)
 	}
-	if logged := filepath.Join(spec.LogDir, filepath.Base(exportFile)); logged != exportFile {
+	// The trajectory is the engine's file: a regular one within
+	// safefs.MaxTrajectory, or refused (a symbolic link to a host file, a
+	// FIFO) and the run's usage taken from its output alone.
+	b, rerr := files.ReadFile(filepath.Base(exportFile), safefs.MaxTrajectory)
+	if logged := filepath.Join(spec.LogDir, filepath.Base(exportFile)); rerr == nil && logged != exportFile {
 		// The trajectory is an artifact of the job's logs, like stdout.log.
-		if b, err := os.ReadFile(exportFile); err == nil {
-			_ = os.WriteFile(logged, b, 0o600)
-		}
+		_ = os.WriteFile(logged, b, 0o600)
 	}
-	traj, trajErr := readATIF(exportFile)
+	traj, trajErr := parseATIF(filepath.Base(exportFile), b, rerr)
 	res := devinResult(out, traj, trajErr, pres.ExitCode, pres.Stopped, spec.Model)
 	res.Process = pres
+	if ref, ok := safefs.AsRefused(rerr); ok {
+		res.Refused = append(res.Refused, ref)
+	}
 	if pres.Stopped {
 		res.Detail = stopDetail("devin", pres)
 	}
@@ -279,17 +294,27 @@ type atifMetrics struct {
 	CostUSD          *float64 `json:"cost_usd"`
 }
 
-func readATIF(path string) (*atifTrajectory, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
+// devinTree names the directory of devin's files in a refusal: the job's
+// state/ in a sandbox, its logs otherwise.
+func devinTree(spec Spec) string {
+	if spec.StateDir != "" {
+		return "state"
+	}
+	return "logs"
+}
+
+// parseATIF parses the trajectory b read from the file name (readErr:
+// why it could not be read).
+func parseATIF(name string, b []byte, readErr error) (*atifTrajectory, error) {
+	if readErr != nil {
+		return nil, readErr
 	}
 	var t atifTrajectory
 	if err := json.Unmarshal(b, &t); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Base(path), err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if !strings.HasPrefix(t.SchemaVersion, "ATIF-") && len(t.Steps) == 0 {
-		return nil, fmt.Errorf("%s: not an ATIF trajectory", filepath.Base(path))
+		return nil, fmt.Errorf("%s: not an ATIF trajectory", name)
 	}
 	return &t, nil
 }

@@ -156,3 +156,54 @@ func TestDevinStaleTrajectory(t *testing.T) {
 		t.Errorf("the stale trajectory is still there: %v", err)
 	}
 }
+
+// TestDevinTrajectoryThatIsALink: a trajectory the engine leaves as a
+// symbolic link (to a host file it cannot read itself) is refused — not
+// read, not copied into the job's logs — and reported in Result.Refused;
+// the run's usage comes from its output alone. Before internal/safefs aq
+// followed the link and kept the linked file as the job's artifact.
+func TestDevinTrajectoryThatIsALink(t *testing.T) {
+	h := newFakeHost(t)
+	r := h.run(t, fixture{stdout: "devin/success.txt", export: "devin/success.atif.json"}, fakeExportLink+"=1")
+	r.spec.StateDir = t.TempDir()
+	res, err := (&Devin{}).Run(t.Context(), r.spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Refused) != 1 || res.Refused[0].Tree != "state" || res.Refused[0].Path != "devin-trajectory-1.json" || res.Refused[0].Why != "a symbolic link" {
+		t.Fatalf("refused %+v, want the trajectory in state/ as a symbolic link", res.Refused)
+	}
+	if res.Outcome != Succeeded || res.Usage != (Usage{}) {
+		t.Errorf("result %+v: want success with no usage from the refused trajectory", res)
+	}
+	if _, err := os.Stat(filepath.Join(r.spec.LogDir, "devin-trajectory-1.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the linked file was kept in the job's logs: %v", err)
+	}
+}
+
+// TestDevinPromptFileReplacesWhatIsThere: a prompt file's place in the
+// job's state/ that an earlier engine made a symbolic link to a host file
+// gets a new file; the host file is untouched.
+func TestDevinPromptFileReplacesWhatIsThere(t *testing.T) {
+	h := newFakeHost(t)
+	r := h.run(t, fixture{stdout: "devin/success.txt"})
+	r.spec.StateDir = t.TempDir()
+	victim := filepath.Join(t.TempDir(), "victim")
+	os.WriteFile(victim, []byte("keep"), 0o600)
+	os.Symlink(victim, filepath.Join(r.spec.StateDir, "devin-prompt-1.md"))
+	if _, err := (&Devin{}).Run(t.Context(), r.spec); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Errorf("the prompt was written through the link: %q", b)
+	}
+	if rec := r.recording(t); rec.Prompt != r.spec.Prompt {
+		t.Errorf("devin read the prompt %q", rec.Prompt)
+	}
+}
+
+// readATIF reads and parses a trajectory file of testdata.
+func readATIF(path string) (*atifTrajectory, error) {
+	b, err := os.ReadFile(path)
+	return parseATIF(filepath.Base(path), b, err)
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/safefs"
 	"github.com/aqfleet/aq/internal/secrets"
 )
 
@@ -236,6 +237,10 @@ type Result struct {
 	resumeMissing bool
 	// Process is what the process layer saw (exit, signals, the ladder).
 	Process process.Result `json:"-"`
+	// Refused are the files of the engine's the adapter would not read or
+	// write (a trajectory that is a symbolic link, a FIFO, too big:
+	// internal/safefs); the runner records each in the job's insights.
+	Refused []*safefs.Refused `json:"-"`
 }
 
 // ErrNotInstalled means the engine's binary is not on PATH (→ no_engine).

@@ -21,6 +21,21 @@ type Login struct {
 // HomeVar is a variable set to a path below the job's home.
 type HomeVar struct{ Name, Rel string }
 
+// loginRefresh are, per engine, the fields of its rotating login file a
+// token refresh may change (sandbox.LoginFile.Refresh): the write-back
+// takes the engine's copy only when nothing else in it changed.
+//
+//   - claude .credentials.json: the OAuth access token, refresh token and
+//     expiry;
+//   - codex auth.json: its tokens and when it last refreshed them;
+//   - devin credentials.toml: its format is not documented; any field
+//     named like a token or its expiry, at any depth.
+var loginRefresh = map[string][]string{
+	"claude": {"claudeAiOauth.accessToken", "claudeAiOauth.refreshToken", "claudeAiOauth.expiresAt"},
+	"codex":  {"tokens.**", "last_refresh"},
+	"devin":  {"**.access_token", "**.refresh_token", "**.token", "**.expires_at", "**.expires_in", "**.expiry"},
+}
+
 // LoginOf says what engine needs of the user's home, given the engine's
 // environment (HOME, and the variables that move its config directory):
 //
@@ -45,7 +60,7 @@ func LoginOf(engine string, env []string) Login {
 	}
 	var l Login
 	file := func(src, rel string, rotates bool) {
-		l.Files = append(l.Files, sandbox.LoginFile{Src: src, Rel: rel, Rotates: rotates})
+		l.Files = append(l.Files, sandbox.LoginFile{Src: src, Rel: rel, Rotates: rotates, Refresh: loginRefresh[engine]})
 	}
 	switch engine {
 	case "claude":

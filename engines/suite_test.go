@@ -40,6 +40,7 @@ const (
 	fakeRecord      = "FAKE_ENGINE_RECORD"       // where to write what the engine was given (JSON fakeRecording)
 	fakeReady       = "FAKE_ENGINE_READY"        // #!ready writes the grandchildren's pids here
 	fakeExport      = "FAKE_ENGINE_EXPORT"       // devin: file copied to the --export path
+	fakeExportLink  = "FAKE_ENGINE_EXPORT_LINK"  // devin: "1": the --export path made a symbolic link to that file instead
 	fakeVersion     = "FAKE_ENGINE_VERSION"      // --version output
 	fakeVersionExit = "FAKE_ENGINE_VERSION_EXIT" // --version exit status
 	fakeRole        = "FAKE_ENGINE_ROLE"         // "grandchild": sleep ignoring SIGINT
@@ -143,7 +144,11 @@ func fakeEngine(name string, args []string) int {
 	}
 	if src := os.Getenv(fakeExport); src != "" && name == "devin" {
 		b, _ := os.ReadFile(src)
-		if err := os.WriteFile(argAfter(args, "--export"), b, 0o600); err != nil {
+		write := func() error { return os.WriteFile(argAfter(args, "--export"), b, 0o600) }
+		if os.Getenv(fakeExportLink) == "1" {
+			write = func() error { return os.Symlink(src, argAfter(args, "--export")) }
+		}
+		if err := write(); err != nil {
 			fmt.Fprintln(os.Stderr, "fake:", err)
 			return 92
 		}

@@ -246,7 +246,25 @@ type Insights struct {
 	// to its sandboxed engine, most refused first (docs/sandbox.md,
 	// "Network"): what an operator may want to allow in AQ_SANDBOX_NET.
 	EgressRefused []EgressRefusal `json:"egressRefused,omitempty"`
+	// UntrustedFiles are the files aq refused to read or write in the
+	// trees the engine could write (docs/sandbox.md, "What aq reads from
+	// the engine's trees"): a symbolic link, a FIFO, a device or an
+	// oversized file where aq expected a regular file. At most
+	// MaxUntrustedFiles, the first refused first.
+	UntrustedFiles []UntrustedFile `json:"untrustedFiles,omitempty"`
 }
+
+// UntrustedFile is one file aq refused in an engine's tree: the tree
+// ("worktree", "home", "state", "tmp"), the path relative to it, and what
+// was found there.
+type UntrustedFile struct {
+	Tree string `json:"tree"`
+	Path string `json:"path"`
+	Why  string `json:"why"`
+}
+
+// MaxUntrustedFiles bounds Insights.UntrustedFiles.
+const MaxUntrustedFiles = 20
 
 // EgressRefusal is one destination a job's egress proxy refused: how many
 // connections, and why (the rule that refused it, and how to allow it).

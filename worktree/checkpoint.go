@@ -131,6 +131,7 @@ func resolveRefs(ctx context.Context, wg Git, wtPath, ref string) (refState, err
 // goes away with the worktree). partial is set when `git add` had to leave
 // files out.
 func snapshotTree(ctx context.Context, wg Git, wtPath, indexPath string, hasHead bool) (tree string, partial error, err error) {
+	_, _ = RemoveSpecialFiles(wtPath) // a FIFO .gitignore would hang git add (special.go)
 	tmpDir, err := os.MkdirTemp(filepath.Dir(indexPath), "aq-checkpoint-")
 	if err != nil {
 		return "", nil, fmt.Errorf("checkpoint: temporary index: %w", err)

@@ -97,6 +97,7 @@ func (c *Checkpointer) Checkpoint(ctx context.Context, ref, message string) (str
 	defer c.mu.Unlock()
 	c.Stats.Calls++
 	ref = fullBranchRef(ref)
+	_, _ = RemoveSpecialFiles(c.Path) // a FIFO .gitignore would hang git status (special.go)
 	wg := c.Git.at(c.Path)
 	if c.admin == "" {
 		admin, err := linkedGitDir(c.Path)

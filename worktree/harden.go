@@ -142,6 +142,9 @@ type hardenInput struct {
 	gitBin   string // absolute path of git, for the merge-driver stand-in
 	noHooks  string // a hooks directory that holds no hook
 	globals  []string
+	// gitDir and commonDir, when set, are aq's record of the worktree's
+	// git directories (record.go): pinned as GIT_DIR and GIT_COMMON_DIR.
+	gitDir, commonDir string
 }
 
 // neutralMergeDriver stands in for a merge driver the repository names:
@@ -230,6 +233,9 @@ func planHarden(in hardenInput) pinSet {
 	}
 	if in.worktree {
 		s.env = append(s.env, "GIT_WORK_TREE="+in.dir)
+	}
+	if in.gitDir != "" {
+		s.env = append(s.env, "GIT_DIR="+in.gitDir, "GIT_COMMON_DIR="+in.commonDir)
 	}
 
 	// What the repository names.
@@ -472,7 +478,13 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 		return nil, err
 	}
 	lookup := envLookup(env)
-	key := abs + "\x00" + relevantEnv(env)
+	gitDir, commonDir, isWorktree := gitDirs(abs)
+	pinned := false
+	if x, c, ok := recordedGitDir(abs); ok {
+		// aq's record, not the worktree's .git file (record.go).
+		gitDir, commonDir, isWorktree, pinned = x, c, true, true
+	}
+	key := abs + "\x00" + gitDir + "\x00" + relevantEnv(env)
 	hardenCache.Lock()
 	old, ok := hardenCache.m[key]
 	hardenCache.Unlock()
@@ -501,7 +513,6 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 			entry.racy[f] = b
 		}
 	}
-	gitDir, commonDir, isWorktree := gitDirs(abs)
 	if commonDir != "" {
 		look(filepath.Join(commonDir, "config"), true)
 	}
@@ -522,7 +533,11 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 			look(f, true)
 		}
 	}
-	entries, files, err := g.readConfig(ctx, abs, env)
+	readEnv := env
+	if pinned {
+		readEnv = append(slices.Clip(env), "GIT_DIR="+gitDir, "GIT_COMMON_DIR="+commonDir, "GIT_WORK_TREE="+abs)
+	}
+	entries, files, err := g.readConfig(ctx, abs, readEnv)
 	if err != nil {
 		return nil, err
 	}
@@ -537,7 +552,11 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	plan := planHarden(hardenInput{entries: entries, lookup: lookup, dir: abs, worktree: isWorktree, gitBin: bin, noHooks: noHooks, globals: globals})
+	in := hardenInput{entries: entries, lookup: lookup, dir: abs, worktree: isWorktree, gitBin: bin, noHooks: noHooks, globals: globals}
+	if pinned {
+		in.gitDir, in.commonDir = gitDir, commonDir
+	}
+	plan := planHarden(in)
 	out, err := g.materialize(plan, env)
 	if err != nil {
 		return nil, err

@@ -126,6 +126,11 @@ func (p Pool) Put(ctx context.Context, g Git, repoDir, path string) (string, err
 	if err := os.MkdirAll(p.Dir, 0o755); err != nil {
 		return "", err
 	}
+	// What git clean cannot see (a FIFO, a socket) does not go into the
+	// pool with the worktree (special.go).
+	if _, err := RemoveSpecialFiles(path); err != nil {
+		return "", err
+	}
 	dest := p.freeName()
 	if err := move(ctx, g, repoDir, path, dest); err != nil {
 		return "", err
@@ -250,6 +255,7 @@ type CheckoutResult struct {
 // discarded and a new one made in its place. The caller holds the repo lock;
 // path must not exist (Add's errors apply).
 func (p Pool) Checkout(ctx context.Context, g Git, repoDir, path, branch, start string) (CheckoutResult, error) {
+	TrustRepo(repoDir)
 	var res CheckoutResult
 	sha := start
 	if !isFullSHA(start) {

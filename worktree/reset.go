@@ -59,6 +59,9 @@ func Reset(ctx context.Context, g Git, path, branch, start string) error {
 	if err != nil {
 		return unclean("it is not a linked worktree", err)
 	}
+	if _, err := RemoveSpecialFiles(path); err != nil {
+		return unclean("cannot remove the FIFOs, sockets or devices a job left in it", err)
+	}
 	if _, err := os.Lstat(filepath.Join(admin, "index.lock")); err == nil {
 		return unclean("its index is locked (index.lock): a git command may still be running in it", nil)
 	}
@@ -101,9 +104,15 @@ func (e *UncleanError) Error() string {
 
 func (e *UncleanError) Unwrap() error { return e.Err }
 
-// linkedGitDir is the git directory of the linked worktree at path, read
-// from its .git file ("gitdir: <dir>") without running git.
+// linkedGitDir is the git directory of the linked worktree at path: aq's
+// record of it (record.go) for a worktree of a trusted repository, else
+// read from its .git file ("gitdir: <dir>"); without running git.
 func linkedGitDir(path string) (string, error) {
+	if abs, err := filepath.Abs(path); err == nil {
+		if x, _, ok := recordedGitDir(abs); ok {
+			return x, nil // aq's record, not the engine's .git file
+		}
+	}
 	b, err := os.ReadFile(filepath.Join(path, ".git"))
 	if err != nil {
 		return "", err

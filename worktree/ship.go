@@ -24,6 +24,7 @@ import (
 // nothing to commit; sha is then HEAD as it is ("" on an unborn branch).
 func CommitAll(ctx context.Context, g Git, wtPath, message string) (sha string, changed bool, err error) {
 	wg := g.at(wtPath)
+	_, _ = RemoveSpecialFiles(wtPath) // special.go
 	if _, err := wg.Run(ctx, wtPath, "add", "--all"); err != nil {
 		return "", false, err
 	}
@@ -50,6 +51,7 @@ func CommitAll(ctx context.Context, g Git, wtPath, message string) (sha string, 
 // put back where it was.
 func SquashOnto(ctx context.Context, g Git, wtPath, baseSHA, message string) (sha string, changed bool, err error) {
 	wg := g.at(wtPath)
+	_, _ = RemoveSpecialFiles(wtPath) // special.go
 	base, ok, err := ResolveRef(ctx, g, wtPath, baseSHA)
 	if err != nil {
 		return "", false, err
@@ -167,6 +169,7 @@ func parseNumstat(out []byte) (files, added, deleted int, err error) {
 // deletions or untracked files (ignored files do not count). It takes no
 // optional locks, so it neither waits on nor rewrites the worktree's index.
 func Dirty(ctx context.Context, g Git, wtPath string) (bool, error) {
+	_, _ = RemoveSpecialFiles(wtPath) // special.go
 	out, err := g.at(wtPath).run(ctx, wtPath, nil, []string{
 		"--no-optional-locks", "status", "--porcelain", "-z", "--untracked-files=normal", "--ignore-submodules=none",
 	})

@@ -160,6 +160,7 @@ func Add(ctx context.Context, g Git, repoDir, path, branch, startRef string) err
 	if err := CheckRepo(ctx, g, repoDir); err != nil {
 		return err
 	}
+	TrustRepo(repoDir)
 	abs, err := filepath.Abs(path) // git would resolve a relative path against repoDir
 	if err != nil {
 		return err

@@ -108,6 +108,9 @@ func (a *Agent) checkpointOrphan(ctx context.Context, s queue.State) (string, er
 	if _, err := os.Stat(wt); err != nil {
 		return "", nil // no worktree was made: nothing to save
 	}
+	// The dead engine may have rewritten the worktree's .git: the
+	// checkpoint goes to the job's repository by its registration.
+	worktree.TrustRepo(filepath.Join(a.Runner.Cfg.RepoBase, s.Repo))
 	ref := "refs/heads/" + job.WIPBranch(s.ID)
 	sha, err := worktree.Checkpoint(ctx, a.Runner.Git, wt, ref, fmt.Sprintf("aq checkpoint: %s (recovered after aq died)\n\naq-job: %s\naq-attempt: %d", s.ID, s.ID, s.Attempts))
 	var partial *worktree.PartialError

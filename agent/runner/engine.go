@@ -155,6 +155,10 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 	ru.runTime = time.Since(started)
 	ru.engineTime += ru.runTime
 	stopPeriodic()
+	for _, ref := range res.Refused {
+		ru.untrusted(ref)
+	}
+	ru.removeSpecialFiles()
 	ru.afterSandboxed()
 	mu.Lock()
 	if res.Usage == (engines.Usage{}) {

@@ -68,12 +68,19 @@ type Delivered struct{ Branch, Commit string }
 // count them all: Insights.EgressRefused).
 type EgressRefused struct{ Refusal job.EgressRefusal }
 
-func (Preparing) event()        {}
-func (EngineStarted) event()    {}
-func (Progress) event()         {}
-func (Checkpointed) event()     {}
-func (CheckpointPushed) event() {}
-func (Delivered) event()        {}
-func (Verified) event()         {}
-func (RepairStarted) event()    {}
-func (EgressRefused) event()    {}
+// UntrustedFileRefused: aq refused a file the engine could have written
+// (a symbolic link, a FIFO, a device, an oversized file where it expected
+// a regular file: internal/safefs); the outcome's insights list them
+// (Insights.UntrustedFiles).
+type UntrustedFileRefused struct{ File job.UntrustedFile }
+
+func (Preparing) event()            {}
+func (EngineStarted) event()        {}
+func (Progress) event()             {}
+func (Checkpointed) event()         {}
+func (CheckpointPushed) event()     {}
+func (Delivered) event()            {}
+func (Verified) event()             {}
+func (RepairStarted) event()        {}
+func (EgressRefused) event()        {}
+func (UntrustedFileRefused) event() {}

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
+	"github.com/aqfleet/aq/internal/safefs"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -107,6 +109,11 @@ func OpenSandbox(cfg *config.Config, log *slog.Logger) *sandbox.Host {
 			log.Warn(line)
 		default:
 			log.Info(line)
+		}
+		if !safefs.HasOpenat2() && runtime.GOOS == "linux" {
+			// Said once, as the level is: files the engine left are still
+			// read safely, one component at a time (docs/sandbox.md).
+			log.Info("this kernel has no openat2: aq reads what engines leave by an O_NOFOLLOW walk (docs/sandbox.md, \"What aq reads from the engine's trees\")")
 		}
 	})
 }

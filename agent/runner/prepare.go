@@ -67,6 +67,10 @@ func (ru *run) preflight(ctx context.Context) bool {
 		ru.log.Info("cloned", "repo", j.Repo, "took", time.Since(start).Round(time.Millisecond))
 	}
 	ru.repoDir = repoDir
+	// Its worktrees' git directories are found from its registration, not
+	// from a .git file an engine may have rewritten (a stale worktree of a
+	// dead run is checkpointed below).
+	worktree.TrustRepo(repoDir)
 	if j.Ship == "pr" || j.Ship == "merge" {
 		if err := ru.r.Shipper.Ready(ctx, repoDir); err != nil {
 			ru.fail(job.ReasonCapabilityMismatch, err.Error())

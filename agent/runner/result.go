@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/safefs"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
 	"github.com/aqfleet/aq/job"
@@ -29,16 +30,10 @@ const prFile = ".aq_pr.md"
 // base, and records the size of the change.
 func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
 	j, g := ru.j, ru.r.Git
-	hasPR := false
-	if b, err := os.ReadFile(filepath.Join(ru.wtPath, prFile)); err == nil {
-		prBody, hasPR = string(b), true
-		if err := os.MkdirAll(ru.logDir, 0o700); err == nil {
-			_ = os.WriteFile(filepath.Join(ru.logDir, "pr.md"), b, 0o600)
-		}
-		if err := os.Remove(filepath.Join(ru.wtPath, prFile)); err != nil {
-			ru.fail(job.ReasonCrash, "cannot remove "+prFile+": "+err.Error())
-			return "", false
-		}
+	prBody, hasPR, err := ru.takePRBody()
+	if err != nil {
+		ru.fail(job.ReasonCrash, "cannot remove "+prFile+": "+err.Error())
+		return "", false
 	}
 	msg := fmt.Sprintf("%s\n\naq-job: %s\naq-engine: %s\naq-attempt: %d", firstNonEmpty(j.Title, "aq job "+j.ID), j.ID, ru.eng.Name(), ru.o.Attempt)
 	if ru.round > 0 {
@@ -75,6 +70,37 @@ func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
 		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = files, added, deleted
 	}
 	return prBody, true
+}
+
+// takePRBody takes the engine's .aq_pr.md out of the worktree: its text
+// when it is a regular file within safefs.MaxPRBody (kept in the job's
+// logs as pr.md), nothing when it is anything else (a symbolic link to a
+// host file, a FIFO, an oversized file: refused, and the PR body is made
+// from the manifest). Whatever was there is removed, never followed, and
+// never committed; present says there was an entry.
+func (ru *run) takePRBody() (body string, present bool, err error) {
+	if _, err := os.Lstat(filepath.Join(ru.wtPath, prFile)); err != nil {
+		return "", false, nil
+	}
+	b, rerr := safefs.ReadFile("worktree", ru.wtPath, prFile, safefs.MaxPRBody)
+	switch {
+	case rerr == nil:
+		body = string(b)
+		if err := os.MkdirAll(ru.logDir, 0o700); err == nil {
+			_ = os.WriteFile(filepath.Join(ru.logDir, "pr.md"), b, 0o600)
+		}
+	case ru.untrusted(rerr):
+	default:
+		ru.log.Warn("cannot read "+prFile+"; the PR body is made from the manifest", "err", rerr)
+	}
+	if err := safefs.Remove("worktree", ru.wtPath, prFile); err != nil {
+		// A directory of that name: removed with what is in it (RemoveAll
+		// follows no link).
+		if err := os.RemoveAll(filepath.Join(ru.wtPath, prFile)); err != nil {
+			return "", true, err
+		}
+	}
+	return body, true, nil
 }
 
 // commitFromCheckpoint makes the result commit out of the checkpoint just

@@ -19,6 +19,7 @@ import (
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
+	"github.com/aqfleet/aq/worktree"
 )
 
 // Egress starts a job's egress proxy (internal/egress): the engine's only
@@ -98,13 +99,17 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 	p := sandbox.NewPolicy(sandbox.Paths{
 		Worktree: ru.wtPath, JobDir: filepath.Join(ru.r.Cfg.sandboxDir(), ru.j.ID), Home: home,
 		Hide: hide, Env: host, Engine: ru.info.Path, Shared: ru.r.Cfg.SandboxWritable,
+		GitDirs: worktree.GitDirsOf(ru.wtPath),
 	})
+	// The job's directory is made afresh for every run (a recovered
+	// attempt included): nothing a crashed engine planted there survives
+	// into the next one. Repair rounds of this run keep it.
+	if err := sandbox.FreshJobDir(p.JobDir); err != nil {
+		ru.fail(job.ReasonSandboxUnavailable, "the job's sandbox could not be made: "+err.Error())
+		return false
+	}
 	if eg := ru.r.Egress; eg != nil {
 		sock := filepath.Join(p.JobDir, "proxy.sock")
-		if err := os.MkdirAll(p.JobDir, 0o700); err != nil {
-			ru.fail(job.ReasonSandboxUnavailable, "the job's sandbox could not be made: "+err.Error())
-			return false
-		}
 		proxy, err := eg.Start(ctx, ru.j.ID, ru.eng.Name(), sock, sb.Level() != sandbox.LevelFull, ru.egressRefused)
 		if err != nil {
 			ru.fail(job.ReasonSandboxUnavailable, "the job's egress proxy did not start: "+err.Error())
@@ -145,8 +150,12 @@ func (ru *run) afterSandboxed() {
 	for _, n := range ru.jail.Notes() {
 		ru.log.Warn("sandbox: "+n, "job", ru.j.ID)
 	}
-	for _, n := range ru.logins.WriteBack() {
+	notes, refused := ru.logins.WriteBack()
+	for _, n := range notes {
 		ru.log.Info("sandbox: " + n)
+	}
+	for _, ref := range refused {
+		ru.untrusted(ref)
 	}
 }
 

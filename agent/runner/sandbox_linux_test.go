@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/aqfleet/aq/agent/runner"
@@ -186,5 +187,48 @@ bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128 && printf "GET http://registry.example/
 	}
 	if eg.job != j.ID || eg.engine != "script" || eg.tcp || !eg.closed {
 		t.Errorf("the proxy: started for %q (%q, tcp %v), closed %v", eg.job, eg.engine, eg.tcp, eg.closed)
+	}
+}
+
+// TestJobDirMadeAfreshForEveryRun: what a crashed run's engine planted in
+// the job's directory (a file in its home and tmp, a link in place of a
+// login copy, a FIFO) is gone when the next run of the job starts — the
+// engine sees none of it, and the link's target is untouched. Before
+// sandbox.FreshJobDir the directory was reused as it was.
+func TestJobDirMadeAfreshForEveryRun(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl == sandbox.LevelNone {
+		t.Skip("this host cannot sandbox")
+	}
+	j := f.job("afresh", `for f in "$HOME/planted" "$TMPDIR/planted" "$HOME/.claude/.credentials.json" "$HOME/fifo"; do
+  if [ -e "$f" ] || [ -L "$f" ]; then echo "$f" >> seen.txt; fi
+done
+echo work > work.txt`)
+	dir := filepath.Join(f.home.Dir, "sandbox", j.ID)
+	victim := f.marker("victim")
+	os.WriteFile(victim, []byte("keep"), 0o600)
+	for _, d := range []string{"home/.claude", "tmp"} {
+		os.MkdirAll(filepath.Join(dir, d), 0o700)
+	}
+	os.WriteFile(filepath.Join(dir, "home", "planted"), []byte("x"), 0o600)
+	os.WriteFile(filepath.Join(dir, "tmp", "planted"), []byte("x"), 0o600)
+	os.Symlink(victim, filepath.Join(dir, "home", ".claude", ".credentials.json"))
+	if err := syscall.Mkfifo(filepath.Join(dir, "home", "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := f.run(context.Background(), j, runner.Options{Attempt: 2})
+	if out.Failed() {
+		t.Fatalf("the job failed: %s %s", out.Reason, out.Detail)
+	}
+	files := testenv.TreeFiles(t, f.repo, out.Commit)
+	if seen, ok := files["seen.txt"]; ok {
+		t.Errorf("the engine saw what the previous run planted:\n%s", seen)
+	}
+	if files["work.txt"] != "work" {
+		t.Errorf("the job's work: %q", files["work.txt"])
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Errorf("the planted link's target changed: %q", b)
 	}
 }

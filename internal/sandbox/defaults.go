@@ -26,6 +26,10 @@ type Paths struct {
 	// Shared are host directories every job's engine may also write
 	// (AQ_SANDBOX_WRITABLE).
 	Shared []string
+	// GitDirs are the worktree's git metadata as aq's record has it
+	// (worktree.GitDirsOf): the engine may have rewritten the worktree's
+	// .git file. Empty: read from that file (GitDirs).
+	GitDirs []string
 }
 
 // HomeToolchains are the toolchains below the user's home that stay
@@ -64,10 +68,13 @@ var (
 func NewPolicy(in Paths) Policy {
 	p := Policy{
 		Worktree: in.Worktree,
-		GitDirs:  GitDirs(in.Worktree),
+		GitDirs:  in.GitDirs,
 		Home:     in.Home,
 		JobDir:   in.JobDir,
 		Shared:   in.Shared,
+	}
+	if len(p.GitDirs) == 0 {
+		p.GitDirs = GitDirs(in.Worktree)
 	}
 	for _, h := range append(append([]string{}, in.Hide...), hostHidden...) {
 		if h == "" {

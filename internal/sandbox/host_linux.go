@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 // hostPlatform is what the Linux probe keeps: the cgroup v2 directory job
@@ -331,8 +332,8 @@ func writeIdentity(p Policy, home string) error {
 	pw := replaceEntry(passwd, 2, strconv.Itoa(uid), fmt.Sprintf("%s:x:%d:%d:aq sandbox:%s:/bin/sh", name, uid, gid, home))
 	gr := replaceEntry(group, 2, strconv.Itoa(gid), fmt.Sprintf("%s:x:%d:", name, gid))
 	dir := filepath.Join(p.JobDir, "etc")
-	if err := os.WriteFile(filepath.Join(dir, "passwd"), pw, 0o644); err != nil {
+	if err := safefs.WriteFile("job", dir, "passwd", pw, 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "group"), gr, 0o644)
+	return safefs.WriteFile("job", dir, "group", gr, 0o644)
 }

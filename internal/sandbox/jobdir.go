@@ -3,16 +3,13 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
-	"github.com/aqfleet/aq/internal/atomicfile"
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 // The job's own directory (Policy.JobDir) holds, for as long as the run:
@@ -22,7 +19,26 @@ import (
 // group, an empty file that hides files) and root/ (the empty directory a
 // full sandbox's / is built on).
 
-// makeJobDir makes the job's directory, 0700, and what is in it.
+// FreshJobDir makes dir, a job's own directory, afresh for a run: what a
+// crashed run left there (a home whose login copies an engine replaced
+// with links or FIFOs) is removed first — never followed — and dir is
+// made anew, 0700. Repair rounds of one run keep the directory; a new
+// run (a recovered attempt) never sees what an earlier engine planted.
+func FreshJobDir(dir string) error {
+	if err := removeTree(dir); err != nil {
+		return fmt.Errorf("remove what a previous run left in the job's directory %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil { // exclusive: nobody else's
+		return fmt.Errorf("make the job's directory afresh: %w", err)
+	}
+	return nil
+}
+
+// makeJobDir makes the job's directory, 0700, and what is in it; the
+// files aq writes there are created exclusively (internal/safefs).
 func makeJobDir(p Policy) error {
 	for _, d := range []string{p.JobDir, p.JobHome(), p.JobTmp(), p.StateDir(),
 		filepath.Join(p.JobDir, "etc"), filepath.Join(p.JobDir, "root"), filepath.Join(p.JobDir, "cache")} {
@@ -30,13 +46,7 @@ func makeJobDir(p Policy) error {
 			return err
 		}
 	}
-	empty := filepath.Join(p.JobDir, "etc", "empty")
-	if _, err := os.Stat(empty); errors.Is(err, fs.ErrNotExist) {
-		if err := os.WriteFile(empty, nil, 0o444); err != nil {
-			return err
-		}
-	}
-	return nil
+	return safefs.WriteFile("job", p.JobDir, "etc/empty", nil, 0o444)
 }
 
 // replaceEntry returns the colon-separated database db without the lines
@@ -78,100 +88,4 @@ func removeTree(dir string) error {
 		return nil
 	})
 	return os.RemoveAll(dir)
-}
-
-// LoginFile is one file of an engine's login that the job's home gets a
-// copy of (engines.LoginFiles says which).
-type LoginFile struct {
-	// Src is the file on the host; Rel is where the copy goes, relative to
-	// the job's home.
-	Src string
-	Rel string
-	// Rotates: the engine may rewrite it (an OAuth token refreshed, the
-	// refresh token rotated): WriteBack carries the new content to Src.
-	Rotates bool
-}
-
-// Logins are the login files copied into one job's home.
-type Logins struct {
-	home   string
-	copied []copiedLogin
-}
-
-type copiedLogin struct {
-	f   LoginFile
-	sum [32]byte // Src's content when copied
-}
-
-// loginLock serialises write-backs within this aq (two jobs refreshing
-// the same login).
-var loginLock sync.Mutex
-
-// CopyLogins copies files that exist into the job's home (0600; their
-// directories 0700) and returns what was copied, for WriteBack.
-func (j *Jail) CopyLogins(files []LoginFile) (*Logins, error) {
-	l := &Logins{home: j.p.JobHome()}
-	for _, f := range files {
-		b, err := os.ReadFile(f.Src)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return l, fmt.Errorf("copy the engine's login %s: %w", f.Src, err)
-		}
-		dst := filepath.Join(l.home, f.Rel)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return l, err
-		}
-		if err := os.WriteFile(dst, b, 0o600); err != nil {
-			return l, fmt.Errorf("copy the engine's login %s: %w", f.Src, err)
-		}
-		l.copied = append(l.copied, copiedLogin{f: f, sum: sha256.Sum256(b)})
-	}
-	return l, nil
-}
-
-// WriteBack carries what the engine rewrote in its copies of rotating
-// login files back to the originals, so that a refreshed token (and a
-// rotated refresh token, which invalidates the one the original holds)
-// is not lost with the job's home. An original that changed since the
-// copy (another job, or the user, refreshed it meanwhile) is kept as it
-// is: the newer of the two cannot be told, and the user's own wins. It
-// returns one note per file written back or kept.
-func (l *Logins) WriteBack() []string {
-	if l == nil {
-		return nil
-	}
-	loginLock.Lock()
-	defer loginLock.Unlock()
-	var notes []string
-	for i, c := range l.copied {
-		if !c.f.Rotates {
-			continue
-		}
-		now, err := os.ReadFile(filepath.Join(l.home, c.f.Rel))
-		if err != nil || len(bytes.TrimSpace(now)) == 0 || sha256.Sum256(now) == c.sum {
-			continue // unchanged, or emptied: nothing worth carrying back
-		}
-		orig, err := os.ReadFile(c.f.Src)
-		if err != nil {
-			notes = append(notes, fmt.Sprintf("login %s: not written back (%v)", c.f.Src, err))
-			continue
-		}
-		if sha256.Sum256(orig) != c.sum {
-			notes = append(notes, fmt.Sprintf("login %s: changed on the host while the job ran; kept, the job's refreshed copy dropped", c.f.Src))
-			continue
-		}
-		mode := os.FileMode(0o600)
-		if st, err := os.Stat(c.f.Src); err == nil {
-			mode = st.Mode().Perm() &^ 0o077 // never wider than the owner's
-		}
-		if err := atomicfile.WriteFile(c.f.Src, now, mode); err != nil {
-			notes = append(notes, fmt.Sprintf("login %s: not written back (%v)", c.f.Src, err))
-			continue
-		}
-		l.copied[i].sum = sha256.Sum256(now)
-		notes = append(notes, fmt.Sprintf("login %s: the engine refreshed it; written back", c.f.Src))
-	}
-	return notes
 }

@@ -8,67 +8,6 @@ import (
 	"testing"
 )
 
-// TestLoginsWriteBack: a login the engine refreshed in its copy reaches
-// the original; one the host changed meanwhile keeps the host's; one
-// that does not rotate is never written back.
-func TestLoginsWriteBack(t *testing.T) {
-	host := t.TempDir()
-	creds := filepath.Join(host, ".claude", ".credentials.json")
-	settings := filepath.Join(host, ".claude", "settings.json")
-	for path, content := range map[string]string{creds: `{"refresh":"r1"}`, settings: `{"theme":"dark"}`} {
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	j := &Jail{p: Policy{JobDir: t.TempDir()}}
-	files := []LoginFile{
-		{Src: creds, Rel: ".claude/.credentials.json", Rotates: true},
-		{Src: settings, Rel: ".claude/settings.json"},
-		{Src: filepath.Join(host, "absent.json"), Rel: "absent.json", Rotates: true},
-	}
-	l, err := j.CopyLogins(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	copyOf := func(rel string) string { return filepath.Join(j.p.JobHome(), rel) }
-	if st, err := os.Stat(copyOf(".claude/.credentials.json")); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("the copy: %v %v", st, err)
-	}
-	if _, err := os.Stat(copyOf("absent.json")); err == nil {
-		t.Error("a login file the host lacks was made up")
-	}
-	if notes := l.WriteBack(); len(notes) != 0 {
-		t.Errorf("nothing changed, yet: %v", notes)
-	}
-
-	// The engine refreshes its token (the refresh token rotates) and
-	// rewrites its settings.
-	os.WriteFile(copyOf(".claude/.credentials.json"), []byte(`{"refresh":"r2"}`), 0o600)
-	os.WriteFile(copyOf(".claude/settings.json"), []byte(`{"theme":"light"}`), 0o600)
-	notes := l.WriteBack()
-	if b, _ := os.ReadFile(creds); string(b) != `{"refresh":"r2"}` || len(notes) != 1 || !strings.Contains(notes[0], "written back") {
-		t.Errorf("the refreshed login was not written back: %q, notes %v", b, notes)
-	}
-	if b, _ := os.ReadFile(settings); string(b) != `{"theme":"dark"}` {
-		t.Errorf("settings, which do not rotate, were written back: %q", b)
-	}
-	if st, _ := os.Stat(creds); st.Mode().Perm() != 0o600 {
-		t.Errorf("the written-back login is %v, want 0600", st.Mode().Perm())
-	}
-
-	// The user logs in again on the host while the engine refreshes once
-	// more: the host's wins.
-	os.WriteFile(creds, []byte(`{"refresh":"user"}`), 0o600)
-	os.WriteFile(copyOf(".claude/.credentials.json"), []byte(`{"refresh":"r3"}`), 0o600)
-	notes = l.WriteBack()
-	if b, _ := os.ReadFile(creds); string(b) != `{"refresh":"user"}` || len(notes) != 1 || !strings.Contains(notes[0], "kept") {
-		t.Errorf("the host's newer login was overwritten: %q, notes %v", b, notes)
-	}
-}
-
 func TestSandboxEnv(t *testing.T) {
 	in := []string{"PATH=/usr/bin", "HOME=/root", "TMPDIR=/var/folders/x", "SSH_AUTH_SOCK=/tmp/ssh-x/agent", "XDG_RUNTIME_DIR=/run/user/0",
 		"HTTPS_PROXY=http://corp:8080", "no_proxy=corp", "ANTHROPIC_API_KEY=sk-x", "AQ_JOB_ID=j1"}

@@ -143,8 +143,6 @@ func Main() int {
 	if code, ok := process.MaybeSupervise(); ok {
 		return code
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	io := IO{
 		In: os.Stdin, Out: os.Stdout, Err: os.Stderr,
 		OutTTY: term.IsTerminal(int(os.Stdout.Fd())),
@@ -155,7 +153,21 @@ func Main() int {
 		fmt.Fprintln(io.Err, "aq: cannot find its own executable to supervise engines with:", err)
 		return int(aqerr.Failed)
 	}
-	return run(ctx, os.Args[1:], io, exe)
+	bound, err := stopBound(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(io.Err, "aq: "+aqerr.Message(err))
+		return int(aqerr.ExitCode(err))
+	}
+	// Signals always win (stop.go): the command runs beside a watch that
+	// abandons it a bounded time after the stop began.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, os.Args[1:], io, exe) }()
+	return awaitStop(done, sigs, cancel, stopStage(os.Args[1:]), bound, commandName(os.Args[1:]), io.Err)
 }
 
 // Run executes one aq command line and returns its exit code. Errors are
