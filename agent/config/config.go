@@ -90,7 +90,8 @@ type Config struct {
 	WorktreeDiskMax int64
 
 	// Sandbox (AQ_SANDBOX) is whether engines run in a per-job sandbox;
-	// SandboxMemory and SandboxPids are its cgroup limits (0: none).
+	// SandboxMemory and SandboxPids are its cgroup limits (0: none); unset,
+	// the memory is the host's divided by the slots (derive).
 	Sandbox       sandbox.Mode
 	SandboxMemory int64
 	SandboxPids   int
@@ -387,6 +388,13 @@ func defaultFiles(home string) []string {
 
 // derive fills values computed from other keys.
 func (c *Config) derive() {
+	if c.SandboxMemory < 0 {
+		c.SandboxMemory = 0
+		if m := sandbox.HostMemory(); m > 0 {
+			c.SandboxMemory = max(m/int64(max(c.Slots, 1)), minSandboxMemory)
+			c.setDerived("sandbox_memory", strconv.FormatInt(c.SandboxMemory>>20, 10)+"MiB", "host memory / slots")
+		}
+	}
 	if c.WorktreePool < 0 {
 		c.WorktreePool = max(c.Slots, 1)
 		c.setDerived("worktree_pool", strconv.Itoa(c.WorktreePool), "slots")

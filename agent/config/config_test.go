@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/aqfleet/aq/internal/sandbox"
 	"os"
 	"path/filepath"
 	"strings"
@@ -449,5 +450,35 @@ func TestRunEngines(t *testing.T) {
 		if cfg.EnginesExplicit() != (c.raw != "") {
 			t.Errorf("%q: explicit %v", c.raw, cfg.EnginesExplicit())
 		}
+	}
+}
+
+// The sandbox's limits have defaults where the host allows (#32): memory
+// is the host's divided by the slots, processes 4096; 0 turns either off.
+func TestSandboxLimitDefaults(t *testing.T) {
+	isolate(t)
+	mem := sandbox.HostMemory()
+	if mem == 0 {
+		t.Skip("this platform does not say its memory")
+	}
+	c, err := Load(flags(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SandboxMemory != max(mem, minSandboxMemory) || setting(t, c, "sandbox_memory").Source != FromDerived || c.SandboxPids != 4096 {
+		t.Fatalf("defaults: memory %d (%+v), want %d; pids %d", c.SandboxMemory, setting(t, c, "sandbox_memory"), mem, c.SandboxPids)
+	}
+	t.Setenv("AQ_SLOTS", "4")
+	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != max(mem/4, minSandboxMemory) || setting(t, c, "sandbox_memory").Origin != "host memory / slots" {
+		t.Fatalf("memory should be the host's divided by the slots: %d (%v)", c.SandboxMemory, err)
+	}
+	t.Setenv("AQ_SANDBOX_MEMORY", "0")
+	t.Setenv("AQ_SANDBOX_PIDS", "0")
+	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != 0 || c.SandboxPids != 0 {
+		t.Fatalf("0 turns the limits off: %d %d (%v)", c.SandboxMemory, c.SandboxPids, err)
+	}
+	t.Setenv("AQ_SANDBOX_MEMORY", "2GiB")
+	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != 2<<30 {
+		t.Fatalf("AQ_SANDBOX_MEMORY=2GiB: %d (%v)", c.SandboxMemory, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -188,5 +189,55 @@ func TestEnterThreadV1(t *testing.T) {
 		if testExists(d) {
 			t.Errorf("%s is still there", d)
 		}
+	}
+}
+
+// TestRemoveStaleCgroups is aq gc's part on this host's real cgroup v1:
+// the job cgroups of an aq that died (aq-job-<its pid>-<n>), a process
+// still in one, are killed and removed; a live aq's are kept.
+func TestRemoveStaleCgroups(t *testing.T) {
+	c := hostV1(t)
+	dead := exec.Command("/bin/true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := jobCgroupPrefix + strconv.Itoa(dead.Process.Pid) + "-1"
+	live := jobCgroupPrefix + strconv.Itoa(os.Getpid()) + "-999"
+	gs := []*jobCgroupV1{
+		makeJobCgroupV1(filepath.Join(c.memory, stale), filepath.Join(c.pids, stale), Limits{Pids: 32}, c.memsw, unix.Rmdir),
+		makeJobCgroupV1(filepath.Join(c.memory, live), filepath.Join(c.pids, live), Limits{Pids: 32}, c.memsw, unix.Rmdir),
+	}
+	for _, g := range gs {
+		if err := g.failed(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = g.close() })
+	}
+	left := exec.Command("/bin/sleep", "1000")
+	if err := left.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = left.Wait(); close(done) }()
+	if err := gs[0].place(left.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	alive := func(pid int) bool { return pid == os.Getpid() }
+	removed, err := removeStaleCgroups([]string{c.memory, c.pids}, alive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(c.memory, stale), filepath.Join(c.pids, stale)}
+	if !slices.Equal(removed, want) {
+		t.Errorf("removed %q, want %q", removed, want)
+	}
+	<-done // killed
+	for _, d := range want {
+		if testExists(d) {
+			t.Errorf("%s is still there", d)
+		}
+	}
+	if !testExists(filepath.Join(c.memory, live)) {
+		t.Error("a live aq's job cgroup was removed")
 	}
 }

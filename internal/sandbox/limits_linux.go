@@ -1,6 +1,14 @@
 package sandbox
 
-import "golang.org/x/sys/unix"
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
 
 // One limits interface, two backends (docs/sandbox.md, "Limits"): a run's
 // memory and process count are held by a cgroup v2 of its own where the
@@ -79,4 +87,53 @@ func HostMemory() int64 {
 		return 0
 	}
 	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// RemoveStaleCgroups removes the job cgroups a crashed aq left (aq killed
+// -9 before its runs' ends): those named for an aq process that is no
+// longer alive, in the cgroups this host's limits are held in; what is
+// still in one is killed first. It returns what it removed.
+func RemoveStaleCgroups(alive func(pid int) bool) ([]string, error) {
+	l, _ := findLimiter()
+	if l == nil {
+		return nil, nil
+	}
+	var parents []string
+	switch c := l.(type) {
+	case *cgroupParent:
+		parents = []string{c.dir}
+	case *cgroupV1:
+		parents = []string{c.memory, c.pids}
+	}
+	return removeStaleCgroups(parents, alive)
+}
+
+func removeStaleCgroups(parents []string, alive func(pid int) bool) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, p := range parents {
+		ents, err := os.ReadDir(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range ents {
+			rest, ok := strings.CutPrefix(e.Name(), jobCgroupPrefix)
+			if !ok || !e.IsDir() {
+				continue
+			}
+			pidS, _, _ := strings.Cut(rest, "-")
+			pid, err := strconv.Atoi(pidS)
+			if err != nil || pid <= 0 || alive(pid) {
+				continue
+			}
+			dir := filepath.Join(p, e.Name())
+			if err := killRemoveV1(dir, unix.Rmdir); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, dir)
+		}
+	}
+	return removed, errors.Join(errs...)
 }
