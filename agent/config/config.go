@@ -94,7 +94,9 @@ type Config struct {
 	// the memory is the host's divided by the slots (derive).
 	Sandbox       sandbox.Mode
 	SandboxMemory int64
-	SandboxPids   int
+	// LogMax (AQ_LOG_MAX) bounds what one run stores in each job log.
+	LogMax      int64
+	SandboxPids int
 	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
 	// job's engine may also write (docs/sandbox.md).
 	SandboxWritable []string

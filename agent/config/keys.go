@@ -126,6 +126,8 @@ var Keys = []Key{
 		set: setSandboxMemory},
 	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Default: "4096", Usage: "processes (and threads) a job's sandbox may run at once (held by cgroup v2 delegated to aq, or cgroup v1 aq may write; 0: no limit)",
 		set: setSandboxPids},
+	{Name: "log_max", Group: GroupEngine, Env: []string{"AQ_LOG_MAX"}, Flag: "log-max", Default: "32MiB", Usage: "what one engine or verify run may store in each job log (stdout, stderr, verify), e.g. 32MiB: past it the head and the tail are kept with a gap record between (at least 1MiB)",
+		set: setLogMax},
 	{Name: "sandbox_writable", Group: GroupEngine, Env: []string{"AQ_SANDBOX_WRITABLE"}, Flag: "sandbox-writable", Usage: "host directories every job's engine may also write, comma-separated absolute paths (a shared build cache such as ~/.ccache; shared by every job: docs/sandbox.md); never $AQ_HOME, the repo base or the home, nor in or above them",
 		set: setSandboxWritable},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
@@ -356,6 +358,19 @@ func setSandboxMemory(c *Config, raw string) error {
 	}
 	if c.SandboxMemory > 0 && c.SandboxMemory < minSandboxMemory {
 		return fmt.Errorf("is too small for an engine (use at least 64MiB, e.g. 8GiB; 0: no limit)")
+	}
+	return nil
+}
+
+// minLogMax keeps a log's head and tail big enough to read.
+const minLogMax = 1 << 20
+
+func setLogMax(c *Config, raw string) error {
+	if err := setBytes(func(c *Config) *int64 { return &c.LogMax })(c, raw); err != nil {
+		return fmt.Errorf("is not a size (use bytes or a unit: 32MiB, 1GiB)")
+	}
+	if c.LogMax < minLogMax {
+		return fmt.Errorf("is too small to keep a log's head and tail (use at least 1MiB, e.g. 32MiB)")
 	}
 	return nil
 }

@@ -52,6 +52,7 @@ func (ru *run) specFor(name string) engines.Spec {
 		PermissionMode: ru.permissionMode(),
 		CodexSandbox:   ru.codexSandbox(),
 		LogDir:         ru.logDir,
+		LogMax:         ru.r.Cfg.LogMax,
 		Attempt:        ru.o.Attempt,
 		Env:            env,
 		Grace:          ru.r.Cfg.Grace,

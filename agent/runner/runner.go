@@ -88,6 +88,9 @@ type Config struct {
 	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
 	// job's engine may also write in its sandbox (sandbox.Policy.Shared).
 	SandboxWritable []string
+	// LogMax (AQ_LOG_MAX) bounds what one run stores in each of the job's
+	// logs: stdout, stderr, verify (internal/boundlog; 0: its default).
+	LogMax int64
 }
 
 // allows reports whether the runner may run engine name.
