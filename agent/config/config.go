@@ -95,8 +95,12 @@ type Config struct {
 	Sandbox       sandbox.Mode
 	SandboxMemory int64
 	// LogMax (AQ_LOG_MAX) bounds what one run stores in each job log.
-	LogMax      int64
-	SandboxPids int
+	LogMax int64
+	// JobDiskMax (AQ_JOB_DISK_MAX) is a job's disk budget when its manifest
+	// sets none; DiskReserve (AQ_DISK_RESERVE) the free space no job may
+	// take the factory below (0: none).
+	JobDiskMax, DiskReserve int64
+	SandboxPids             int
 	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
 	// job's engine may also write (docs/sandbox.md).
 	SandboxWritable []string

@@ -128,6 +128,10 @@ var Keys = []Key{
 		set: setSandboxPids},
 	{Name: "log_max", Group: GroupEngine, Env: []string{"AQ_LOG_MAX"}, Flag: "log-max", Default: "32MiB", Usage: "what one engine or verify run may store in each job log (stdout, stderr, verify), e.g. 32MiB: past it the head and the tail are kept with a gap record between (at least 1MiB)",
 		set: setLogMax},
+	{Name: "job_disk_max", Group: GroupEngine, Env: []string{"AQ_JOB_DISK_MAX"}, Flag: "job-disk-max", Usage: "what a job's run may add to the disk (its worktree's growth, its home, tmp and cache overlays), e.g. 10GiB, when its manifest sets no budget.disk; past it the job fails disk_exceeded (unset or 0: none but AQ_DISK_RESERVE)",
+		set: setDiskSize(func(c *Config) *int64 { return &c.JobDiskMax }, "10GiB")},
+	{Name: "disk_reserve", Group: GroupEngine, Env: []string{"AQ_DISK_RESERVE"}, Flag: "disk-reserve", Default: "2GiB", Usage: "free space no job may take $AQ_HOME's file system below, shared by every slot: a job's run that does fails disk_exceeded (0: none)",
+		set: setDiskSize(func(c *Config) *int64 { return &c.DiskReserve }, "2GiB")},
 	{Name: "sandbox_writable", Group: GroupEngine, Env: []string{"AQ_SANDBOX_WRITABLE"}, Flag: "sandbox-writable", Usage: "host directories every job's engine may also write, comma-separated absolute paths (a shared build cache such as ~/.ccache; shared by every job: docs/sandbox.md); never $AQ_HOME, the repo base or the home, nor in or above them",
 		set: setSandboxWritable},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
@@ -360,6 +364,17 @@ func setSandboxMemory(c *Config, raw string) error {
 		return fmt.Errorf("is too small for an engine (use at least 64MiB, e.g. 8GiB; 0: no limit)")
 	}
 	return nil
+}
+
+// setDiskSize reads a disk size (AQ_JOB_DISK_MAX, AQ_DISK_RESERVE): bytes
+// or a unit, never negative; "" and 0 are none.
+func setDiskSize(field func(*Config) *int64, example string) func(*Config, string) error {
+	return func(c *Config, raw string) error {
+		if err := setBytes(field)(c, raw); err != nil {
+			return fmt.Errorf("is not a size (use bytes or a unit, e.g. %s; 0: none)", example)
+		}
+		return nil
+	}
 }
 
 // minLogMax keeps a log's head and tail big enough to read.
