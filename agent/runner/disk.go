@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/aqfleet/aq/job"
@@ -91,11 +90,8 @@ func (ru *run) startDiskWatch(ctx context.Context, stopEngine context.CancelCaus
 func (w *diskWatch) check() string {
 	below := int64(-1) // the free space when it is below the reserve
 	if w.reserve > 0 {
-		var st syscall.Statfs_t
-		if syscall.Statfs(w.statPath, &st) == nil {
-			if free := int64(st.Bavail) * int64(st.Bsize); free < w.reserve {
-				below = free
-			}
+		if free, ok := freeSpace(w.statPath); ok && free < w.reserve {
+			below = free
 		}
 	}
 	if w.budget <= 0 && below < 0 {
@@ -131,19 +127,14 @@ func allocated(root string) int64 {
 		if err != nil {
 			return nil
 		}
-		st, ok := info.Sys().(*syscall.Stat_t)
-		if !ok {
-			n += info.Size()
-			return nil
-		}
-		if st.Nlink > 1 && !info.IsDir() {
-			key := [2]uint64{uint64(st.Dev), uint64(st.Ino)}
+		blocks, key, linked := allocatedOf(info)
+		if linked {
 			if seen[key] {
 				return nil
 			}
 			seen[key] = true
 		}
-		n += int64(st.Blocks) * 512
+		n += blocks
 		return nil
 	})
 	return n
