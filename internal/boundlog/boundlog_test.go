@@ -29,7 +29,7 @@ func segmentsBeside(t *testing.T, path string) int {
 	return len(s)
 }
 
-// TestBoundedBurst: a burst twenty times the budget is stored as the head
+// TestBoundedBurst: a burst ten times the budget is stored as the head
 // (the first half of the budget, exactly the first bytes written), one gap
 // record saying how many bytes were left out, and the tail (the last bytes
 // written, in order); on disk there are never more than the kept tail
@@ -42,9 +42,9 @@ func TestBoundedBurst(t *testing.T) {
 		chunk int // bytes per Write
 	}{
 		{"under the budget", 1 << 20, 1000, 4096},
-		{"twenty times the budget", 1 << 20, 2 << 20, 64 << 10},
-		{"one-byte writes", 64 << 10, 10000, 1},
-		{"one huge write", 1 << 20, 1 << 20, 10 << 20},
+		{"ten times the budget", 1 << 20, 1 << 20, 64 << 10},
+		{"seven-byte writes", 64 << 10, 8000, 7},
+		{"one huge write", 1 << 20, 400 << 10, 10 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "stdout.log")
