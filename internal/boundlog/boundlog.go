@@ -81,7 +81,7 @@ func maxOf(a, b int64) int64 {
 	return b
 }
 
-// segSize is one tail segment's most.
+// segMax is the most one tail segment holds.
 func (l *File) segMax() int64 { return (l.max - l.max/2) / segments }
 
 // Write appends p: to the head while it has room, else to the tail.
