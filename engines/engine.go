@@ -67,6 +67,10 @@ type Spec struct {
 	CodexSandbox string
 	// LogDir receives stdout.log and stderr.log (appended, redacted).
 	LogDir string
+	// LogMax bounds what one run stores in each log (AQ_LOG_MAX; 0: the
+	// default): its head and tail kept, a gap record between
+	// (internal/boundlog).
+	LogMax int64
 	// Attempt numbers the run in the log headers.
 	Attempt int
 	// Round numbers a repair round of the attempt (0: its first run) and

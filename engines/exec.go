@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aqfleet/aq/internal/boundlog"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
 )
@@ -38,19 +39,19 @@ func Exec(ctx context.Context, spec Spec, inv Invocation) (process.Result, error
 	if err := os.MkdirAll(spec.LogDir, 0o700); err != nil {
 		return process.Result{}, fmt.Errorf("create job log dir: %w", err)
 	}
-	outF, err := openLog(filepath.Join(spec.LogDir, "stdout.log"))
+	outF, err := openLog(filepath.Join(spec.LogDir, "stdout.log"), spec.LogMax)
 	if err != nil {
 		return process.Result{}, err
 	}
 	defer outF.Close()
-	errF, err := openLog(filepath.Join(spec.LogDir, "stderr.log"))
+	errF, err := openLog(filepath.Join(spec.LogDir, "stderr.log"), spec.LogMax)
 	if err != nil {
 		return process.Result{}, err
 	}
 	defer errF.Close()
 	header := Header(spec, filepath.Base(inv.Path), time.Now())
-	_, _ = outF.WriteString(header) // a log header: the engine runs whether or not it is written
-	_, _ = errF.WriteString(header)
+	_, _ = io.WriteString(outF, header) // a log header: the engine runs whether or not it is written
+	_, _ = io.WriteString(errF, header)
 
 	outLog := secrets.NewWriter(outF, spec.Redactor)
 	errLog := secrets.NewWriter(errF, spec.Redactor)
@@ -89,8 +90,10 @@ func Header(spec Spec, what string, at time.Time) string {
 	return fmt.Sprintf("=== aq job %s attempt %d%s: %s at %s ===\n", spec.JobID, spec.Attempt, round, what, at.UTC().Format(time.RFC3339))
 }
 
-func openLog(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// openLog opens a job log for appending, bounded to max bytes of this
+// run's output (boundlog).
+func openLog(path string, max int64) (*boundlog.File, error) {
+	f, err := boundlog.Open(path, max)
 	if err != nil {
 		return nil, fmt.Errorf("open job log: %w", err)
 	}

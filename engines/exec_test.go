@@ -45,6 +45,32 @@ func TestExecLogs(t *testing.T) {
 	}
 }
 
+// TestExecLogsBounded (#32): an engine's burst on stdout and stderr, 6
+// times AQ_LOG_MAX, is stored bounded — the header and the head, a gap
+// record, the tail ending with the burst's last line — and the verbatim
+// output beyond it is gone from the disk; without the bound (before #32)
+// the whole 6 MiB were stored.
+func TestExecLogsBounded(t *testing.T) {
+	spec := scriptSpec(t, "")
+	spec.LogMax = 1 << 20
+	burst := `i=0; while [ $i -lt 6 ]; do head -c 1048576 /dev/zero | tr '\0' x; i=$((i+1)); done; echo; echo last-line`
+	if _, err := Exec(context.Background(), spec, Invocation{Path: "/bin/sh", Args: []string{"-c", burst + "; (" + burst + ") >&2"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"stdout.log", "stderr.log"} {
+		out := readLog(t, spec, name)
+		if len(out) > 1<<20+4096 {
+			t.Errorf("%s stored %d bytes, over AQ_LOG_MAX (1 MiB)", name, len(out))
+		}
+		if !strings.HasPrefix(out, "=== aq job "+spec.JobID) || !strings.Contains(out, "bytes of output left out here") || !strings.HasSuffix(out, "\nlast-line\n") {
+			t.Errorf("%s is not head, gap record, tail (%d bytes): %.200q … %.200q", name, len(out), out, out[max(0, len(out)-200):])
+		}
+		if left, _ := filepath.Glob(filepath.Join(spec.LogDir, name+".tail-*")); len(left) != 0 {
+			t.Errorf("tail segments left: %q", left)
+		}
+	}
+}
+
 // TestExecRedacts: a secret printed in pieces, across writes and across
 // stdout and stderr, never reaches the logs.
 func TestExecRedacts(t *testing.T) {

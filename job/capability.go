@@ -14,7 +14,7 @@ import (
 )
 
 // CapabilityKinds of capability token.
-var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox"}
+var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox", "aq"}
 
 // SandboxLevels are the values of a sandbox: token, the levels of the
 // engine's sandbox (docs/sandbox.md): a host sandboxing fully offers both,
@@ -24,6 +24,15 @@ var SandboxLevels = []string{"full", "partial"}
 // SandboxRequired is the capability a manifest's `sandbox: required`
 // adds: only factories whose engines run in a full sandbox take the job.
 const SandboxRequired = "sandbox:full"
+
+// DiskBudget is the capability a manifest's budget.disk adds (aq:disk-budget):
+// only factories that hold a job to a disk budget take it — an older one,
+// which would refuse the manifest as invalid_manifest, does not offer it.
+const DiskBudget = "aq:disk-budget"
+
+// Features are the values of the aq: token: what this aq understands in a
+// manifest beyond what every factory does (docs/contract.md).
+var Features = []string{"disk-budget"}
 
 // numericKinds accept comparisons (node:>=20).
 var numericKinds = map[string]bool{"node": true}
@@ -106,4 +115,32 @@ func (r Requirement) Satisfied(offered string) bool {
 		return have < want
 	}
 	return false
+}
+
+// sizeUnits are the suffixes ParseSize takes, longest first.
+var sizeUnits = []struct {
+	suffix string
+	n      int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+}
+
+// ParseSize reads a size: a whole number of bytes, or one with a unit
+// (10GiB, 500MB, 2G = 2GiB); never negative.
+func ParseSize(raw string) (int64, error) {
+	raw = strings.TrimSpace(raw)
+	num, mult := raw, int64(1)
+	for _, u := range sizeUnits {
+		if n, ok := strings.CutSuffix(raw, u.suffix); ok {
+			num, mult = strings.TrimSpace(n), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || (n > 0 && n > (1<<62)/mult) {
+		return 0, fmt.Errorf("%q is not a size (use bytes or a unit: 10GiB, 500MB)", raw)
+	}
+	return n * mult, nil
 }

@@ -59,6 +59,9 @@ type Budget struct {
 	USD    float64  `json:"usd"`
 	Tokens int64    `json:"tokens"`
 	Turns  int      `json:"turns,omitempty"`
+	// Disk is what the job's run may add to the disk, in bytes of
+	// allocated blocks (budget.disk; 0: the factory's AQ_JOB_DISK_MAX).
+	Disk int64 `json:"disk,omitempty"`
 }
 
 // Retry is a job's retry policy for task failures.

@@ -98,13 +98,21 @@ const (
 	// memory at the job's sandbox limit (AQ_SANDBOX_MEMORY). Counted
 	// against the job's retries, like a timeout.
 	ReasonOutOfMemory Reason = "out_of_memory"
+	// ReasonDiskExceeded: what the job's run wrote (its worktree's growth,
+	// its home, tmp and cache overlays) passed its disk budget (budget.disk,
+	// AQ_JOB_DISK_MAX), or would have taken the host's free space below
+	// AQ_DISK_RESERVE: the engine was stopped, its files removed, no
+	// checkpoint taken of the oversized tree. Counted against the job's
+	// retries, like out_of_memory.
+	ReasonDiskExceeded Reason = "disk_exceeded"
 )
 
 // Reasons is every failure reason.
 var Reasons = []Reason{ReasonTimeout, ReasonBudgetExceeded, ReasonCrash, ReasonVerifyFailed, ReasonCapabilityMismatch,
 	ReasonNoEngine, ReasonEngineFailed, ReasonEngineUnavailable, ReasonRepoUnavailable, ReasonFenced, ReasonLeaseLost,
 	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited,
-	ReasonInvalidJob, ReasonHostUnavailable, ReasonReportRefused, ReasonSandboxUnavailable, ReasonOutOfMemory}
+	ReasonInvalidJob, ReasonHostUnavailable, ReasonReportRefused, ReasonSandboxUnavailable, ReasonOutOfMemory,
+	ReasonDiskExceeded}
 
 // Infrastructure reports whether r is not the task's fault (auth expired,
 // usage limit, aq stopped, lease lost, aq crashed): such failures are retried

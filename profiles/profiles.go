@@ -49,8 +49,12 @@ const SourceEmbedded = "embedded"
 // Keys are the front matter keys of a profile; any other key is an error.
 var Keys = []string{"name", "engine", "model", "capabilities", "budget", "verify_rounds"}
 
+// MinDiskBudget is the smallest budget.disk: a job's worktree and tools
+// need room (0 is not "unlimited" here: leave the key out).
+const MinDiskBudget = 64 << 20
+
 // BudgetKeys are the keys of budget:.
-var BudgetKeys = []string{"wall", "usd", "tokens", "turns"}
+var BudgetKeys = []string{"wall", "usd", "tokens", "turns", "disk"}
 
 //go:embed *.md
 var embedded embed.FS
@@ -289,7 +293,7 @@ func Parse(file string, data []byte) (Profile, error) {
 }
 
 // BudgetSet says which budget fields a front matter set explicitly.
-type BudgetSet struct{ Wall, USD, Tokens, Turns bool }
+type BudgetSet struct{ Wall, USD, Tokens, Turns, Disk bool }
 
 // DecodeBudget reads a budget: mapping (wall, usd, tokens, turns). wall is a
 // duration above zero (a job must never be able to run forever), usd a
@@ -314,6 +318,18 @@ func DecodeBudget(d *mdmeta.Decoder, f mdmeta.Field) (job.Budget, BudgetSet) {
 		case "turns":
 			if v, ok := d.Int(g, 0, 1_000_000, "100"); ok {
 				b.Turns, set.Turns = int(v), true
+			}
+		case "disk":
+			if v, ok := d.String(g, "10GiB"); ok {
+				n, err := job.ParseSize(v)
+				switch {
+				case err != nil:
+					d.Addf(g.Line, "write a size, e.g. disk: 10GiB (bytes or KiB, MiB, GiB, TiB), or remove the key", "%s %q is not a size", g.Path, v)
+				case n < MinDiskBudget:
+					d.Addf(g.Line, "give at least 64MiB, e.g. disk: 10GiB, or remove the key (the factory's AQ_JOB_DISK_MAX applies)", "%s %q is too small for a job's worktree and tools", g.Path, v)
+				default:
+					b.Disk, set.Disk = n, true
+				}
 			}
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -142,6 +143,9 @@ type Host struct {
 	// Sandbox is how this host runs jobs' engines (nil: unknown, offered
 	// as none).
 	Sandbox *Sandbox
+	// Features are what this aq understands in a manifest beyond what
+	// every factory does (job.Features), offered as aq:<feature>.
+	Features []string
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
 	// Missing are engines AQ_ENGINES lists that this host does not have:
@@ -175,6 +179,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	env := probeEnv(opts.Env, opts.Path)
 
 	h := &Host{
+		Features: append([]string(nil), job.Features...),
 		OS:       runtime.GOOS,
 		Arch:     runtime.GOARCH,
 		Tools:    map[string]string{},

@@ -161,7 +161,7 @@ func TestDetectEnginesToolsAndNode(t *testing.T) {
 		t.Errorf("gh was executed: tools are detected by presence only")
 	}
 	wantTokens := []string{
-		"arch:" + runtime.GOARCH, "engine:claude", "engine:codex", "engine:script",
+		"aq:disk-budget", "arch:" + runtime.GOARCH, "engine:claude", "engine:codex", "engine:script",
 		"has:gh", "has:git", "has:node", "node:20", "os:" + runtime.GOOS,
 	}
 	if got := h.Tokens(); !reflect.DeepEqual(got, wantTokens) {

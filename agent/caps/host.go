@@ -65,6 +65,8 @@ func (h *Host) offered(kind string) []string {
 		return h.Repos
 	case "sandbox":
 		return h.Sandbox.offeredLevels()
+	case "aq":
+		return h.Features
 	}
 	return nil
 }
@@ -105,6 +107,8 @@ func FromTokens(tokens []string) *Host {
 				seenRepo[r.Value] = true
 				h.Repos = append(h.Repos, r.Value)
 			}
+		case "aq":
+			h.Features = append(h.Features, r.Value)
 		case "sandbox":
 			if h.Sandbox == nil || r.Value == string(sandbox.LevelFull) {
 				h.Sandbox = &Sandbox{Mode: sandbox.ModeAuto, Report: sandbox.Report{Level: sandbox.Level(r.Value)}}

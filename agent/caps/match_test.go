@@ -2,6 +2,7 @@ package caps
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -151,5 +152,23 @@ func TestFromTokensRoundTrip(t *testing.T) {
 	}
 	if m := Match([]string{"has:docker"}, h); Explain(m) != "missing capability: has:docker (not found on PATH)" {
 		t.Errorf("Explain = %q", Explain(m))
+	}
+}
+
+// TestDiskBudgetCapability (#32): a job with budget.disk requires
+// aq:disk-budget; this aq offers it, an older factory (whose heartbeat lacks
+// it) is not matched and is told why — it would refuse the manifest.
+func TestDiskBudgetCapability(t *testing.T) {
+	t.Parallel()
+	older := FromTokens([]string{"os:linux", "engine:script"})
+	if m := Match([]string{job.DiskBudget}, older); len(m) != 1 || !strings.Contains(m[0].String(), "predates disk-budget") {
+		t.Errorf("an older factory: %v", m)
+	}
+	newer := FromTokens([]string{"os:linux", "engine:script", job.DiskBudget})
+	if m := Match([]string{job.DiskBudget}, newer); len(m) != 0 {
+		t.Errorf("a factory offering it: %v", m)
+	}
+	if !slices.Contains(newer.Tokens(), job.DiskBudget) {
+		t.Errorf("the round trip lost it: %q", newer.Tokens())
 	}
 }

@@ -1,6 +1,7 @@
 package caps
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/aqfleet/aq/internal/sandbox"
@@ -15,6 +16,9 @@ import (
 type Sandbox struct {
 	Mode sandbox.Mode `json:"mode"`
 	sandbox.Report
+	// Limits are every job's memory and process limits (zero: none); they
+	// hold where Holds has limits (LimitsBy says how).
+	Limits sandbox.Limits `json:"limits"`
 	// Refused says why this host refuses every job (AQ_SANDBOX=on without
 	// the full level); "" when it runs them.
 	Refused string `json:"refused,omitempty"`
@@ -26,7 +30,7 @@ func SandboxOf(h *sandbox.Host) *Sandbox {
 	if h == nil {
 		return nil
 	}
-	s := &Sandbox{Mode: h.Mode(), Report: h.Report()}
+	s := &Sandbox{Mode: h.Mode(), Report: h.Report(), Limits: h.Limits()}
 	if err := h.Refuses(); err != nil {
 		s.Refused = err.Error()
 	}
@@ -78,6 +82,9 @@ func (s *Sandbox) Line() string {
 		}
 		b.WriteString(": " + strings.Join(holds, ", ") + " hold")
 	}
+	if s.Has(sandbox.GuaranteeLimits) && s.Mode != sandbox.ModeOff {
+		b.WriteString("; limits (" + s.LimitsBy + "): " + LimitsLine(s.Limits))
+	}
 	if m := s.MissingLine(); m != "" && s.Mode != sandbox.ModeOff {
 		b.WriteString("; missing: " + m)
 	}
@@ -85,6 +92,26 @@ func (s *Sandbox) Line() string {
 		b.WriteString("; every job is refused here (sandbox_unavailable)")
 	}
 	return b.String()
+}
+
+// LimitsLine says a job's limits in words: "memory 12 GiB, 4096 processes"
+// ("none" for none).
+func LimitsLine(l sandbox.Limits) string {
+	var parts []string
+	switch {
+	case l.MemoryBytes >= 1<<30 && l.MemoryBytes%(1<<30) == 0:
+		parts = append(parts, "memory "+strconv.FormatInt(l.MemoryBytes>>30, 10)+" GiB")
+	case l.MemoryBytes > 0:
+		parts = append(parts, "memory "+strconv.FormatInt(l.MemoryBytes>>20, 10)+" MiB")
+	default:
+		parts = append(parts, "memory unlimited")
+	}
+	if l.Pids > 0 {
+		parts = append(parts, strconv.Itoa(l.Pids)+" processes")
+	} else {
+		parts = append(parts, "processes unlimited")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // sandboxReason says what h has instead of a sandbox level it lacks.

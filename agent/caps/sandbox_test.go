@@ -91,6 +91,14 @@ func TestSandboxCapability(t *testing.T) {
 	}
 }
 
+// limited is a full host whose limits hold (cgroup v1), with l.
+func limited(l sandbox.Limits) *Sandbox {
+	s := sandboxed(sandbox.LevelFull, sandbox.ModeAuto, "").Sandbox
+	s.Holds = append(s.Holds, sandbox.GuaranteeLimits)
+	s.Missing, s.LimitsBy, s.Limits = nil, "cgroup v1", l
+	return s
+}
+
 func TestSandboxLine(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -104,6 +112,10 @@ func TestSandboxLine(t *testing.T) {
 		{sandboxed(sandbox.LevelNone, sandbox.ModeOff, "").Sandbox, "none, AQ_SANDBOX=off"},
 		{sandboxed(sandbox.LevelPartial, sandbox.ModeOn, "x").Sandbox,
 			"partial (landlock), AQ_SANDBOX=on: files hold; missing: network, processes, stragglers (user namespaces are blocked (user.max_user_namespaces=0)); limits (cgroup v1); every job is refused here (sandbox_unavailable)"},
+		{limited(sandbox.Limits{MemoryBytes: 12 << 30, Pids: 4096}),
+			"full (namespaces+landlock): files, network, processes, stragglers, limits hold; limits (cgroup v1): memory 12 GiB, 4096 processes"},
+		{limited(sandbox.Limits{MemoryBytes: 1536 << 20}),
+			"full (namespaces+landlock): files, network, processes, stragglers, limits hold; limits (cgroup v1): memory 1536 MiB, processes unlimited"},
 		{nil, "unknown"},
 	} {
 		if got := tc.s.Line(); got != tc.want {

@@ -93,10 +93,17 @@ type Config struct {
 	WorktreeDiskMax int64
 
 	// Sandbox (AQ_SANDBOX) is whether engines run in a per-job sandbox;
-	// SandboxMemory and SandboxPids are its cgroup limits (0: none).
+	// SandboxMemory and SandboxPids are its cgroup limits (0: none); unset,
+	// the memory is the host's divided by the slots (derive).
 	Sandbox       sandbox.Mode
 	SandboxMemory int64
-	SandboxPids   int
+	// LogMax (AQ_LOG_MAX) bounds what one run stores in each job log.
+	LogMax int64
+	// JobDiskMax (AQ_JOB_DISK_MAX) is a job's disk budget when its manifest
+	// sets none; DiskReserve (AQ_DISK_RESERVE) the free space no job may
+	// take the factory below (0: none).
+	JobDiskMax, DiskReserve int64
+	SandboxPids             int
 	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
 	// job's engine may also write (docs/sandbox.md).
 	SandboxWritable []string
@@ -390,6 +397,13 @@ func defaultFiles(home string) []string {
 
 // derive fills values computed from other keys.
 func (c *Config) derive() {
+	if c.SandboxMemory < 0 {
+		c.SandboxMemory = 0
+		if m := sandbox.HostMemory(); m > 0 {
+			c.SandboxMemory = max(m/int64(max(c.Slots, 1)), minSandboxMemory)
+			c.setDerived("sandbox_memory", strconv.FormatInt(c.SandboxMemory>>20, 10)+"MiB", "host memory / slots")
+		}
+	}
 	if c.WorktreePool < 0 {
 		c.WorktreePool = max(c.Slots, 1)
 		c.setDerived("worktree_pool", strconv.Itoa(c.WorktreePool), "slots")

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/aqfleet/aq/internal/sandbox"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,6 +56,9 @@ var sample = map[string]string{
 	"sandbox":                "on",
 	"sandbox_memory":         "8GiB",
 	"sandbox_pids":           "4096",
+	"log_max":                "64MiB",
+	"job_disk_max":           "10GiB",
+	"disk_reserve":           "4GiB",
 	"sandbox_writable":       "/var/cache/ccache",
 	"sandbox_net":            "@registries,*.corp.example.com,10.20.0.0/16:443",
 	"sandbox_engine_hosts":   "claude=llm-gateway.example.com:443",
@@ -275,6 +279,11 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "sandbox memory too small", env: map[string]string{"AQ_SANDBOX_MEMORY": "8M"}, want: []string{"AQ_SANDBOX_MEMORY", "at least 64MiB"}},
 		{name: "sandbox pids not a number", env: map[string]string{"AQ_SANDBOX_PIDS": "many"}, want: []string{"AQ_SANDBOX_PIDS", "whole number"}},
 		{name: "sandbox pids negative", env: map[string]string{"AQ_SANDBOX_PIDS": "-3"}, want: []string{"AQ_SANDBOX_PIDS", "negative"}},
+		{name: "log max not a size", env: map[string]string{"AQ_LOG_MAX": "lots"}, want: []string{"AQ_LOG_MAX", "size", "32MiB"}},
+		{name: "log max negative", env: map[string]string{"AQ_LOG_MAX": "-1"}, want: []string{"AQ_LOG_MAX", "size"}},
+		{name: "job disk max negative", env: map[string]string{"AQ_JOB_DISK_MAX": "-1"}, want: []string{"AQ_JOB_DISK_MAX", "not a size", "10GiB"}},
+		{name: "disk reserve not a size", env: map[string]string{"AQ_DISK_RESERVE": "lots"}, want: []string{"AQ_DISK_RESERVE", "not a size", "2GiB"}},
+		{name: "log max too small", env: map[string]string{"AQ_LOG_MAX": "10KiB"}, want: []string{"AQ_LOG_MAX", "at least 1MiB"}},
 		{name: "sandbox writable relative", env: map[string]string{"AQ_SANDBOX_WRITABLE": "/ok,cache"}, want: []string{"AQ_SANDBOX_WRITABLE", `entry "cache" is not an absolute path`}},
 		{name: "sandbox writable root", env: map[string]string{"AQ_SANDBOX_WRITABLE": "/"}, want: []string{"AQ_SANDBOX_WRITABLE", "the whole host"}},
 		{name: "sandbox writable in aq home", env: map[string]string{"AQ_HOME": "/srv/aq", "AQ_SANDBOX_WRITABLE": "/srv/aq/worktrees"}, want: []string{"AQ_SANDBOX_WRITABLE", "overlaps AQ_HOME /srv/aq"}},
@@ -450,5 +459,35 @@ func TestRunEngines(t *testing.T) {
 		if cfg.EnginesExplicit() != (c.raw != "") {
 			t.Errorf("%q: explicit %v", c.raw, cfg.EnginesExplicit())
 		}
+	}
+}
+
+// The sandbox's limits have defaults where the host allows (#32): memory
+// is the host's divided by the slots, processes 4096; 0 turns either off.
+func TestSandboxLimitDefaults(t *testing.T) {
+	isolate(t)
+	mem := sandbox.HostMemory()
+	if mem == 0 {
+		t.Skip("this platform does not say its memory")
+	}
+	c, err := Load(flags(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SandboxMemory != max(mem, minSandboxMemory) || setting(t, c, "sandbox_memory").Source != FromDerived || c.SandboxPids != 4096 {
+		t.Fatalf("defaults: memory %d (%+v), want %d; pids %d", c.SandboxMemory, setting(t, c, "sandbox_memory"), mem, c.SandboxPids)
+	}
+	t.Setenv("AQ_SLOTS", "4")
+	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != max(mem/4, minSandboxMemory) || setting(t, c, "sandbox_memory").Origin != "host memory / slots" {
+		t.Fatalf("memory should be the host's divided by the slots: %d (%v)", c.SandboxMemory, err)
+	}
+	t.Setenv("AQ_SANDBOX_MEMORY", "0")
+	t.Setenv("AQ_SANDBOX_PIDS", "0")
+	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != 0 || c.SandboxPids != 0 {
+		t.Fatalf("0 turns the limits off: %d %d (%v)", c.SandboxMemory, c.SandboxPids, err)
+	}
+	t.Setenv("AQ_SANDBOX_MEMORY", "2GiB")
+	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != 2<<30 {
+		t.Fatalf("AQ_SANDBOX_MEMORY=2GiB: %d (%v)", c.SandboxMemory, err)
 	}
 }

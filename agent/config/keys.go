@@ -124,10 +124,16 @@ var Keys = []Key{
 		set: setDuration(func(c *Config) *time.Duration { return &c.CheckpointInterval }, 0)},
 	{Name: "sandbox", Group: GroupEngine, Env: []string{"AQ_SANDBOX"}, Flag: "sandbox", Default: "auto", Usage: "run each job's engine and verify in a sandbox of its own: auto (the best this host offers, said once at start), on (refuse jobs, retryable elsewhere, where the full sandbox cannot run), off (docs/sandbox.md)",
 		set: setSandbox},
-	{Name: "sandbox_memory", Group: GroupEngine, Env: []string{"AQ_SANDBOX_MEMORY"}, Flag: "sandbox-memory", Usage: "memory a job's sandbox may use, e.g. 8GiB; reaching it is reason out_of_memory (needs cgroup v2 delegated to aq; unset or 0: no limit)",
+	{Name: "sandbox_memory", Group: GroupEngine, Env: []string{"AQ_SANDBOX_MEMORY"}, Flag: "sandbox-memory", Usage: "memory a job's sandbox may use, e.g. 8GiB; reaching it is reason out_of_memory (held by cgroup v2 delegated to aq, or cgroup v1 aq may write; unset: the host's memory divided by the slots; 0: no limit)",
 		set: setSandboxMemory},
-	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Usage: "processes a job's sandbox may run at once (needs cgroup v2 delegated to aq; unset or 0: no limit)",
+	{Name: "sandbox_pids", Group: GroupEngine, Type: "int", Env: []string{"AQ_SANDBOX_PIDS"}, Flag: "sandbox-pids", Default: "4096", Usage: "processes (and threads) a job's sandbox may run at once (held by cgroup v2 delegated to aq, or cgroup v1 aq may write; 0: no limit)",
 		set: setSandboxPids},
+	{Name: "log_max", Group: GroupEngine, Env: []string{"AQ_LOG_MAX"}, Flag: "log-max", Default: "32MiB", Usage: "what one engine or verify run may store in each job log (stdout, stderr, verify), e.g. 32MiB: past it the head and the tail are kept with a gap record between (at least 1MiB)",
+		set: setLogMax},
+	{Name: "job_disk_max", Group: GroupEngine, Env: []string{"AQ_JOB_DISK_MAX"}, Flag: "job-disk-max", Usage: "what a job's run may add to the disk (its worktree's growth, its home, tmp and cache overlays), e.g. 10GiB, when its manifest sets no budget.disk; past it the job fails disk_exceeded (unset or 0: none but AQ_DISK_RESERVE)",
+		set: setDiskSize(func(c *Config) *int64 { return &c.JobDiskMax }, "10GiB")},
+	{Name: "disk_reserve", Group: GroupEngine, Env: []string{"AQ_DISK_RESERVE"}, Flag: "disk-reserve", Default: "2GiB", Usage: "free space no job may take $AQ_HOME's file system below, shared by every slot: a job's run that does fails disk_exceeded (0: none)",
+		set: setDiskSize(func(c *Config) *int64 { return &c.DiskReserve }, "2GiB")},
 	{Name: "sandbox_writable", Group: GroupEngine, Env: []string{"AQ_SANDBOX_WRITABLE"}, Flag: "sandbox-writable", Usage: "host directories every job's engine may also write, comma-separated absolute paths (a shared build cache such as ~/.ccache; shared by every job: docs/sandbox.md); never $AQ_HOME, the repo base or the home, nor in or above them",
 		set: setSandboxWritable},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
@@ -349,11 +355,39 @@ func setSandbox(c *Config, raw string) error {
 const minSandboxMemory = 64 << 20
 
 func setSandboxMemory(c *Config, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		c.SandboxMemory = -1 // derived: the host's memory divided by the slots
+		return nil
+	}
 	if err := setBytes(func(c *Config) *int64 { return &c.SandboxMemory })(c, raw); err != nil {
-		return fmt.Errorf("is not a size (use bytes or a unit: 8GiB, 512MiB; 0 or unset: no limit)")
+		return fmt.Errorf("is not a size (use bytes or a unit: 8GiB, 512MiB; 0: no limit)")
 	}
 	if c.SandboxMemory > 0 && c.SandboxMemory < minSandboxMemory {
-		return fmt.Errorf("is too small for an engine (use at least 64MiB, e.g. 8GiB; 0 or unset: no limit)")
+		return fmt.Errorf("is too small for an engine (use at least 64MiB, e.g. 8GiB; 0: no limit)")
+	}
+	return nil
+}
+
+// setDiskSize reads a disk size (AQ_JOB_DISK_MAX, AQ_DISK_RESERVE): bytes
+// or a unit, never negative; "" and 0 are none.
+func setDiskSize(field func(*Config) *int64, example string) func(*Config, string) error {
+	return func(c *Config, raw string) error {
+		if err := setBytes(field)(c, raw); err != nil {
+			return fmt.Errorf("is not a size (use bytes or a unit, e.g. %s; 0: none)", example)
+		}
+		return nil
+	}
+}
+
+// minLogMax keeps a log's head and tail big enough to read.
+const minLogMax = 1 << 20
+
+func setLogMax(c *Config, raw string) error {
+	if err := setBytes(func(c *Config) *int64 { return &c.LogMax })(c, raw); err != nil {
+		return fmt.Errorf("is not a size (use bytes or a unit: 32MiB, 1GiB)")
+	}
+	if c.LogMax < minLogMax {
+		return fmt.Errorf("is too small to keep a log's head and tail (use at least 1MiB, e.g. 32MiB)")
 	}
 	return nil
 }
@@ -366,11 +400,11 @@ func setSandboxPids(c *Config, raw string) error {
 	n, err := strconv.Atoi(strings.TrimSpace(raw))
 	switch {
 	case err != nil:
-		return fmt.Errorf("is not a whole number (use e.g. 4096; 0 or unset: no limit)")
+		return fmt.Errorf("is not a whole number (use e.g. 4096; 0: no limit)")
 	case n < 0:
-		return fmt.Errorf("is negative (use e.g. 4096; 0 or unset: no limit)")
+		return fmt.Errorf("is negative (use e.g. 4096; 0: no limit)")
 	case n > 0 && n < 32:
-		return fmt.Errorf("is too few for an engine and its tools (use at least 32, e.g. 4096; 0 or unset: no limit)")
+		return fmt.Errorf("is too few for an engine and its tools (use at least 32, e.g. 4096; 0: no limit)")
 	}
 	c.SandboxPids = n
 	return nil

@@ -40,6 +40,7 @@ func (g *GC) Execute(ctx context.Context, snap *Snapshot, decided plan.Decisions
 		ex.run(ctx)
 	}
 	g.removeSandboxes(ctx, actions, sandboxes)
+	g.removeStaleCgroups(ctx, rep)
 	for _, a := range actions {
 		switch a.Result {
 		case Deleted:
@@ -346,4 +347,20 @@ func orLocal(where string) string {
 		return "this clone"
 	}
 	return where[:len(where)-1]
+}
+
+// removeStaleCgroups removes the job cgroups of aq processes that are gone
+// (an aq killed -9 mid-run leaves its runs' cgroups behind).
+func (g *GC) removeStaleCgroups(ctx context.Context, rep *Report) {
+	if g.StaleCgroups == nil || ctx.Err() != nil {
+		return
+	}
+	removed, err := g.StaleCgroups(g.alive)
+	for _, d := range removed {
+		g.log().Info("gc: deleted", "what", "job cgroup "+d, "reason", "the aq process that made it is gone")
+	}
+	rep.Deleted.Cgroups += len(removed)
+	if err != nil {
+		rep.Errors = append(rep.Errors, "job cgroups: "+err.Error())
+	}
 }

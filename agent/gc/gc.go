@@ -69,6 +69,10 @@ type GC struct {
 	// could not be read). nil: discarded.
 	Log    *slog.Logger
 	Squash worktree.SquashOptions
+	// StaleCgroups removes the job cgroups of aq processes that are gone
+	// (sandbox.RemoveStaleCgroups; nil: none are collected) and returns
+	// what it removed.
+	StaleCgroups func(alive func(pid int) bool) ([]string, error)
 }
 
 // Counts are candidates by kind.
@@ -82,6 +86,8 @@ type Counts struct {
 	Pooled int `json:"pooledWorktrees"`
 	// Sandboxes are the jobs' sandbox directories ($AQ_HOME/sandbox/<id>).
 	Sandboxes int `json:"sandboxDirs"`
+	// Cgroups are job cgroups a crashed aq left (docs/sandbox.md, limits).
+	Cgroups int `json:"cgroups,omitempty"`
 }
 
 func (c *Counts) add(d plan.Decision) {
@@ -105,7 +111,7 @@ func (c *Counts) add(d plan.Decision) {
 
 // Total is the sum of the counts.
 func (c Counts) Total() int {
-	return c.JobBranches + c.WIPRefs + c.Worktrees + c.RemoteRefs + c.OtherRefs + c.Pooled + c.Sandboxes
+	return c.JobBranches + c.WIPRefs + c.Worktrees + c.RemoteRefs + c.OtherRefs + c.Pooled + c.Sandboxes + c.Cgroups
 }
 
 // Result is what became of one decision.

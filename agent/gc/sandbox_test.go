@@ -1,8 +1,10 @@
 package gc
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +111,35 @@ func TestGCSandboxJobStartsAfterThePlan(t *testing.T) {
 	rep := g.Execute(ctxT(t), snap, decided)
 	if !testenv.Exists(d) || rep.Deleted.Sandboxes != 0 || rep.Actions[0].Detail != "job late started since the plan" {
 		t.Fatalf("exists %v, deleted %d, %q", testenv.Exists(d), rep.Deleted.Sandboxes, rep.Actions[0].Detail)
+	}
+}
+
+// TestGCStaleCgroups: gc hands its liveness check to the job cgroups'
+// collector (sandbox.RemoveStaleCgroups; its real-cgroup test is in
+// internal/sandbox), counts what it removed, and reports its error as
+// gc's; a dry run removes nothing.
+func TestGCStaleCgroups(t *testing.T) {
+	f := newFactory(t)
+	f.newRepo("app")
+	calls := 0
+	g := f.gc(func(g *GC) {
+		g.Alive = func(pid int) bool { return pid == 7 }
+		g.StaleCgroups = func(alive func(int) bool) ([]string, error) {
+			calls++
+			if !alive(7) || alive(8) {
+				t.Error("gc's liveness check was not handed over")
+			}
+			return []string{"/cg/memory/aq-job-8-1", "/cg/pids/aq-job-8-1"}, errors.New("remove /cg/memory/aq-job-9-1: device or resource busy")
+		}
+	})
+	if rep, err := g.Run(ctxT(t), true); err != nil || calls != 0 || rep.Deleted.Cgroups != 0 {
+		t.Fatalf("dry run: %v, %d calls, %d deleted", err, calls, rep.Deleted.Cgroups)
+	}
+	rep, err := g.Run(ctxT(t), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || rep.Deleted.Cgroups != 2 || len(rep.Errors) != 1 || !strings.Contains(rep.Errors[0], "job cgroups: remove /cg/memory/aq-job-9-1") {
+		t.Errorf("%d calls, deleted %d, errors %q", calls, rep.Deleted.Cgroups, rep.Errors)
 	}
 }

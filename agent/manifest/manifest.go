@@ -413,6 +413,9 @@ func (p *parser) mergeProfile(cat *profiles.Catalog) {
 	if !p.budget.Turns {
 		j.Budget.Turns = prof.Budget.Turns
 	}
+	if !p.budget.Disk {
+		j.Budget.Disk = prof.Budget.Disk
+	}
 	if !p.set("verify_rounds") && prof.VerifyRounds != nil {
 		v := *prof.VerifyRounds
 		j.VerifyRounds = &v
@@ -486,6 +489,11 @@ func (p *parser) mergeCaps(fromProfile []string) {
 
 func (p *parser) applyDefaults() {
 	j := p.j
+	// A disk budget (the manifest's or its profile's) is held only by a
+	// factory that offers it: an older one would refuse the manifest.
+	if j.Budget.Disk > 0 && !slices.Contains(j.Capabilities, job.DiskBudget) {
+		j.Capabilities = append(j.Capabilities, job.DiskBudget)
+	}
 	if j.Base == "" {
 		j.Base = job.DefaultBase
 	}

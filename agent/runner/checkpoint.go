@@ -36,6 +36,10 @@ func (ru *run) checkpoint(parent context.Context) {
 	if ru.wtPath == "" {
 		return
 	}
+	if ru.out.Reason == job.ReasonDiskExceeded {
+		ru.diskExceeded(parent) // no checkpoint of the oversized tree
+		return
+	}
 	ru.cpMu.Lock()
 	done := ru.cpRound == ru.round
 	if !done {

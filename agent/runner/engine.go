@@ -52,6 +52,7 @@ func (ru *run) specFor(name string) engines.Spec {
 		PermissionMode: ru.permissionMode(),
 		CodexSandbox:   ru.codexSandbox(),
 		LogDir:         ru.logDir,
+		LogMax:         ru.r.Cfg.LogMax,
 		Attempt:        ru.o.Attempt,
 		Env:            env,
 		Grace:          ru.r.Cfg.Grace,
@@ -150,10 +151,12 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 	})
 	ru.log.Info("engine starting", "engine", ru.eng.Name(), "version", ru.info.Version, "attempt", ru.o.Attempt, "round", ru.round, "worktree", ru.wtPath, "sandbox", ru.sandboxLevel())
 	stopPeriodic := ru.startPeriodic(trace.ContextWithSpan(runCtx, jobSpan))
+	stopDisk := ru.startDiskWatch(runCtx, cancel)
 	started := time.Now()
 	res, err = ru.eng.Run(runCtx, spec)
 	ru.runTime = time.Since(started)
 	ru.engineTime += ru.runTime
+	stopDisk()
 	stopPeriodic()
 	for _, ref := range res.Refused {
 		ru.untrusted(ref)

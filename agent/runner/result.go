@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/aqfleet/aq/internal/boundlog"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/safefs"
 	"github.com/aqfleet/aq/internal/secrets"
@@ -241,7 +242,7 @@ func (ru *run) verify(ctx context.Context) (v *job.VerifyResult, passed bool) {
 	}
 	ctx, span := ru.step(ctx, telemetry.SpanVerify, attribute.Int("aq.verify.round", ru.round))
 	defer func() { ru.endStep(span, passed) }()
-	f, err := os.OpenFile(filepath.Join(ru.logDir, "verify.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := boundlog.Open(filepath.Join(ru.logDir, "verify.log"), ru.r.Cfg.LogMax)
 	if err != nil {
 		ru.fail(job.ReasonCrash, "cannot open the verify log: "+err.Error())
 		return nil, false

@@ -88,6 +88,13 @@ type Config struct {
 	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
 	// job's engine may also write in its sandbox (sandbox.Policy.Shared).
 	SandboxWritable []string
+	// LogMax (AQ_LOG_MAX) bounds what one run stores in each of the job's
+	// logs: stdout, stderr, verify (internal/boundlog; 0: its default).
+	LogMax int64
+	// JobDiskMax (AQ_JOB_DISK_MAX) is a job's disk budget when its
+	// manifest sets none (0: none); DiskReserve (AQ_DISK_RESERVE) the free
+	// space no job may take $AQ_HOME's file system below (0: none).
+	JobDiskMax, DiskReserve int64
 }
 
 // allows reports whether the runner may run engine name.

@@ -132,7 +132,7 @@ func (c *cgroupParent) delegate() error {
 	return c.err
 }
 
-// jobCgroup is one run's cgroup. A nil *jobCgroup is no cgroup.
+// jobCgroup is one run's cgroup v2. A nil *jobCgroup is no cgroup.
 type jobCgroup struct {
 	dir    string
 	f      *os.File
@@ -140,18 +140,14 @@ type jobCgroup struct {
 	err    error
 }
 
-// make makes the cgroup of one run of j, with j's limits; nil when there
-// is no delegated cgroup or no limit to hold.
-func (c *cgroupParent) make(j *Jail) *jobCgroup {
-	if c == nil || j.p.Limits == (Limits{}) {
-		return nil
-	}
+// make makes the cgroup of one run of j, with j's limits.
+func (c *cgroupParent) make(j *Jail) runLimits {
 	if err := c.delegate(); err != nil {
 		return &jobCgroup{err: err}
 	}
 	c.mu.Lock()
 	c.seq++
-	dir := filepath.Join(c.dir, fmt.Sprintf("aq-job-%d-%d", os.Getpid(), c.seq))
+	dir := filepath.Join(c.dir, fmt.Sprintf("%s%d-%d", jobCgroupPrefix, os.Getpid(), c.seq))
 	c.mu.Unlock()
 	return makeJobCgroup(dir, j.p.Limits, c.remove)
 }
@@ -183,6 +179,14 @@ func makeJobCgroup(dir string, l Limits, remove func(string) error) *jobCgroup {
 	}
 	return g
 }
+
+func (c *cgroupParent) describe() (string, string) { return "cgroup v2", c.dir }
+
+// enterThread: a v2 run is started in its cgroup (fd), not by its thread.
+func (g *jobCgroup) enterThread() error { return nil }
+
+// place: a v2 run's process started in its cgroup.
+func (g *jobCgroup) place(int) error { return nil }
 
 // fd is the cgroup's directory fd for CLONE_INTO_CGROUP, -1 for none.
 func (g *jobCgroup) fd() int {

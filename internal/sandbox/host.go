@@ -91,6 +91,11 @@ func (h *Host) Report() Report {
 	return h.report
 }
 
+// Limits are every job's limits unless its Policy sets its own
+// (AQ_SANDBOX_MEMORY, AQ_SANDBOX_PIDS); they hold where the report has
+// GuaranteeLimits.
+func (h *Host) Limits() Limits { return h.opts.Limits }
+
 // Mode is the configured mode.
 func (h *Host) Mode() Mode { return h.opts.Mode }
 

@@ -20,10 +20,10 @@ import (
 	"github.com/aqfleet/aq/internal/safefs"
 )
 
-// hostPlatform is what the Linux probe keeps: the cgroup v2 directory job
-// cgroups are made in, when the host delegates one.
+// hostPlatform is what the Linux probe keeps: how job cgroups are made
+// (v2 where delegated, else v1; nil: the host holds no limits).
 type hostPlatform struct {
-	cgroup *cgroupParent
+	cgroup limiter
 }
 
 // jailPlatform is one jail's Linux plan.
@@ -129,7 +129,7 @@ func (j *Jail) startPartial(cmd *exec.Cmd) (process.Jailed, error) {
 			_ = unix.Close(fd)
 		}
 	}()
-	cg := j.h.plat.cgroup.make(j)
+	cg := j.h.plat.limits(j)
 	if err := cg.failed(); err != nil {
 		return nil, err
 	}
@@ -142,6 +142,12 @@ func (j *Jail) startPartial(cmd *exec.Cmd) (process.Jailed, error) {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread is restricted, and dies here
+		// cgroup v1: the thread joins the run's cgroups, so the engine it
+		// forks starts inside them (and so does everything it starts).
+		if err := cg.enterThread(); err != nil {
+			errc <- err
+			return
+		}
 		if err := restrictThread(fd, flags); err != nil {
 			errc <- err
 			return
@@ -156,7 +162,7 @@ func (j *Jail) startPartial(cmd *exec.Cmd) (process.Jailed, error) {
 	return &partialRun{cg: cg}, nil
 }
 
-type partialRun struct{ cg *jobCgroup }
+type partialRun struct{ cg runLimits }
 
 func (r *partialRun) Exit(st *os.ProcessState) (int, string) { return exitOf(st) }
 func (r *partialRun) Close() (bool, error)                   { return r.cg.close() }
@@ -210,7 +216,7 @@ func (j *Jail) startFull(cmd *exec.Cmd, probe bool) (process.Jailed, error) {
 	sp.GidMappingsEnableSetgroups = false
 	sp.AmbientCaps = initCaps
 	sp.Pdeathsig = syscall.SIGKILL
-	cg := j.h.plat.cgroup.make(j)
+	cg := j.h.plat.limits(j)
 	if err := cg.failed(); err != nil {
 		closeFiles(ordersR, ordersW, statusR, statusW, watchR, watchW)
 		return nil, err
@@ -232,6 +238,17 @@ func (j *Jail) startFull(cmd *exec.Cmd, probe bool) (process.Jailed, error) {
 	ordersR.Close()
 	statusW.Close()
 	watchR.Close()
+	// cgroup v1: init joins the run's cgroups before it is given its
+	// orders, so before it starts anything (it waits for them).
+	if err := cg.place(cmd.Process.Pid); err != nil {
+		ordersW.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		runtime.UnlockOSThread()
+		closeFiles(statusR, watchW)
+		_, _ = cg.close()
+		return nil, err
+	}
 	_, werr := ordersW.Write(raw)
 	ordersW.Close()
 	run := &fullRun{status: bufio.NewReader(statusR), statusR: statusR, watchW: watchW, cg: cg}
@@ -258,7 +275,7 @@ type fullRun struct {
 	status  *bufio.Reader
 	statusR *os.File
 	watchW  *os.File
-	cg      *jobCgroup
+	cg      runLimits
 	closed  bool
 }
 

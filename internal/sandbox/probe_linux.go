@@ -10,16 +10,17 @@ import (
 
 // probe finds what this host can do: the Landlock ABI, whether a full
 // sandbox starts (a trial: the real init in new namespaces, building a
-// minimal view, bringing up loopback), and a delegated cgroup v2. When the
+// minimal view, bringing up loopback), and the cgroups to hold limits with
+// (v2 delegated, else v1 writable). When the
 // trial fails, the usual causes are read from their sysctls to say why.
 func probe(o Options) (Report, hostPlatform) {
 	r := Report{Level: LevelFull, LandlockABI: landlockABI()}
 	var missing []Missing
 	r.UserNS = trialUserNS(o.Init)
 	var plat hostPlatform
-	cg, cgWhy := findCgroup()
+	cg, cgWhy := findLimiter()
 	if cg != nil {
-		r.Cgroup = cg.dir
+		r.LimitsBy, r.Cgroup = cg.describe()
 		plat.cgroup = cg
 	} else {
 		r.CgroupWhy = cgWhy

@@ -11,8 +11,9 @@
 // read-only with what the job must not read hidden under empty mounts; a
 // fresh /proc; loopback only, with a bridge to the job's egress proxy; the
 // engine without capabilities, with no_new_privs and a Landlock domain on
-// top; and, where the host delegates cgroup v2, a cgroup of the job's own
-// with its memory and process limits. Everything inside ends when init
+// top; and, where the host delegates cgroup v2 (or lets aq write the
+// cgroup v1 memory and pids hierarchies), cgroups of the job's own with
+// its memory and process limits. Everything inside ends when init
 // does, and init ends with the engine or with aq, however aq dies. Where
 // user namespaces are blocked (partial): Landlock alone. macOS (partial):
 // sandbox-exec with a Seatbelt profile generated from the same Policy
@@ -66,7 +67,8 @@ const (
 	// can outlive a killed aq.
 	LevelPartial Level = "partial"
 	// LevelFull: every guarantee of docs/sandbox.md but the limits, which
-	// need cgroup v2 delegated to aq (GuaranteeLimits).
+	// need cgroup v2 delegated to aq or cgroup v1 writable by it
+	// (GuaranteeLimits).
 	LevelFull Level = "full"
 )
 
@@ -102,7 +104,8 @@ const (
 	// a daemonised straggler included, even when aq is killed -9.
 	GuaranteeStragglers Guarantee = "stragglers"
 	// GuaranteeLimits: the job's memory and process-count limits hold, and
-	// an out-of-memory kill is told apart (cgroup v2).
+	// an out-of-memory kill is told apart (cgroup v2 delegated, or v1
+	// writable).
 	GuaranteeLimits Guarantee = "limits"
 )
 
@@ -130,8 +133,10 @@ type Report struct {
 	LandlockABI int `json:"landlockAbi"`
 	// UserNS is "" when user namespaces work for aq, else why not.
 	UserNS string `json:"userns,omitempty"`
-	// Cgroup is the cgroup v2 directory aq makes job cgroups in ("" none);
-	// CgroupWhy says why there is none.
+	// LimitsBy is how the limits are held ("cgroup v2", "cgroup v1"; ""
+	// none); Cgroup is where aq makes job cgroups (v1: the memory and the
+	// pids directories); CgroupWhy says why there is none.
+	LimitsBy  string `json:"limitsBy,omitempty"`
 	Cgroup    string `json:"cgroup,omitempty"`
 	CgroupWhy string `json:"cgroupWhy,omitempty"`
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/logging"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/profiles"
 )
 
@@ -135,8 +136,9 @@ func newGC(f *Factory, cfg *config.Config, opts *gcOptions) (*gc.GC, error) {
 			Offline:    opts.Offline,
 			SandboxDir: cfg.SandboxDir(),
 		},
-		Now: time.Now,
-		Log: gcLogger(f, cfg, opts.Verbose),
+		Now:          time.Now,
+		Log:          gcLogger(f, cfg, opts.Verbose),
+		StaleCgroups: sandbox.RemoveStaleCgroups,
 	}
 	if exists(cfg.QueueDir()) {
 		q, err := queue.Open(cfg.QueueDir())
@@ -225,6 +227,7 @@ func countsText(c gc.Counts) string {
 	add(c.RemoteRefs, "origin ref", "origin refs")
 	add(c.OtherRefs, "other aq/ ref", "other aq/ refs")
 	add(c.Sandboxes, "sandbox directory", "sandbox directories")
+	add(c.Cgroups, "job cgroup", "job cgroups")
 	if len(parts) == 0 {
 		return "nothing"
 	}
