@@ -97,10 +97,10 @@ func TestNoTerminalQueries(t *testing.T) {
 		[]string{"job", "rm", "nosuch"},
 		[]string{"gc", "--dry-run", "--offline"},
 		[]string{"selftest", "--list"},
-		[]string{"daemon"},                           // fleet mode off: exit 2
-		[]string{"fleet", "check"},                   // no coordinator: exit 2
+		[]string{"daemon"},                            // fleet mode off: exit 2
+		[]string{"fleet", "check"},                    // no coordinator: exit 2
 		[]string{"servicebus", "ensure-subscription"}, // no namespace: exit 2
-		[]string{"demo", "--routes", "nonsense"},     // exit 2
+		[]string{"demo", "--routes", "nonsense"},      // exit 2
 		[]string{"--log-format", "nonsense", "version"},
 	)
 	for _, args := range invocations {
