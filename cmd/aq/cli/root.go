@@ -72,6 +72,9 @@ type Factory struct {
 
 	// noColor is --no-color: nothing styled, as NO_COLOR (termstyle.Plain).
 	noColor bool
+	// quietInfo keeps info and debug lines off a terminal's live view
+	// (aq run without -v): the logger logs warnings and errors only.
+	quietInfo bool
 }
 
 // Plain says whether output must carry no colour or style (--no-color,
@@ -133,6 +136,9 @@ func (f *Factory) Logger() *slog.Logger {
 		format, level := "text", "info"
 		if c, err := f.Config(); err == nil {
 			format, level = c.LogFormat, c.LogLevel
+		}
+		if f.quietInfo && logging.ParseLevel(level) < slog.LevelWarn {
+			level = "warn"
 		}
 		f.logger = logging.New(f.IO.Err, format, level, f.Redactor())
 	})
