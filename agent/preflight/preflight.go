@@ -20,6 +20,7 @@ import (
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -36,6 +37,12 @@ type Host struct {
 	// Engines are the engines this host may run (config.RunEngines:
 	// AQ_ENGINES, or its default for the mode); nil: every engine.
 	Engines []string
+	// Visible says whether a host path is seen inside the job's sandbox
+	// and, when not, why (sandbox.Policy.Visible); nil: engines run
+	// unsandboxed (AQ_SANDBOX=off), and every path is seen.
+	Visible func(path string) (bool, string)
+	// Home is the user's home, for ~ and $HOME in a command.
+	Home string
 }
 
 // runs reports whether this host may run engine e.
@@ -64,6 +71,28 @@ func Check(j *job.Job, h Host) []string {
 	if w := h.ship(j); w != "" {
 		out = append(out, w)
 	}
+	return append(out, h.hidden(j)...)
+}
+
+// hidden says which paths the job's script: and verify: commands name that
+// the sandbox hides from them: such a command fails with "command not
+// found" (exit 127) or a missing file, though the file is there.
+func (h Host) hidden(j *job.Job) []string {
+	if h.Visible == nil {
+		return nil
+	}
+	var out []string
+	check := func(key, command string) {
+		for _, p := range sandbox.CommandPaths(command, h.Home) {
+			if ok, why := h.Visible(p); !ok {
+				out = append(out, fmt.Sprintf("%s names %s, which the job's sandbox hides: %s, so the job would fail as if it were missing (%s)", key, p, why, sandbox.HiddenFix))
+			}
+		}
+	}
+	if j.Engine == "script" {
+		check("script:", j.Script)
+	}
+	check("verify:", j.Verify)
 	return out
 }
 

@@ -28,6 +28,7 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 	if !ru.confirmLease(ctx, "before pushing") {
 		return
 	}
+	ru.event(Shipping{Ship: j.Ship})
 	if !ru.hasOrigin(ctx) {
 		if j.Ship == "branch" {
 			ru.log.Info("no origin: the job branch stays local", "branch", ru.out.Branch)

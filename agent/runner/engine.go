@@ -257,7 +257,7 @@ func (ru *run) judgeEngine(ctx context.Context, res engines.Result, err error) b
 		var ue *engines.UnavailableError
 		switch {
 		case errors.Is(err, engines.ErrNotInstalled):
-			ru.fail(job.ReasonNoEngine, err.Error())
+			ru.fail(job.ReasonNoEngine, err.Error()+ru.hiddenFrom(ru.j.Script))
 		case ru.stopped(ctx, "engine"):
 		case errors.As(err, &ue): // its --help changed under aq: a flag it needs is gone
 			ru.fail(job.ReasonEngineUnavailable, err.Error())

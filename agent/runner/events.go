@@ -48,6 +48,17 @@ type Verified struct {
 	Result job.VerifyResult
 }
 
+// VerifyStarted: the job's verify: command starts after the engine's run
+// Round (0: the attempt's first run, k: repair round k).
+type VerifyStarted struct {
+	Round   int
+	Command string
+}
+
+// Shipping: the result is committed and verified; the job is being
+// delivered per its ship: (a branch pushed, a PR opened, a merge).
+type Shipping struct{ Ship string }
+
 // RepairStarted: verify failed (Verify) and the engine runs again, in the
 // same worktree and attempt, with the failure in hand: repair round Round
 // of Of. Session is the engine session it is asked to continue ("": none,
@@ -84,3 +95,5 @@ func (Verified) event()             {}
 func (RepairStarted) event()        {}
 func (EgressRefused) event()        {}
 func (UntrustedFileRefused) event() {}
+func (VerifyStarted) event()        {}
+func (Shipping) event()             {}

@@ -242,6 +242,7 @@ func (ru *run) verify(ctx context.Context) (v *job.VerifyResult, passed bool) {
 	}
 	ctx, span := ru.step(ctx, telemetry.SpanVerify, attribute.Int("aq.verify.round", ru.round))
 	defer func() { ru.endStep(span, passed) }()
+	ru.event(VerifyStarted{Round: ru.round, Command: cmd})
 	f, err := boundlog.Open(filepath.Join(ru.logDir, "verify.log"), ru.r.Cfg.LogMax)
 	if err != nil {
 		ru.fail(job.ReasonCrash, "cannot open the verify log: "+err.Error())

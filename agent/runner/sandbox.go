@@ -141,6 +141,25 @@ func (ru *run) openSandbox(ctx context.Context) bool {
 	return true
 }
 
+// hiddenFrom says, for a failure detail, which paths command names that the
+// job's sandbox hides from it ("" when none, or when there is no
+// sandbox): a script or program there reads as missing — exit 127,
+// "command not found" — though the host has it (#34).
+func (ru *run) hiddenFrom(command string) string {
+	if ru.jail == nil || command == "" {
+		return ""
+	}
+	home := envValue(ru.r.env(), "HOME")
+	if home == "" {
+		home, _ = os.UserHomeDir()
+	}
+	hidden := ru.jail.Policy().HiddenIn(command, home)
+	if len(hidden) == 0 {
+		return ""
+	}
+	return "; the sandbox hides " + strings.Join(hidden, ", ") + ": " + sandbox.HiddenFix
+}
+
 // afterSandboxed logs what the sandbox's last start left aside and writes
 // back the logins the engine refreshed; after every engine run.
 func (ru *run) afterSandboxed() {

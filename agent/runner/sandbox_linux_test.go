@@ -232,3 +232,31 @@ echo work > work.txt`)
 		t.Errorf("the planted link's target changed: %q", b)
 	}
 }
+
+// TestSandboxHiddenScriptSaysSo (#34): a script: file under /tmp is there
+// on the host, but /tmp is the job's own inside the sandbox, so the shell
+// says "not found" (exit 127): the failure's detail names the path, why it
+// is hidden and the fix, instead of reading as a missing command.
+func TestSandboxHiddenScriptSaysSo(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+		t.Skipf("this host sandboxes at level %s", lvl)
+	}
+	dir, err := os.MkdirTemp("/tmp", "aq-hidden-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	script := filepath.Join(dir, "fix.sh")
+	testenv.WriteFile(t, script, "echo fixed > fixed.txt\n")
+	if err := os.Chmod(script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := f.run(context.Background(), f.job("hidden-script", script), runner.Options{Attempt: 1})
+	want := "script command not found (exit 127): fix script: or install the command; the sandbox hides " + script +
+		" (/tmp is the job's own inside the sandbox): put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off"
+	if out.Reason != job.ReasonNoEngine || !strings.Contains(out.Detail, want) {
+		t.Errorf("outcome %s %q, want no_engine with\n%s", out.Reason, out.Detail, want)
+	}
+}

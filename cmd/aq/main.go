@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"github.com/aqfleet/aq/cmd/aq/cli"
+	// Before Bubble Tea's init: no terminal query at start (package doc).
+	_ "github.com/aqfleet/aq/internal/termstyle"
 )
 
 func main() { os.Exit(cli.Main()) }

@@ -194,3 +194,43 @@ func within(path, dir string) bool {
 	}
 	return path == dir || strings.HasPrefix(path, dir+"/")
 }
+
+// Visible reports whether path — absolute, as the host names it — is seen
+// inside the sandbox as the host has it. When it is not, why says so in
+// words a person can act on ("/tmp is the job's own inside the sandbox").
+// It is what `aq validate` and `aq submit` warn with for a script: file or
+// a verify program outside the repository, and what a job's "command not
+// found" failure explains itself with (docs/sandbox.md).
+func (p Policy) Visible(path string) (ok bool, why string) {
+	if !filepath.IsAbs(path) {
+		return true, "" // relative: the worktree's, which the job sees
+	}
+	path = filepath.Clean(path)
+	for _, f := range p.HiddenFiles {
+		if path == filepath.Clean(f) {
+			return false, path + " is hidden inside the sandbox"
+		}
+	}
+	// The job's own trees, and what is shown at the host's path on purpose.
+	seen := append(append([]string{p.Worktree, p.JobDir}, p.GitDirs...), p.Shared...)
+	seen = append(append(seen, p.ReadOnly...), p.Caches...)
+	for _, d := range seen {
+		if d != "" && within(path, filepath.Clean(d)) {
+			return true, ""
+		}
+	}
+	for _, h := range p.Hidden {
+		if h != "" && within(path, filepath.Clean(h)) {
+			return false, filepath.Clean(h) + " is hidden inside the sandbox"
+		}
+	}
+	if p.Home != "" && p.Home != "/" && within(path, filepath.Clean(p.Home)) {
+		return false, filepath.Clean(p.Home) + " (the home) is the job's own inside the sandbox"
+	}
+	for _, t := range []string{"/tmp", "/var/tmp"} {
+		if within(path, t) {
+			return false, t + " is the job's own inside the sandbox"
+		}
+	}
+	return true, ""
+}

@@ -54,6 +54,7 @@ var (
 	buildMu  sync.Mutex
 	aqBin    string
 	buildErr error
+	goCache  string // the host's Go build cache, for BuildAQ
 )
 
 // Main isolates the test binary from the host and runs the tests:
@@ -76,6 +77,13 @@ func Main(m *testing.M) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testenv:", err)
 		return 1
+	}
+	// BuildAQ's go build keeps the host's build cache: the XDG_CACHE_HOME
+	// below would otherwise move it to an empty one, and every test binary
+	// would compile all of aq afresh (minutes on a loaded machine).
+	goCache = os.Getenv("GOCACHE")
+	if c, err := os.UserCacheDir(); goCache == "" && err == nil {
+		goCache = filepath.Join(c, "go-build")
 	}
 	// aq's git writes its configuration files under the cache directory
 	// (worktree.Git.ConfigDir): the scratch one, not the user's.
@@ -274,8 +282,12 @@ func build() (string, error) {
 	}
 	args = append(args, "github.com/aqfleet/aq/cmd/aq")
 	cmd := exec.Command("go", args...)
+	cmd.Env = os.Environ()
+	if goCache != "" {
+		cmd.Env = append(cmd.Env, "GOCACHE="+goCache)
+	}
 	if !Race {
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)

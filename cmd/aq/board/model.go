@@ -7,6 +7,8 @@ import (
 	"time"
 
 	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/aqfleet/aq/internal/termstyle"
 )
 
 // Options configure a board.
@@ -15,6 +17,9 @@ type Options struct {
 	Interval time.Duration // between refreshes (default 2s)
 	// Now is the clock for ages ("3s ago"); nil: time.Now.
 	Now func() time.Time
+	// Plain draws without colours or styles (--no-color, NO_COLOR,
+	// TERM=dumb); the selected row keeps its "> " marker.
+	Plain bool
 }
 
 // Model is the board's state. Every change comes through Update with a
@@ -376,6 +381,9 @@ func (m *Model) closeLog() {
 // Run shows the board on a terminal (in and out) until q, Ctrl-C, a
 // signal or ctx's end; the terminal is restored on every path.
 func Run(ctx context.Context, in io.Reader, out io.Writer, o Options) error {
+	if o.Plain {
+		termstyle.UsePlain()
+	}
 	m := New(ctx, o)
 	p := tea.NewProgram(m, tea.WithContext(ctx), tea.WithInput(in), tea.WithOutput(out), tea.WithAltScreen())
 	_, err := p.Run()

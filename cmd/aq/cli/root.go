@@ -26,6 +26,7 @@ import (
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/termstyle"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -68,7 +69,17 @@ type Factory struct {
 	localErr  error
 
 	obs observeState // traces and notifications (observe.go)
+
+	// noColor is --no-color: nothing styled, as NO_COLOR (termstyle.Plain).
+	noColor bool
+	// quietInfo keeps info and debug lines off a terminal's live view
+	// (aq run without -v): the logger logs warnings and errors only.
+	quietInfo bool
 }
+
+// Plain says whether output must carry no colour or style (--no-color,
+// NO_COLOR, TERM=dumb).
+func (f *Factory) Plain() bool { return termstyle.Plain(f.noColor, os.Getenv) }
 
 // Local builds the local agent (queue, runner, profiles) once.
 func (f *Factory) Local() (*local.Agent, error) {
@@ -125,6 +136,9 @@ func (f *Factory) Logger() *slog.Logger {
 		format, level := "text", "info"
 		if c, err := f.Config(); err == nil {
 			format, level = c.LogFormat, c.LogLevel
+		}
+		if f.quietInfo && logging.ParseLevel(level) < slog.LevelWarn {
+			level = "warn"
 		}
 		f.logger = logging.New(f.IO.Err, format, level, f.Redactor())
 	})
@@ -230,8 +244,17 @@ Fleet mode (AQ_FLEET=1) takes them from the coordinator.`,
 	// gc's --verbose.
 	root.Flags().BoolVarP(&showVersion, "version", "v", false, "print the version, commit and Go version, as aq version does")
 	config.AddFlags(root.PersistentFlags(), config.GroupGlobal)
+	root.PersistentFlags().BoolVar(&f.noColor, "no-color", false, "no colours or styles on a terminal (as NO_COLOR=1 does)")
 	root.SetUsageTemplate(usageTemplate)
-	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { f.active = cmd }
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		f.active = cmd
+		// Every command, including those that load no configuration
+		// (aq version): a wrong --log-format is a usage error, not ignored.
+		if fl := cmd.Flags().Lookup("log-format"); fl != nil && fl.Changed && fl.Value.String() != "text" && fl.Value.String() != "json" {
+			return aqerr.Usagef("use --log-format text or --log-format json", "--log-format %q is not a log format", fl.Value.String())
+		}
+		return nil
+	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return aqerr.Usagef(fmt.Sprintf("run '%s --help'", c.CommandPath()), "%v", err)
 	})

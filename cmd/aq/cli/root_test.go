@@ -331,3 +331,16 @@ func board(t *testing.T, h *testenv.Home) Board {
 	}
 	return b
 }
+
+// TestLogFormatNonsense (#34): a log format that is not one is a usage
+// error with one clear line, for every command — aq version, which loads
+// no configuration, included.
+func TestLogFormatNonsense(t *testing.T) {
+	for _, args := range [][]string{{"--log-format", "nonsense", "version"}, {"version", "--log-format=nonsense"}, {"--log-format", "nonsense"}, {"status", "--log-format", "nonsense"}} {
+		cleanEnv(t)
+		out, errOut, code := runAQ(t, args...)
+		if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "nonsense") || !strings.Contains(errOut, "text") {
+			t.Errorf("aq %v: exit %d stdout %q stderr %q", args, code, out, errOut)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,6 +28,8 @@ type runOptions struct {
 	Wait time.Duration
 	// JobID accepts that one fleet job and runs it (--job).
 	JobID string
+	// Verbose shows the info and debug log lines on a terminal too (-v).
+	Verbose bool
 }
 
 func newRunCmd(f *Factory) *cobra.Command {
@@ -82,6 +85,7 @@ shown by aq job show.`,
 	cmd.Flags().DurationVar(&opts.Wait, "wait", 30*time.Second, "fleet mode with a broker: how long --once/--drain wait for a message (0: no limit)")
 	cmd.Flags().StringVar(&opts.JobID, "job", "", "fleet mode: accept this one job (POST /fleet/accept), run it, then exit")
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print each job's result as a JSON line: {jobId, attempt, stage, outcome}")
+	cmd.Flags().BoolVarP(&opts.Verbose, "verbose", "v", false, "on a terminal, print the info log lines above the live block too (as --log-format does)")
 	return configFlags(cmd, config.GroupRepo, config.GroupFleet, config.GroupBroker, config.GroupEngine, config.GroupObserve)
 }
 
@@ -89,6 +93,20 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	cfg, err := f.Config()
 	if err != nil {
 		return err
+	}
+	// On a terminal (stderr, no --json): the live block, with warnings and
+	// errors printed above it, info and debug lines only with -v or
+	// --log-format. Everything on stderr goes through the block, so the
+	// screen never garbles; without a terminal nothing changes.
+	var live *progress
+	if f.IO.ErrTTY && !opts.JSON {
+		live = newLive(f.IO.Err, cfg.LogsDir())
+		f.IO.Err = live
+		if !opts.Verbose && !logFormatGiven(f) {
+			f.quietInfo = true
+		}
+		live.start()
+		defer live.stop()
 	}
 	obs, err := f.observed()
 	if err != nil {
@@ -115,7 +133,11 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 	}
 	ran, failed := 0, 0
 	var last *local.Result
-	prog := newProgress(f.IO.Err, f.IO.ErrTTY, f.Logger())
+	prog := live
+	if prog == nil {
+		prog = newProgress(f.IO.Err, false, f.Logger())
+	}
+	prog.log = f.Logger()
 	a.OnEvent = prog.event
 	shadow := newShadowHook(f, cfg, a) // AQ_FLEET_SHADOW=1 (fleet.go); nil when off
 	for {
@@ -162,6 +184,17 @@ func runRun(ctx context.Context, f *Factory, opts *runOptions) error {
 			return exitFor(res, failed)
 		}
 	}
+}
+
+// logFormatGiven says whether the log format was chosen (--log-format,
+// AQ_LOG_FORMAT): then the log lines are what the person asked for.
+func logFormatGiven(f *Factory) bool {
+	if f.active != nil {
+		if fl := f.active.Flags().Lookup("log-format"); fl != nil && fl.Changed {
+			return true
+		}
+	}
+	return os.Getenv("AQ_LOG_FORMAT") != ""
 }
 
 // exitFor maps the run's results to the exit codes (README.md, "Exit codes").

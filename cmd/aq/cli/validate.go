@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
@@ -13,6 +14,7 @@ import (
 	"github.com/aqfleet/aq/agent/preflight"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -70,12 +72,33 @@ func warnHost(f *Factory, file string, j *job.Job, fleet bool) {
 		return
 	}
 	red := f.Redactor()
-	for _, w := range preflight.Check(j, preflight.Host{RepoBase: cfg.RepoBase, RepoURLs: cfg.RepoURLs, Engines: cfg.RunEngines(fleet)}) {
+	host := preflight.Host{RepoBase: cfg.RepoBase, RepoURLs: cfg.RepoURLs, Engines: cfg.RunEngines(fleet)}
+	host.Visible, host.Home = sandboxVisible(cfg)
+	for _, w := range preflight.Check(j, host) {
 		if fleet {
 			w += " — in fleet mode the coordinator may give it to a factory that has it"
 		}
 		fmt.Fprintln(f.IO.Err, red.String(file+": warning: "+w))
 	}
+}
+
+// sandboxVisible is what a job's sandbox on this host shows of a host path
+// (sandbox.Policy.Visible, for the paths every job has: the home, aq's
+// trees, the engine's PATH, AQ_SANDBOX_WRITABLE), and the home; nil with
+// AQ_SANDBOX=off.
+func sandboxVisible(cfg *config.Config) (func(string) (bool, string), string) {
+	home, _ := os.UserHomeDir()
+	if cfg.Sandbox == sandbox.ModeOff {
+		return nil, home
+	}
+	var hide []string
+	for _, h := range []string{cfg.Home, cfg.RepoBase, cfg.RepoMirror} {
+		if h != "" {
+			hide = append(hide, h)
+		}
+	}
+	p := sandbox.NewPolicy(sandbox.Paths{Home: home, Hide: hide, Env: os.Environ(), Shared: cfg.SandboxWritable})
+	return p.Visible, home
 }
 
 func runValidate(f *Factory, opts *validateOptions) error {

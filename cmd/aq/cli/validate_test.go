@@ -294,3 +294,40 @@ func TestValidateVerifyRounds(t *testing.T) {
 		t.Errorf("exit %d stdout %q stderr %q", code, out, errOut)
 	}
 }
+
+// TestValidateAndSubmitWarnHiddenPaths (#34): a script: file under /tmp and
+// a verify program in the home are there on the host but hidden from the
+// job by its sandbox: validate and submit say so, with the path, why and
+// the fix; in the repository, or with AQ_SANDBOX=off, nothing is said.
+func TestValidateAndSubmitWarnHiddenPaths(t *testing.T) {
+	home, jobs := manifestEnv(t)
+	base := filepath.Join(home, "..", "src")
+	testenv.NewRepo(t, base, "webapp", nil)
+	t.Setenv("AQ_REPO_BASE", base)
+	script := writeFile(t, filepath.Join(t.TempDir(), "fix.sh"), "#!/bin/sh\necho fixed > x.txt\n")
+	hidden := writeFile(t, filepath.Join(jobs, "hidden.md"), "---\nrepo: webapp\nengine: script\nscript: sh "+script+"\nverify: ~/bin/check ./...\n---\n# Fix it\n")
+	fine := writeFile(t, filepath.Join(jobs, "fine.md"), "---\nrepo: webapp\nengine: script\nscript: sh ./fix.sh\nverify: make check > /tmp/check.log\n---\n# Fix it\n")
+	fix := "(put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off)"
+	wants := []string{
+		hidden + ": warning: script: names " + script + ", which the job's sandbox hides: /tmp is the job's own inside the sandbox, so the job would fail as if it were missing " + fix + "\n",
+		hidden + ": warning: verify: names " + filepath.Join(os.Getenv("HOME"), "bin", "check") + ", which the job's sandbox hides: " + os.Getenv("HOME") + " (the home) is the job's own inside the sandbox",
+	}
+	for _, cmd := range []string{"validate", "submit"} {
+		_, errOut, code := runAQ(t, cmd, hidden)
+		if code != 0 {
+			t.Fatalf("aq %s: exit %d (warnings do not refuse); stderr %q", cmd, code, errOut)
+		}
+		for _, w := range wants {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("aq %s: stderr lacks\n%s\nit is:\n%s", cmd, w, errOut)
+			}
+		}
+		if _, errOut, code := runAQ(t, cmd, fine); code != 0 || errOut != "" {
+			t.Errorf("aq %s of paths in the repository: exit %d stderr %q", cmd, code, errOut)
+		}
+	}
+	t.Setenv("AQ_SANDBOX", "off")
+	if _, errOut, code := runAQ(t, "validate", hidden); code != 0 || errOut != "" {
+		t.Errorf("aq validate with AQ_SANDBOX=off: exit %d stderr %q", code, errOut)
+	}
+}

@@ -265,7 +265,7 @@ func runWatch(ctx context.Context, f *Factory, opts *statusOptions) error {
 	}
 	src := &boardSource{f: f, r: r}
 	if tty {
-		return boardui.Run(ctx, f.IO.In, f.IO.Out, boardui.Options{Source: src, Interval: opts.Interval})
+		return boardui.Run(ctx, f.IO.In, f.IO.Out, boardui.Options{Source: src, Interval: opts.Interval, Plain: f.Plain()})
 	}
 	for {
 		s := src.Snapshot(ctx)
