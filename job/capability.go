@@ -14,7 +14,16 @@ import (
 )
 
 // CapabilityKinds of capability token.
-var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox"}
+var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox", "manifest"}
+
+// ManifestFeatures are the values of a manifest: token: manifest keys a
+// factory understands that older factories refuse as invalid_manifest.
+// A manifest using one requires it, so a coordinator hands the job only to
+// a factory that understands it (docs/contract.md).
+var ManifestFeatures = []string{"may_change"}
+
+// MayChangeRequired is the capability a manifest's may_change: adds.
+const MayChangeRequired = "manifest:may_change"
 
 // SandboxLevels are the values of a sandbox: token, the levels of the
 // engine's sandbox (docs/sandbox.md): a host sandboxing fully offers both,
@@ -30,7 +39,7 @@ var numericKinds = map[string]bool{"node": true}
 
 // Requirement is one parsed capability a job needs.
 type Requirement struct {
-	Kind  string // os, arch, engine, node, has, repo, sandbox
+	Kind  string // os, arch, engine, node, has, repo, sandbox, manifest
 	Op    string // "" (equal) or one of >= > <= < =
 	Value string
 }

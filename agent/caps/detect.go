@@ -23,6 +23,7 @@ import (
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -142,6 +143,10 @@ type Host struct {
 	// Sandbox is how this host runs jobs' engines (nil: unknown, offered
 	// as none).
 	Sandbox *Sandbox
+	// Manifest are the manifest features this aq understands
+	// (job.ManifestFeatures), offered as manifest:<feature>: a job using
+	// one goes only to a factory that does.
+	Manifest []string
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
 	// Missing are engines AQ_ENGINES lists that this host does not have:
@@ -179,6 +184,7 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 		Arch:     runtime.GOARCH,
 		Tools:    map[string]string{},
 		RepoBase: opts.RepoBase,
+		Manifest: append([]string(nil), job.ManifestFeatures...),
 	}
 	seen := map[string]bool{}
 	for _, t := range tools {

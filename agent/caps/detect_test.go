@@ -162,7 +162,7 @@ func TestDetectEnginesToolsAndNode(t *testing.T) {
 	}
 	wantTokens := []string{
 		"arch:" + runtime.GOARCH, "engine:claude", "engine:codex", "engine:script",
-		"has:gh", "has:git", "has:node", "node:20", "os:" + runtime.GOOS,
+		"has:gh", "has:git", "has:node", "manifest:may_change", "node:20", "os:" + runtime.GOOS,
 	}
 	if got := h.Tokens(); !reflect.DeepEqual(got, wantTokens) {
 		t.Errorf("Tokens()\n got %q\nwant %q", got, wantTokens)
