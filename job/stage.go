@@ -263,6 +263,11 @@ type Insights struct {
 	// to its sandboxed engine, most refused first (docs/sandbox.md,
 	// "Network"): what an operator may want to allow in AQ_SANDBOX_NET.
 	EgressRefused []EgressRefusal `json:"egressRefused,omitempty"`
+	// ProtectedChanged are the protected paths (AQ_PROTECTED_PATHS) the
+	// change touches that the manifest's may_change allowed: with them,
+	// ship: merge opens the PR without enabling auto-merge
+	// (docs/sandbox.md, "What ships is checked").
+	ProtectedChanged []string `json:"protectedChanged,omitempty"`
 }
 
 // EgressRefusal is one destination a job's egress proxy refused: how many

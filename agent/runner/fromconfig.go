@@ -64,7 +64,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			Supervisor: cfg.Supervisor, CheckpointInterval: cfg.CheckpointInterval,
 			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
 			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds, SandboxWritable: cfg.SandboxWritable,
-			Engines: cfg.RunEngines(p.Fleet), EngineEnv: cfg.EngineEnv,
+			Engines: cfg.RunEngines(p.Fleet), EngineEnv: cfg.EngineEnv, ProtectedPaths: cfg.ProtectedPaths,
 		},
 		Sandbox:  OpenSandbox(cfg, p.Log),
 		Egress:   p.Egress,

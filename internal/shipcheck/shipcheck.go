@@ -25,7 +25,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -137,18 +136,28 @@ type entry struct {
 // origin already has: OriginHas, plus what the caller knows origin has)
 // — what pushing tip would add to origin.
 func Check(ctx context.Context, g Git, repoDir, tip string, have []string, p Policy) (*Result, error) {
-	commits, err := newCommits(ctx, g, repoDir, tip, have)
+	return CheckRange(ctx, g, repoDir, Range{Tip: tip, Have: have}, p)
+}
+
+// Range is what a push would add: the commits reachable from Tip and not
+// from Have, nor from Remote's remote-tracking branches when Remote is set
+// (what this repository last saw of origin: no network call).
+type Range struct {
+	Tip    string
+	Have   []string
+	Remote string
+}
+
+// CheckRange is Check over a Range.
+func CheckRange(ctx context.Context, g Git, repoDir string, r Range, p Policy) (*Result, error) {
+	commits, err := newCommits(ctx, g, repoDir, r)
 	if err != nil {
 		return nil, err
 	}
 	res := &Result{Commits: len(commits)}
-	var entries []entry
-	for _, c := range commits {
-		es, err := changes(ctx, g, repoDir, c)
-		if err != nil {
-			return nil, err
-		}
-		entries = append(entries, es...)
+	entries, err := changes(ctx, g, repoDir, commits)
+	if err != nil {
+		return nil, err
 	}
 	prot, allowed := map[string]bool{}, map[string]bool{}
 	for _, e := range entries {
@@ -249,16 +258,21 @@ type commit struct {
 
 // newCommits lists the commits reachable from tip and not from have,
 // oldest first, each with its parents.
-func newCommits(ctx context.Context, g Git, repoDir, tip string, have []string) ([]commit, error) {
+func newCommits(ctx context.Context, g Git, repoDir string, r Range) ([]commit, error) {
 	var in bytes.Buffer
-	in.WriteString(tip + "\n")
-	for _, h := range have {
+	in.WriteString(r.Tip + "\n")
+	for _, h := range r.Have {
 		if h != "" {
 			in.WriteString("^" + h + "\n")
 		}
 	}
+	args := []string{"rev-list", "--reverse", "--topo-order", "--parents", "--stdin"}
+	if r.Remote != "" {
+		// After --stdin, which git reads where it stands in argv.
+		args = append(args, "--not", "--remotes="+r.Remote)
+	}
 	var out bytes.Buffer
-	if err := g.Stream(ctx, repoDir, &in, &out, "rev-list", "--reverse", "--topo-order", "--parents", "--stdin"); err != nil {
+	if err := g.Stream(ctx, repoDir, &in, &out, args...); err != nil {
 		return nil, fmt.Errorf("cannot list the commits to push: %w", err)
 	}
 	var cs []commit
@@ -270,60 +284,94 @@ func newCommits(ctx context.Context, g Git, repoDir, tip string, have []string) 
 	return cs, nil
 }
 
-// changes are the paths c changes: against its parent, against nothing
-// for a root commit, and for a merge the paths that differ from every
-// parent (what the merge itself brings, not what a side already had).
-func changes(ctx context.Context, g Git, repoDir string, c commit) ([]entry, error) {
-	if len(c.parents) == 0 {
-		return diffTree(ctx, g, repoDir, c.sha, "--root", c.sha)
+// changes are the paths each commit changes: against its parent,
+// against nothing for a root commit, and for a merge the paths that differ
+// from every parent (what the merge itself brings, not what a side
+// already had). One `git diff-tree --stdin` for all of them.
+func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]entry, error) {
+	if len(commits) == 0 {
+		return nil, nil
 	}
-	var merged map[string]entry
-	for n, p := range c.parents {
-		es, err := diffTree(ctx, g, repoDir, c.sha, p, c.sha)
-		if err != nil {
-			return nil, err
+	// One input line per (commit, parent) pair, or the commit alone for a
+	// root; --always prints each line's header even when its diff is
+	// empty, so the output's headers follow the input's lines.
+	type pair struct{ c, n int } // commit index, parent index
+	var in bytes.Buffer
+	var pairs []pair
+	for i, c := range commits {
+		if len(c.parents) == 0 {
+			in.WriteString(c.sha + "\n")
+			pairs = append(pairs, pair{i, 0})
 		}
-		next := map[string]entry{}
-		for _, e := range es {
-			if n == 0 {
-				next[e.path] = e
-			} else if m, ok := merged[e.path]; ok {
-				m.oldSHA = append(m.oldSHA, e.oldSHA...)
-				next[e.path] = m
-			}
+		for n, p := range c.parents {
+			in.WriteString(c.sha + " " + p + "\n")
+			pairs = append(pairs, pair{i, n})
 		}
-		merged = next
 	}
-	out := make([]entry, 0, len(merged))
-	for _, e := range merged {
-		out = append(out, e)
-	}
-	slices.SortFunc(out, func(a, b entry) int { return strings.Compare(a.path, b.path) })
-	return out, nil
-}
-
-// diffTree parses `git diff-tree -r -z --no-renames` (raw format).
-func diffTree(ctx context.Context, g Git, repoDir, sha string, args ...string) ([]entry, error) {
 	var out bytes.Buffer
-	full := append([]string{"diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", "--no-ext-diff", "--no-textconv"}, args...)
-	if err := g.Stream(ctx, repoDir, nil, &out, full...); err != nil {
-		return nil, fmt.Errorf("cannot list what commit %.10s changes: %w", sha, err)
+	if err := g.Stream(ctx, repoDir, &in, &out, "diff-tree", "--stdin", "--always", "--root", "-r", "-z", "--no-renames", "--no-ext-diff", "--no-textconv"); err != nil {
+		return nil, fmt.Errorf("cannot list what the commits to push change: %w", err)
+	}
+	perParent := make([][]map[string]entry, len(commits))
+	for i, c := range commits {
+		perParent[i] = make([]map[string]entry, max(len(c.parents), 1))
 	}
 	f := strings.Split(out.String(), "\x00")
-	var es []entry
-	for i := 0; i+1 < len(f); i += 2 {
-		meta := strings.Fields(strings.TrimPrefix(f[i], ":"))
-		if len(meta) < 5 {
+	k := -1
+	for i := 0; i < len(f); i++ {
+		if f[i] == "" {
+			continue
+		}
+		if !strings.HasPrefix(f[i], ":") { // a header: the next input line's
+			k++
+			if k >= len(pairs) {
+				return nil, fmt.Errorf("git diff-tree printed more than it was asked")
+			}
+			pp := pairs[k]
+			perParent[pp.c][pp.n] = map[string]entry{}
+			continue
+		}
+		meta := strings.Fields(f[i][1:])
+		if len(meta) < 5 || i+1 >= len(f) || k < 0 {
 			return nil, fmt.Errorf("cannot read git diff-tree's line %q", f[i])
 		}
-		e := entry{commit: sha, path: f[i+1]}
+		i++
+		pp := pairs[k]
+		e := entry{commit: commits[pp.c].sha, path: f[i]}
 		if meta[1] != "160000" && meta[3] != zeroSHA {
 			e.newSHA = meta[3]
 		}
 		if meta[0] != "160000" && meta[2] != zeroSHA {
 			e.oldSHA = []string{meta[2]}
 		}
-		es = append(es, e)
+		perParent[pp.c][pp.n][e.path] = e
+	}
+	if k != len(pairs)-1 {
+		return nil, fmt.Errorf("git diff-tree printed %d of %d diffs", k+1, len(pairs))
+	}
+	var es []entry
+	for i := range commits {
+		first := perParent[i][0]
+		var paths []string
+		for p := range first {
+			paths = append(paths, p)
+		}
+		sort.Strings(paths)
+		for _, p := range paths {
+			e := first[p]
+			inAll := true
+			for _, other := range perParent[i][1:] {
+				o, ok := other[p]
+				if !ok {
+					inAll = false
+					break
+				}
+				e.oldSHA = append(e.oldSHA, o.oldSHA...)
+			}
+			if inAll {
+				es = append(es, e)
+			}
+		}
 	}
 	return es, nil
 }

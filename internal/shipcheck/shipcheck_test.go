@@ -194,6 +194,17 @@ func TestCheckProtectedPaths(t *testing.T) {
 	}
 }
 
+// TestCheckRangeRemoteTracking: origin's remote-tracking branches count as
+// had without asking origin.
+func TestCheckRangeRemoteTracking(t *testing.T) {
+	repo, _ := setup(t)
+	tip := commitAll(t, repo, map[string]string{".github/workflows/ci.yml": "changed\n", "x.txt": key + "\n"})
+	res, err := shipcheck.CheckRange(context.Background(), worktree.Git{}, repo, shipcheck.Range{Tip: tip, Remote: "origin"}, policy)
+	if err != nil || res.Commits != 1 || len(res.Secrets) != 1 || len(res.Protected) != 1 {
+		t.Fatalf("CheckRange = %+v, %v; want the one new commit's secret and workflow", res, err)
+	}
+}
+
 // TestCheckMergeBringsOnlyItsOwn: merging origin's newer main (which
 // changed a workflow) into the job's work is not the job's change.
 func TestCheckMergeBringsOnlyItsOwn(t *testing.T) {
