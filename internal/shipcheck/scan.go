@@ -2,6 +2,7 @@ package shipcheck
 
 import (
 	"bytes"
+	"encoding/binary"
 	"io"
 	"net/url"
 	"strings"
@@ -28,12 +29,22 @@ type form struct {
 	how    string // plain, base64, URL-encoded
 }
 
-// scanner finds every form of a set of secrets in a stream.
+// scanner finds every form of a set of secrets in a stream. Every form is
+// at least prefixLen long: a position is looked at only when its first two
+// bytes begin some form (a table lookup), and then its first prefixLen
+// bytes pick the forms to compare — one pass over the stream, whatever
+// the number of secrets.
 type scanner struct {
-	secrets []Secret
-	forms   []form
-	maxLen  int
+	secrets  []Secret
+	forms    []form
+	maxLen   int
+	first    [1 << 16]bool
+	byPrefix map[uint64][]int
 }
+
+// prefixLen is how many bytes of a form index it; shorter forms are never
+// made (secrets.Encodings' shortest is 8, a plain secret MinSecretLen).
+const prefixLen = 8
 
 func newScanner(list []Secret) *scanner {
 	s := &scanner{}
@@ -59,12 +70,22 @@ func newScanner(list []Secret) *scanner {
 }
 
 func (s *scanner) add(v string, secret int, how string) {
+	if len(v) < prefixLen {
+		return
+	}
 	for _, f := range s.forms {
 		if string(f.b) == v {
 			return
 		}
 	}
-	s.forms = append(s.forms, form{b: []byte(v), secret: secret, how: how})
+	if s.byPrefix == nil {
+		s.byPrefix = map[uint64][]int{}
+	}
+	b := []byte(v)
+	s.first[uint16(b[0])|uint16(b[1])<<8] = true
+	k := binary.LittleEndian.Uint64(b)
+	s.byPrefix[k] = append(s.byPrefix[k], len(s.forms))
+	s.forms = append(s.forms, form{b: b, secret: secret, how: how})
 	s.maxLen = max(s.maxLen, len(v))
 }
 
@@ -116,20 +137,21 @@ func (s *scanner) scan(r io.Reader) (*found, error) {
 			first = false
 			f.binary = bytes.IndexByte(buf[:min(len(buf), 8000)], 0) >= 0 // git's own test
 		}
-		for i, fm := range s.forms {
-			for from := 0; ; {
-				k := bytes.Index(buf[from:], fm.b)
-				if k < 0 {
-					break
-				}
-				at := from + k
-				from = at + 1
-				if at+len(fm.b) <= carry {
-					continue // wholly in the part searched last time
+		counted, nl := 0, lines // newlines in buf[:counted], plus lines
+		for at := 0; at+prefixLen <= len(buf); at++ {
+			if !s.first[uint16(buf[at])|uint16(buf[at+1])<<8] {
+				continue
+			}
+			for _, i := range s.byPrefix[binary.LittleEndian.Uint64(buf[at:])] {
+				fm := s.forms[i].b
+				if at+len(fm) <= carry || !bytes.HasPrefix(buf[at:], fm) {
+					continue // wholly in the part searched last time, or not it
 				}
 				f.count[i]++
 				if len(f.at[i]) < keepHits {
-					f.at[i] = append(f.at[i], position{offset: base + int64(at), line: lines + bytes.Count(buf[:at], []byte{'\n'}) + 1})
+					nl += bytes.Count(buf[counted:at], []byte{'\n'})
+					counted = at
+					f.at[i] = append(f.at[i], position{offset: base + int64(at), line: nl + 1})
 				}
 			}
 		}
