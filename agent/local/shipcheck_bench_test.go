@@ -21,13 +21,16 @@ import (
 // its own benchmark.
 //
 //	git archive <main> | tar -x -C /tmp/aqmain && (cd /tmp/aqmain && go build -o /tmp/aq-main ./cmd/aq)
-//	AQBENCH_MAIN=/tmp/aq-main go test -run '^$' -bench ShipCheckJob -benchtime 20x ./agent/local/
+//	AQBENCH_MAIN=/tmp/aq-main [AQBENCH_BIN=/tmp/aq-this] go test -run '^$' -bench ShipCheckJob -benchtime 20x ./agent/local/
 func BenchmarkShipCheckJob(b *testing.B) {
 	mainBin := os.Getenv("AQBENCH_MAIN")
 	if mainBin == "" {
 		b.Skip("set AQBENCH_MAIN to an aq binary built from main (see the comment)")
 	}
-	checked := testenv.BuildAQ(b)
+	checked := os.Getenv("AQBENCH_BIN") // this tree's aq, built already
+	if checked == "" {
+		checked = testenv.BuildAQ(b)
+	}
 	n := benchFiles()
 	files := make(map[string]string, n)
 	for i := range n {
