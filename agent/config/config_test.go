@@ -454,3 +454,20 @@ func TestRunEngines(t *testing.T) {
 		}
 	}
 }
+
+// TestProtectedPathsDefault: unset, AQ_PROTECTED_PATHS leaves the default
+// list (nil: shipcheck.DefaultProtected) — an empty list would protect
+// nothing, which the hostile suite's workflow case caught; "," protects
+// nothing on purpose.
+func TestProtectedPathsDefault(t *testing.T) {
+	isolate(t)
+	c, err := Load(nil)
+	if err != nil || c.ProtectedPaths != nil {
+		t.Fatalf("unset: %q, %v; want nil (the default list)", c.ProtectedPaths, err)
+	}
+	t.Setenv("AQ_PROTECTED_PATHS", ",")
+	c, err = Load(nil)
+	if err != nil || c.ProtectedPaths == nil || len(c.ProtectedPaths) != 0 {
+		t.Fatalf(`",": %q, %v; want an empty list`, c.ProtectedPaths, err)
+	}
+}

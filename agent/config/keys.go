@@ -360,9 +360,14 @@ func setSandboxMemory(c *Config, raw string) error {
 }
 
 // setProtectedPaths reads AQ_PROTECTED_PATHS: globs relative to the
-// repository's root (shipcheck.CheckGlob). Set, it replaces the default
-// list; set to nothing but commas and spaces, it protects nothing.
+// repository's root (shipcheck.CheckGlob). Unset or empty, the default
+// list (nil); set, it replaces it; set to commas alone (","), it protects
+// nothing.
 func setProtectedPaths(c *Config, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		c.ProtectedPaths = nil // unset: the default list
+		return nil
+	}
 	globs, err := shipcheck.ParseGlobs(raw)
 	if err != nil {
 		return fmt.Errorf("entry %w", err)
