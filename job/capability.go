@@ -14,7 +14,16 @@ import (
 )
 
 // CapabilityKinds of capability token.
-var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox", "aq"}
+var CapabilityKinds = []string{"os", "arch", "engine", "node", "has", "repo", "sandbox", "manifest"}
+
+// ManifestFeatures are the values of a manifest: token: manifest keys a
+// factory understands that older factories refuse as invalid_manifest.
+// A manifest using one requires it, so a coordinator hands the job only to
+// a factory that understands it (docs/contract.md).
+var ManifestFeatures = []string{"may_change", "budget.disk"}
+
+// MayChangeRequired is the capability a manifest's may_change: adds.
+const MayChangeRequired = "manifest:may_change"
 
 // SandboxLevels are the values of a sandbox: token, the levels of the
 // engine's sandbox (docs/sandbox.md): a host sandboxing fully offers both,
@@ -25,21 +34,17 @@ var SandboxLevels = []string{"full", "partial"}
 // adds: only factories whose engines run in a full sandbox take the job.
 const SandboxRequired = "sandbox:full"
 
-// DiskBudget is the capability a manifest's budget.disk adds (aq:disk-budget):
-// only factories that hold a job to a disk budget take it — an older one,
-// which would refuse the manifest as invalid_manifest, does not offer it.
-const DiskBudget = "aq:disk-budget"
-
-// Features are the values of the aq: token: what this aq understands in a
-// manifest beyond what every factory does (docs/contract.md).
-var Features = []string{"disk-budget"}
+// DiskBudget is the capability a manifest's budget.disk adds: only
+// factories that hold a job to a disk budget take it — an older one, which
+// would refuse the manifest as invalid_manifest, does not offer it.
+const DiskBudget = "manifest:budget.disk"
 
 // numericKinds accept comparisons (node:>=20).
 var numericKinds = map[string]bool{"node": true}
 
 // Requirement is one parsed capability a job needs.
 type Requirement struct {
-	Kind  string // os, arch, engine, node, has, repo, sandbox
+	Kind  string // os, arch, engine, node, has, repo, sandbox, manifest
 	Op    string // "" (equal) or one of >= > <= < =
 	Value string
 }

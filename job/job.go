@@ -36,6 +36,11 @@ type Job struct {
 	Verify         string   `json:"verify,omitempty"`
 	Script         string   `json:"script,omitempty"`
 	Ship           string   `json:"ship"` // none|branch|pr|merge
+	// MayChange are the protected paths (globs) the change may touch
+	// (the manifest's may_change:); every other protected path refuses
+	// the change (protected_change), and with one of these ship: merge
+	// opens the PR without enabling auto-merge.
+	MayChange []string `json:"mayChange,omitempty"`
 
 	// VerifyRounds is how many repair rounds the job gets after a failed
 	// verify (the manifest's verify_rounds:, else its profile's); nil: the

@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,20 @@ func TestParkUntil(t *testing.T) {
 	}
 	if !Retryable(ReasonRateLimited, 1000, Retry{Max: 0}) {
 		t.Error("a parked job's retries are never spent")
+	}
+}
+
+// TestWhatShipsReasonsAreNotRetried: a secret or a protected path in the
+// change needs a person — a retry would resume from the same checkpoint
+// and be refused again (#32).
+func TestWhatShipsReasonsAreNotRetried(t *testing.T) {
+	for _, r := range []Reason{ReasonSecretInChange, ReasonProtectedChange} {
+		if !slices.Contains(Reasons, r) {
+			t.Errorf("%s is not in Reasons", r)
+		}
+		if !r.Permanent() || r.Infrastructure() || r.Parks() || Retryable(r, 1, Retry{Max: 5}) {
+			t.Errorf("%s: permanent %v, infrastructure %v, parks %v, retryable %v; want only permanent",
+				r, r.Permanent(), r.Infrastructure(), r.Parks(), Retryable(r, 1, Retry{Max: 5}))
+		}
 	}
 }

@@ -105,6 +105,20 @@ const (
 	// checkpoint taken of the oversized tree. Counted against the job's
 	// retries, like out_of_memory.
 	ReasonDiskExceeded Reason = "disk_exceeded"
+	// ReasonSecretInChange: the change held a secret this factory holds
+	// (the engine's login or API key, the factory token, a GH token, a
+	// value the redactor masks) — in plain, base64 or URL-encoded form.
+	// Nothing of it was pushed; the worktree and the WIP checkpoint stay on
+	// the host for an operator. Permanent: a retry resumes from the same
+	// checkpoint; `aq job requeue` after a person has looked
+	// (docs/sandbox.md, "What ships is checked").
+	ReasonSecretInChange Reason = "secret_in_change"
+	// ReasonProtectedChange: the change touched a protected path (CI or
+	// ownership configuration: AQ_PROTECTED_PATHS) its manifest's
+	// may_change does not name. Nothing of it was pushed: pushing the
+	// branch alone runs a repository's `on: push` workflows. Permanent,
+	// like secret_in_change.
+	ReasonProtectedChange Reason = "protected_change"
 )
 
 // Reasons is every failure reason.
@@ -112,7 +126,7 @@ var Reasons = []Reason{ReasonTimeout, ReasonBudgetExceeded, ReasonCrash, ReasonV
 	ReasonNoEngine, ReasonEngineFailed, ReasonEngineUnavailable, ReasonRepoUnavailable, ReasonFenced, ReasonLeaseLost,
 	ReasonInvalidManifest, ReasonInterrupted, ReasonShipFailed, ReasonRejected, ReasonRateLimited,
 	ReasonInvalidJob, ReasonHostUnavailable, ReasonReportRefused, ReasonSandboxUnavailable, ReasonOutOfMemory,
-	ReasonDiskExceeded}
+	ReasonDiskExceeded, ReasonSecretInChange, ReasonProtectedChange}
 
 // Infrastructure reports whether r is not the task's fault (auth expired,
 // usage limit, aq stopped, lease lost, aq crashed): such failures are retried
@@ -126,11 +140,13 @@ func (r Reason) Infrastructure() bool {
 	return false
 }
 
-// Permanent reports whether retrying cannot help: the manifest is bad, or
-// another factory owns the job.
+// Permanent reports whether retrying cannot help: the manifest is bad,
+// another factory owns the job, or what the change holds needs a person
+// (a secret, a protected path: a retry would resume from the same
+// checkpoint and be refused again).
 func (r Reason) Permanent() bool {
 	switch r {
-	case ReasonInvalidManifest, ReasonInvalidJob, ReasonFenced, ReasonRejected:
+	case ReasonInvalidManifest, ReasonInvalidJob, ReasonFenced, ReasonRejected, ReasonSecretInChange, ReasonProtectedChange:
 		return true
 	}
 	return false
@@ -260,6 +276,11 @@ type Insights struct {
 	// oversized file where aq expected a regular file. At most
 	// MaxUntrustedFiles, the first refused first.
 	UntrustedFiles []UntrustedFile `json:"untrustedFiles,omitempty"`
+	// ProtectedChanged are the protected paths (AQ_PROTECTED_PATHS) the
+	// change touches that the manifest's may_change allowed: with them,
+	// ship: merge opens the PR without enabling auto-merge
+	// (docs/sandbox.md, "What ships is checked").
+	ProtectedChanged []string `json:"protectedChanged,omitempty"`
 }
 
 // UntrustedFile is one file aq refused in an engine's tree: the tree

@@ -143,9 +143,10 @@ type Host struct {
 	// Sandbox is how this host runs jobs' engines (nil: unknown, offered
 	// as none).
 	Sandbox *Sandbox
-	// Features are what this aq understands in a manifest beyond what
-	// every factory does (job.Features), offered as aq:<feature>.
-	Features []string
+	// Manifest are the manifest features this aq understands
+	// (job.ManifestFeatures), offered as manifest:<feature>: a job using
+	// one goes only to a factory that does.
+	Manifest []string
 	// Notes explain what was skipped or could not be probed, one line each.
 	Notes []string
 	// Missing are engines AQ_ENGINES lists that this host does not have:
@@ -179,11 +180,11 @@ func Detect(ctx context.Context, opts DetectOptions) (*Host, error) {
 	env := probeEnv(opts.Env, opts.Path)
 
 	h := &Host{
-		Features: append([]string(nil), job.Features...),
 		OS:       runtime.GOOS,
 		Arch:     runtime.GOARCH,
 		Tools:    map[string]string{},
 		RepoBase: opts.RepoBase,
+		Manifest: append([]string(nil), job.ManifestFeatures...),
 	}
 	seen := map[string]bool{}
 	for _, t := range tools {

@@ -161,8 +161,8 @@ func TestDetectEnginesToolsAndNode(t *testing.T) {
 		t.Errorf("gh was executed: tools are detected by presence only")
 	}
 	wantTokens := []string{
-		"aq:disk-budget", "arch:" + runtime.GOARCH, "engine:claude", "engine:codex", "engine:script",
-		"has:gh", "has:git", "has:node", "node:20", "os:" + runtime.GOOS,
+		"arch:" + runtime.GOARCH, "engine:claude", "engine:codex", "engine:script",
+		"has:gh", "has:git", "has:node", "manifest:budget.disk", "manifest:may_change", "node:20", "os:" + runtime.GOOS,
 	}
 	if got := h.Tokens(); !reflect.DeepEqual(got, wantTokens) {
 		t.Errorf("Tokens()\n got %q\nwant %q", got, wantTokens)

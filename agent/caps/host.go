@@ -2,6 +2,7 @@ package caps
 
 import (
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -65,8 +66,8 @@ func (h *Host) offered(kind string) []string {
 		return h.Repos
 	case "sandbox":
 		return h.Sandbox.offeredLevels()
-	case "aq":
-		return h.Features
+	case "manifest":
+		return h.Manifest
 	}
 	return nil
 }
@@ -107,11 +108,13 @@ func FromTokens(tokens []string) *Host {
 				seenRepo[r.Value] = true
 				h.Repos = append(h.Repos, r.Value)
 			}
-		case "aq":
-			h.Features = append(h.Features, r.Value)
 		case "sandbox":
 			if h.Sandbox == nil || r.Value == string(sandbox.LevelFull) {
 				h.Sandbox = &Sandbox{Mode: sandbox.ModeAuto, Report: sandbox.Report{Level: sandbox.Level(r.Value)}}
+			}
+		case "manifest":
+			if !slices.Contains(h.Manifest, r.Value) {
+				h.Manifest = append(h.Manifest, r.Value)
 			}
 		}
 	}

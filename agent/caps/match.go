@@ -104,8 +104,8 @@ func missingReason(r job.Requirement, h *Host) string {
 		return "no git repository named " + r.Value + " under " + h.RepoBase
 	case "sandbox":
 		return sandboxReason(r.Value, h)
-	case "aq":
-		return "this factory's aq predates " + r.Value + " (upgrade it)"
+	case "manifest":
+		return "this aq does not understand the manifest key " + r.Value + " (an older version: upgrade it)"
 	}
 	return "not offered"
 }

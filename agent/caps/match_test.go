@@ -156,12 +156,12 @@ func TestFromTokensRoundTrip(t *testing.T) {
 }
 
 // TestDiskBudgetCapability (#32): a job with budget.disk requires
-// aq:disk-budget; this aq offers it, an older factory (whose heartbeat lacks
+// manifest:budget.disk; this aq offers it, an older factory (whose heartbeat lacks
 // it) is not matched and is told why — it would refuse the manifest.
 func TestDiskBudgetCapability(t *testing.T) {
 	t.Parallel()
 	older := FromTokens([]string{"os:linux", "engine:script"})
-	if m := Match([]string{job.DiskBudget}, older); len(m) != 1 || !strings.Contains(m[0].String(), "predates disk-budget") {
+	if m := Match([]string{job.DiskBudget}, older); len(m) != 1 || !strings.Contains(m[0].String(), "does not understand the manifest key budget.disk") {
 		t.Errorf("an older factory: %v", m)
 	}
 	newer := FromTokens([]string{"os:linux", "engine:script", job.DiskBudget})

@@ -107,6 +107,11 @@ type Config struct {
 	// SandboxWritable (AQ_SANDBOX_WRITABLE) are host directories every
 	// job's engine may also write (docs/sandbox.md).
 	SandboxWritable []string
+	// ProtectedPaths (AQ_PROTECTED_PATHS) are the globs of the paths a
+	// change may not touch unless its manifest's may_change names them;
+	// nil: shipcheck.DefaultProtected (docs/sandbox.md, "What ships is
+	// checked").
+	ProtectedPaths []string
 
 	// ClaudePermissionMode and CodexSandbox are the engines' own autonomy
 	// settings; "" lets the runner choose by the sandbox (docs/sandbox.md).

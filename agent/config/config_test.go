@@ -60,6 +60,7 @@ var sample = map[string]string{
 	"job_disk_max":           "10GiB",
 	"disk_reserve":           "4GiB",
 	"sandbox_writable":       "/var/cache/ccache",
+	"protected_paths":        ".github/**,Makefile",
 	"sandbox_net":            "@registries,*.corp.example.com,10.20.0.0/16:443",
 	"sandbox_engine_hosts":   "claude=llm-gateway.example.com:443",
 	"price_table":            "/tmp/prices.json",
@@ -292,6 +293,8 @@ func TestInvalidValuesAreUsageErrors(t *testing.T) {
 		{name: "codex sandbox", env: map[string]string{"AQ_CODEX_SANDBOX": "yolo"}, want: []string{"AQ_CODEX_SANDBOX", "danger-full-access"}},
 		{name: "permission mode", env: map[string]string{"AQ_CLAUDE_PERMISSION_MODE": "yolo"}, want: []string{"AQ_CLAUDE_PERMISSION_MODE", "bypassPermissions"}},
 		{name: "depth interval not a duration", env: map[string]string{"AQ_BROKER_DEPTH_INTERVAL": "often"}, want: []string{"AQ_BROKER_DEPTH_INTERVAL", "duration"}},
+		{name: "protected paths bad glob", env: map[string]string{"AQ_PROTECTED_PATHS": ".github/**, ci/[x"}, want: []string{`AQ_PROTECTED_PATHS=".github/**, ci/[x"`, `entry "ci/[x" is not a valid glob`, "e.g. .github/workflows/**"}},
+		{name: "protected paths outside", args: []string{"--protected-paths=../x"}, want: []string{"--protected-paths", `entry "../x" is outside the repository`}},
 		{name: "sandbox net bad host", env: map[string]string{"AQ_SANDBOX_NET": "github.com, exa mple.com"}, want: []string{`AQ_SANDBOX_NET="github.com, exa mple.com"`, `entry "exa mple.com" is not a host name`, "(use host, *.domain, host:port"}},
 		{name: "sandbox net bad port", args: []string{"--sandbox-net=github.com:https"}, want: []string{"--sandbox-net", `entry "github.com:https" has port "https"`, "1 to 65535"}},
 		{name: "sandbox net unknown set", file: "sandbox_net: \"@pip\"\n", want: []string{"sandbox_net in", `entry "@pip" is not a known set`, "@pypi"}},
@@ -489,5 +492,22 @@ func TestSandboxLimitDefaults(t *testing.T) {
 	t.Setenv("AQ_SANDBOX_MEMORY", "2GiB")
 	if c, err := Load(flags(t)); err != nil || c.SandboxMemory != 2<<30 {
 		t.Fatalf("AQ_SANDBOX_MEMORY=2GiB: %d (%v)", c.SandboxMemory, err)
+	}
+}
+
+// TestProtectedPathsDefault: unset, AQ_PROTECTED_PATHS leaves the default
+// list (nil: shipcheck.DefaultProtected) — an empty list would protect
+// nothing, which the hostile suite's workflow case caught; "," protects
+// nothing on purpose.
+func TestProtectedPathsDefault(t *testing.T) {
+	isolate(t)
+	c, err := Load(nil)
+	if err != nil || c.ProtectedPaths != nil {
+		t.Fatalf("unset: %q, %v; want nil (the default list)", c.ProtectedPaths, err)
+	}
+	t.Setenv("AQ_PROTECTED_PATHS", ",")
+	c, err = Load(nil)
+	if err != nil || c.ProtectedPaths == nil || len(c.ProtectedPaths) != 0 {
+		t.Fatalf(`",": %q, %v; want an empty list`, c.ProtectedPaths, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/shipcheck"
 )
 
 // Key is one configuration setting: its file key, its environment names (the
@@ -136,6 +137,8 @@ var Keys = []Key{
 		set: setDiskSize(func(c *Config) *int64 { return &c.DiskReserve }, "2GiB")},
 	{Name: "sandbox_writable", Group: GroupEngine, Env: []string{"AQ_SANDBOX_WRITABLE"}, Flag: "sandbox-writable", Usage: "host directories every job's engine may also write, comma-separated absolute paths (a shared build cache such as ~/.ccache; shared by every job: docs/sandbox.md); never $AQ_HOME, the repo base or the home, nor in or above them",
 		set: setSandboxWritable},
+	{Name: "protected_paths", Group: GroupEngine, Env: []string{"AQ_PROTECTED_PATHS"}, Flag: "protected-paths", Usage: "paths a job's change may not touch unless its manifest's may_change names them, comma-separated doublestar globs relative to the repository's root; replaces the default (.github/workflows/**, .github/actions/**, .gitlab-ci.yml, .circleci/**, .buildkite/**, CODEOWNERS at the root, .github/ and docs/, .aq/**: docs/sandbox.md)",
+		set: setProtectedPaths},
 	{Name: "verify_rounds", Group: GroupEngine, Type: "int", Env: []string{"AQ_VERIFY_ROUNDS"}, Flag: "verify-rounds", Default: "2", Usage: "repair rounds after a failed verify: the engine runs again in the same worktree with the failure in hand, for jobs whose manifest and profile set no verify_rounds (0: off; docs/manifest.md)",
 		set: setInt(func(c *Config) *int { return &c.VerifyRounds }, 0, 10)},
 	{Name: "claude_permission_mode", Group: GroupEngine, Env: []string{"AQ_CLAUDE_PERMISSION_MODE"}, Flag: "claude-permission-mode", Usage: "claude --permission-mode: default|acceptEdits|plan|bypassPermissions|dontAsk (unset: bypassPermissions inside aq's sandbox, acceptEdits outside it); devin follows it (bypass or normal)",
@@ -389,6 +392,26 @@ func setLogMax(c *Config, raw string) error {
 	if c.LogMax < minLogMax {
 		return fmt.Errorf("is too small to keep a log's head and tail (use at least 1MiB, e.g. 32MiB)")
 	}
+	return nil
+}
+
+// setProtectedPaths reads AQ_PROTECTED_PATHS: globs relative to the
+// repository's root (shipcheck.CheckGlob). Unset or empty, the default
+// list (nil); set, it replaces it; set to commas alone (","), it protects
+// nothing.
+func setProtectedPaths(c *Config, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		c.ProtectedPaths = nil // unset: the default list
+		return nil
+	}
+	globs, err := shipcheck.ParseGlobs(raw)
+	if err != nil {
+		return fmt.Errorf("entry %w", err)
+	}
+	if globs == nil {
+		globs = []string{}
+	}
+	c.ProtectedPaths = globs
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/shipcheck"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/worktree"
 )
@@ -127,14 +128,36 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 
 	// 4. Push the WIP ref: a compare-and-swap against what origin has now.
 	pushed := false
+	refused := ""
 	if held && sha != "" && worktree.HasRemote(ctx, git, repoDir, "origin") {
 		cur, _, err := worktree.RemoteRef(ctx, git, repoDir, "origin", wipRef)
 		if err == nil {
+			// Checked like every push (docs/sandbox.md, "What ships is
+			// checked"). The job's may_change is not known here: a
+			// protected path keeps the checkpoint local too, and the next
+			// attempt's run checks it with its manifest.
+			var res *shipcheck.Result
+			res, err = runner.PushCheck{Git: git, Redactor: d.o.Redactor, Shipper: d.o.Parts.Shipper, Protected: cfg.ProtectedPaths}.
+				Check(ctx, repoDir, r.Engine, nil, sha, cur)
+			switch {
+			case err != nil:
+				err = fmt.Errorf("cannot check what it adds to origin: %w", err)
+			case len(res.Secrets) > 0:
+				refused = "it holds a secret this factory holds: " + res.SecretLine()
+			case len(res.Protected) > 0:
+				refused = "it touches protected paths: " + res.ProtectedLine()
+			}
+		}
+		if err == nil && refused != "" {
+			log.Error("not pushing the orphan's WIP checkpoint: "+refused+"; it is kept on this host", "checkpoint", sha)
+		} else if err == nil {
 			err = worktree.PushWithLease(ctx, git, repoDir, "origin", wipRef, wipRef, cur)
 		}
-		if err != nil {
+		switch {
+		case refused != "":
+		case err != nil:
 			log.Warn("cannot push the orphan's WIP checkpoint; it is kept locally", "err", err)
-		} else {
+		default:
 			pushed = true
 			log.Info("pushed the orphan's WIP checkpoint", "ref", job.WIPBranch(r.ID), "checkpoint", sha)
 		}
@@ -149,6 +172,9 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 			cp = sha
 		}
 		detail := fmt.Sprintf("the aq process that ran the job (pid %d) died; recovered at the next start", r.PID)
+		if refused != "" {
+			detail += "; its checkpoint was not pushed (" + refused + ")"
+		}
 		if r.Delivered != "" {
 			// The next attempt finds the result on origin and reports it
 			// without running the engine (runner: deliveredOnOrigin).

@@ -191,3 +191,44 @@ func TestRecoverHoldsTheLeaseWhileTheFailIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An orphan whose worktree changed a CI workflow (docs/sandbox.md, "What
+// ships is checked"): recovery checkpoints it but does not push it — the
+// job's may_change is not known there — and says so in the crash's
+// detail; the next run, which resumes from that local checkpoint, refuses
+// it too: the job fails protected_change (not retried) and nothing of it
+// reaches origin. Without the check, recovery pushed it to aq/wip/<id>
+// (a push that runs the repository's on: push workflows).
+func TestRecoverOrphanKeepsARefusedCheckpointLocal(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	id := testenv.ID("orphan-ci")
+	r.submit(id, "app", r.quick(id))
+	gone := r.orphan(id)
+	testenv.WriteFile(t, filepath.Join(r.home, "worktrees", "app", id, ".github", "workflows", "ci.yml"), "on: push\njobs: {}\n")
+	r.start()
+	select {
+	case <-gone:
+	case <-time.After(guard):
+		t.Fatal("the orphan's engine was not stopped")
+	}
+	r.waitStage(id, coord.StageFailed, coord.StageDeadLetter)
+	var reasons []string
+	for _, e := range r.stub.Events(id) {
+		if e.Kind == "fail" {
+			reasons = append(reasons, e.Detail)
+		}
+	}
+	if !slices.Equal(reasons, []string{string(job.ReasonCrash), string(job.ReasonProtectedChange)}) {
+		t.Fatalf("fail reasons %q, want crash (the recovery) then protected_change (the next run)", reasons)
+	}
+	if refs := testenv.RemoteRefs(t, r.origins["app"], "refs/heads/aq/"); len(refs) != 0 {
+		t.Fatalf("origin has %v; want nothing of the job", refs)
+	}
+	if _, err := testenv.GitErr(filepath.Join(r.base, "app"), "rev-parse", "--verify", "refs/heads/"+job.WIPBranch(id)); err != nil {
+		t.Fatalf("the checkpoint is not kept on this host: %v", err)
+	}
+	if st := r.stage(id); st != coord.StageFailed {
+		t.Fatalf("stage %s, want failed (not retried)", st)
+	}
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
+	"github.com/aqfleet/aq/internal/shipcheck"
 	"github.com/aqfleet/aq/job"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -41,7 +42,8 @@ const MaxSize = mdmeta.MaxSize
 // Keys are the front matter keys a manifest may use (docs/manifest.md, "Keys");
 // any other key is an error.
 var Keys = []string{"id", "title", "repo", "base", "product", "profile", "engine", "model", "capabilities",
-	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship", "sandbox"}
+	"priority", "budget", "deps", "depsMode", "idempotencyKey", "retry", "verify", "verify_rounds", "script", "ship", "sandbox",
+	"may_change"}
 
 // RetryKeys are the keys of retry:.
 var RetryKeys = []string{"max", "backoff"}
@@ -343,6 +345,25 @@ func (p *parser) decode() {
 					continue
 				}
 				r, _ := job.ParseRequirement(job.SandboxRequired)
+				p.caps = append(p.caps, capEntry{req: r, line: f.Line})
+			}
+		case "may_change":
+			// Protected paths (CI, ownership: AQ_PROTECTED_PATHS) the
+			// change may touch; globs relative to the repository's root.
+			// Only factories that understand the key take the job: older
+			// ones refuse it as invalid_manifest (docs/contract.md).
+			items, _ := d.List(f, "[.github/workflows/ci.yml]")
+			for _, it := range items {
+				if err := shipcheck.CheckGlob(it.Value); err != nil {
+					d.Addf(it.Line, "name paths inside the repository, relative to its root, e.g. may_change: [.github/workflows/ci.yml]", "may_change: %s", err)
+					continue
+				}
+				if !slices.Contains(j.MayChange, it.Value) {
+					j.MayChange = append(j.MayChange, it.Value)
+				}
+			}
+			if len(j.MayChange) > 0 {
+				r, _ := job.ParseRequirement(job.MayChangeRequired)
 				p.caps = append(p.caps, capEntry{req: r, line: f.Line})
 			}
 		case "ship":

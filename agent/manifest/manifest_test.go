@@ -97,6 +97,13 @@ func TestAccepts(t *testing.T) {
 		{"sandbox: required beside sandbox:full once", "x.md", mf("repo: svc\nsandbox: required\ncapabilities: [sandbox:full, sandbox:partial]\n", body), func(t *testing.T, j *job.Job) {
 			eq(t, strings.Join(j.Capabilities, " "), "sandbox:full sandbox:partial")
 		}},
+		{"may_change adds manifest:may_change", "x.md", mf("repo: svc\nmay_change: [.github/workflows/ci.yml, \".github/actions/**\", .github/workflows/ci.yml]\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, strings.Join(j.MayChange, " "), ".github/workflows/ci.yml .github/actions/**")
+			eq(t, strings.Join(j.Capabilities, " "), "manifest:may_change")
+		}},
+		{"may_change one path", "x.md", mf("repo: svc\nmay_change: CODEOWNERS\n", body), func(t *testing.T, j *job.Job) {
+			eq(t, strings.Join(j.MayChange, " "), "CODEOWNERS")
+		}},
 		{"priority word", "x.md", mf("repo: svc\npriority: critical\n", body), func(t *testing.T, j *job.Job) {
 			eq(t, j.Priority, job.PriorityCritical)
 			eq(t, j.PriorityName, "critical")
@@ -234,6 +241,12 @@ func TestRejects(t *testing.T) {
 		{"sandbox a level", "x.md", mf("repo: svc\nsandbox: full\n", body), 3, `sandbox "full" is not known`},
 		{"sandbox a list", "x.md", mf("repo: svc\nsandbox: [required]\n", body), 3, `sandbox`},
 		{"sandbox capability of no level", "x.md", mf("repo: svc\ncapabilities: [sandbox:linux]\n", body), 3, `the sandbox levels are full and partial`},
+
+		// may_change
+		{"may_change outside the repository", "x.md", mf("repo: svc\nmay_change: [../x]\n", body), 3, `may_change: "../x" is outside the repository`},
+		{"may_change absolute", "x.md", mf("repo: svc\nmay_change:\n  - ok/path\n  - /etc/x\n", body), 5, `may_change: "/etc/x" is absolute`},
+		{"may_change a bad glob", "x.md", mf("repo: svc\nmay_change: [\".github/[x\"]\n", body), 3, `may_change: ".github/[x" is not a valid glob`},
+		{"may_change empty", "x.md", mf("repo: svc\nmay_change:\n", body), 3, `may_change has no value`},
 
 		// id
 		{"id with a slash", "x.md", mf("id: a/b\nrepo: svc\n", body), 2, `id "a/b" must start with a letter or digit`},
@@ -426,7 +439,7 @@ func TestErrorFormat(t *testing.T) {
 		`jobs/x.md:3: repo "a/b" is neither a repository name nor a git URL (name a repository under AQ_REPO_BASE (e.g. repo: my-service) or give a git URL (https://, ssh://, git@host:path, file://))`,
 		`jobs/x.md:4: budget.wall "45" has no unit (write a duration with a unit, e.g. wall: 45m; units: s, m, h)`,
 		`jobs/x.md:4: budget.usd -1 is out of range (use a number ≥ 0)`,
-		`jobs/x.md:5: unknown key "foo" (known keys: id, title, repo, base, product, profile, engine, model, capabilities, priority, budget, deps, depsMode, idempotencyKey, retry, verify, verify_rounds, script, ship, sandbox)`,
+		`jobs/x.md:5: unknown key "foo" (known keys: id, title, repo, base, product, profile, engine, model, capabilities, priority, budget, deps, depsMode, idempotencyKey, retry, verify, verify_rounds, script, ship, sandbox, may_change)`,
 		`jobs/x.md:6: the prompt (the markdown body after the front matter) is empty (write the task below the closing ---)`,
 	}
 	if err == nil {

@@ -96,7 +96,9 @@ func (ru *run) checkpoint(parent context.Context) {
 		return
 	}
 	if err := ru.pushWIP(ctx, wip, sha); err != nil {
-		ru.log.Warn("cannot push the WIP checkpoint to origin; it is kept locally", "err", err)
+		if !errors.Is(err, errPushRefused) {
+			ru.log.Warn("cannot push the WIP checkpoint to origin; it is kept locally", "err", err)
+		}
 		return
 	}
 	ru.out.WIPPushed, pushed = true, true
@@ -187,7 +189,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 		return
 	}
 	if err := ru.pushWIP(ctx, wip, sha); err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !errors.Is(err, errPushRefused) {
 			ru.log.Warn("cannot push the periodic checkpoint; it is kept locally", "err", err)
 		}
 		return
@@ -219,6 +221,9 @@ func (ru *run) pushWIP(ctx context.Context, wip, sha string) error {
 	if sha == ru.wipOnOrigin {
 		return nil
 	}
+	if !ru.pushAllowed(ctx, "the WIP checkpoint", sha, ru.wipOnOrigin, ru.jobOnOrigin) {
+		return errPushRefused
+	}
 	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", wip, wip, ru.wipOnOrigin); err != nil {
 		ru.wipInDoubt = sha
 		return err
@@ -226,6 +231,10 @@ func (ru *run) pushWIP(ctx context.Context, wip, sha string) error {
 	ru.wipOnOrigin, ru.wipInDoubt = sha, ""
 	return nil
 }
+
+// errPushRefused: the push was not made, what it would add was refused
+// or could not be checked (pushAllowed said why).
+var errPushRefused = errors.New("the push was refused by the change check")
 
 // confirmBeforePush bounds the renewal a periodic push waits for.
 const confirmBeforePush = 5 * time.Second

@@ -43,6 +43,14 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 	// used to be a forced '+', and a second factory's run could overwrite
 	// the first one's delivered branch).
 	ref := "refs/heads/" + ru.out.Branch
+	if !ru.pushAllowed(ctx, "the job branch", ru.out.Commit, ru.jobOnOrigin, ru.wipOnOrigin) {
+		if reason, line := ru.shipRefused(); reason != "" {
+			ru.fail(reason, line)
+		} else if !ru.stopped(ctx, "checking the change") {
+			ru.fail(job.ReasonShipFailed, "cannot push "+ru.out.Branch+": what it adds to origin could not be checked (see the log); it is kept on this host")
+		}
+		return
+	}
 	if err := worktree.PushWithLease(ctx, ru.r.Git, ru.repoDir, "origin", ref, ref, ru.jobOnOrigin); err != nil {
 		if !ru.stopped(ctx, "pushing") {
 			ru.fail(job.ReasonShipFailed, "cannot push "+ru.out.Branch+" to origin (if origin's branch moved since this run looked, another run delivered it: the next attempt reports that result): "+err.Error())
@@ -61,15 +69,30 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 func (ru *run) openPR(ctx context.Context, prBody string) {
 	j := ru.j
 	if j.Ship == "branch" {
+		if allowed := ru.protectedAllowed(); len(allowed) > 0 {
+			ru.out.Detail = protectedNote(allowed, false)
+			ru.log.Warn(ru.out.Detail)
+		}
 		ru.out.Stage = job.Shipped
 		return
 	}
 	if !ru.confirmLease(ctx, "before opening the pull request") {
 		return
 	}
+	merge := j.Ship == "merge"
+	body := ru.prBody(prBody)
+	if allowed := ru.protectedAllowed(); len(allowed) > 0 {
+		// may_change let the change touch protected paths: a person looks
+		// before it merges, whatever ship: says.
+		note := protectedNote(allowed, merge)
+		body = strings.TrimRight(body, "\n") + "\n\n---\n\n## Protected paths (aq)\n\n" + note + "\n"
+		ru.out.Detail = note
+		ru.log.Warn(note)
+		merge = false
+	}
 	url, err := ru.r.Shipper.Ship(ctx, ShipRequest{
 		RepoDir: ru.repoDir, Branch: ru.out.Branch, Base: j.Base,
-		Title: firstNonEmpty(j.Title, "aq job "+j.ID), Body: ru.prBody(prBody), Merge: j.Ship == "merge",
+		Title: firstNonEmpty(j.Title, "aq job "+j.ID), Body: body, Merge: merge,
 	})
 	// A PR that opened but whose auto-merge could not be enabled comes back
 	// with its URL and an error: record the URL either way.
@@ -81,6 +104,17 @@ func (ru *run) openPR(ctx context.Context, prBody string) {
 		return
 	}
 	ru.out.Stage = job.Review
+}
+
+// protectedNote says that the change touches protected paths the
+// manifest's may_change allows — and, for ship: merge, that auto-merge
+// was therefore not enabled.
+func protectedNote(allowed []string, merge bool) string {
+	note := "the change touches protected paths its manifest's may_change allows: " + strings.Join(allowed, ", ")
+	if merge {
+		return note + "; ship: merge did not enable auto-merge: a person reviews and merges it"
+	}
+	return note + "; a person should review them before it merges"
 }
 
 // confirmLease renews a fleet lease before an irreversible step.
@@ -196,6 +230,9 @@ func (ru *run) redeliver(ctx context.Context, sha string) {
 	ru.event(Delivered{Branch: ru.out.Branch, Commit: sha})
 	if ru.j.Ship == "none" { // never pushed by aq; someone else put it there
 		ru.out.Stage = job.Testing
+		return
+	}
+	if !ru.recheckDelivered(ctx, sha) {
 		return
 	}
 	ru.openPR(ctx, "")

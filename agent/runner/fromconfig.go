@@ -73,7 +73,7 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 			Repos: rr, Mirror: cfg.RepoMirror, ClaudeTelemetry: cfg.ClaudeTelemetry,
 			PoolSize: max(cfg.WorktreePool, 0), VerifyRounds: cfg.VerifyRounds, SandboxWritable: cfg.SandboxWritable,
 			Engines: cfg.RunEngines(p.Fleet), EngineEnv: cfg.EngineEnv, LogMax: cfg.LogMax,
-			JobDiskMax: cfg.JobDiskMax, DiskReserve: cfg.DiskReserve,
+			JobDiskMax: cfg.JobDiskMax, DiskReserve: cfg.DiskReserve, ProtectedPaths: cfg.ProtectedPaths,
 		},
 		Sandbox:  OpenSandbox(cfg, p.Log),
 		Egress:   p.Egress,

@@ -267,6 +267,11 @@ func (ru *run) release(parent context.Context) {
 	if pool.Size <= 0 || ru.cpAfter == "" || ru.cpPartial {
 		return
 	}
+	if reason, _ := ru.shipRefused(); reason != "" {
+		// What it holds was refused: it stays where it ran, for a person.
+		ru.log.Info("not pooling the worktree: its change was refused; it stays for an operator", "worktree", ru.wtPath, "reason", reason)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), time.Minute)
 	defer cancel()
 	if pids, err := process.WorkingIn(ru.wtPath); err == nil && len(pids) > 0 {

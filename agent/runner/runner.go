@@ -95,6 +95,10 @@ type Config struct {
 	// manifest sets none (0: none); DiskReserve (AQ_DISK_RESERVE) the free
 	// space no job may take $AQ_HOME's file system below (0: none).
 	JobDiskMax, DiskReserve int64
+	// ProtectedPaths (AQ_PROTECTED_PATHS) are the globs no change may
+	// touch unless its manifest's may_change names them; nil: the default
+	// (shipcheck.DefaultProtected).
+	ProtectedPaths []string
 }
 
 // allows reports whether the runner may run engine name.
@@ -319,6 +323,9 @@ type run struct {
 	proxy    EgressProxy
 	logins   *sandbox.Logins
 	loginEnv []string
+
+	// gate is what the run's pushes were checked for (shipcheck.go).
+	gate shipGate
 }
 
 // Run runs j once. It never panics: a panic inside is recovered, the work is
@@ -335,6 +342,7 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 			ru.fail(job.ReasonCrash, fmt.Sprintf("aq panicked: %v", p))
 		}
 		ru.out.Insights.WallMS = r.now().Sub(start).Milliseconds()
+		ru.endShipGate()
 		ru.cpMu.Lock()
 		ru.out.OriginCheckpoint = ru.wipOnOrigin
 		ru.cpMu.Unlock()

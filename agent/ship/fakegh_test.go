@@ -111,6 +111,14 @@ func fakeGH(args []string) int {
 		}
 		fmt.Printf("%s\n  ✓ Logged in to %s account aq-bot (GH_TOKEN)\n  - Active account: true\n  - Git operations protocol: https\n  - Token: gho_************************************\n", h, h)
 		return 0
+	case "auth token":
+		// gh 2.x: the token on stdout; logged out, its error (exit 1).
+		if has("logged-out") {
+			fmt.Fprintln(os.Stderr, "no oauth token found for "+cmpOr(hostname, "github.com"))
+			return 1
+		}
+		fmt.Println(cmpOr(os.Getenv("GH_TOKEN"), "gho_fakeghTokenFromTheHostsFile0123456789"))
+		return 0
 	case "pr create":
 		b, err := os.ReadFile(bodyFile)
 		if err != nil {
@@ -211,4 +219,11 @@ func loadPRs(dir string) []fakePR {
 func savePRs(dir string, prs []fakePR) {
 	b, _ := json.MarshalIndent(prs, "", "  ")
 	os.WriteFile(filepath.Join(dir, "prs.json"), b, 0o600)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }

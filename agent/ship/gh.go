@@ -119,6 +119,29 @@ func (g GH) Ready(ctx context.Context, repoDir string) error {
 	return &NotReadyError{Host: host, Reason: reason, Fix: fix, Err: err}
 }
 
+// Token is the token gh holds for the host of repoDir's origin (`gh auth
+// token`): a secret no change may carry (runner.GHToken). "" when gh is
+// not installed or not logged in.
+func (g GH) Token(ctx context.Context, repoDir string) string {
+	if _, err := exec.LookPath(g.bin()); err != nil {
+		return ""
+	}
+	rem, _ := g.origin(ctx, repoDir)
+	args := []string{"auth", "token"}
+	if rem.host != "" {
+		args = append(args, "--hostname", rem.host)
+	}
+	ctx, cancel := context.WithTimeout(ctx, authTimeout)
+	defer cancel()
+	out, _, err := g.run(ctx, repoDir, args...)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(out)
+}
+
+var _ runner.GHToken = GH{}
+
 // Ship opens the pull request of req.Branch into req.Base, or finds the one
 // already open (a retried job), and for req.Merge enables auto-merge with
 // branch deletion. It returns the PR's URL, also when enabling auto-merge

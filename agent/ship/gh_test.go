@@ -149,6 +149,27 @@ func TestReady(t *testing.T) {
 }
 
 // Without a GitHub origin, gh is asked about every host it knows.
+// TestToken: gh's token for origin's host is a secret the change scan
+// looks for (runner.GHToken); none when gh is logged out or missing.
+func TestToken(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	f := newFake(t, "git@github.com:acme/widgets.git")
+	if got := f.gh().Token(ctx, f.repo); got != "gho_secret_for_gh" { // newFake gives gh GH_TOKEN
+		t.Errorf("Token = %q", got)
+	}
+	if got := f.calls()[0].Args; !slices.Equal(got, []string{"auth", "token", "--hostname", "github.com"}) {
+		t.Errorf("argv %q", got)
+	}
+	f.touch("logged-out")
+	if got := f.gh().Token(ctx, f.repo); got != "" {
+		t.Errorf("logged out: Token = %q", got)
+	}
+	if got := (GH{Bin: "gh-is-not-installed-here"}).Token(ctx, f.repo); got != "" {
+		t.Errorf("no gh: Token = %q", got)
+	}
+}
+
 func TestReadyWithoutGitHubOrigin(t *testing.T) {
 	t.Parallel()
 	f := newFake(t, "/srv/git/widgets.git")

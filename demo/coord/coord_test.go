@@ -355,6 +355,16 @@ func TestFailRetriesAndDeadLetter(t *testing.T) {
 	if code, m := r.call("POST", "/fleet/fail", tok, map[string]any{"jobId": "j2", "factoryId": "f1", "leaseEpoch": 1, "reason": "invalid_manifest", "retryable": false}); code != 200 || m["stage"] != "failed" {
 		t.Fatalf("permanent: %d %v", code, m)
 	}
+	// What the change held (#32): failed for a person to look, whatever
+	// the retries left — even from a factory that said retryable.
+	for _, reason := range []job.Reason{job.ReasonSecretInChange, job.ReasonProtectedChange} {
+		id := "j-" + string(reason)
+		r.submit(id, func(j *job.Job) { j.Retry.Max = 5 })
+		r.claim("f1", tok)
+		if code, m := r.call("POST", "/fleet/fail", tok, map[string]any{"jobId": id, "factoryId": "f1", "leaseEpoch": 1, "reason": string(reason), "retryable": true}); code != 200 || m["stage"] != "failed" {
+			t.Fatalf("%s: %d %v, want failed (not retried)", reason, code, m)
+		}
+	}
 }
 
 func TestSchedulingHonoursCapsReposPriorityAge(t *testing.T) {

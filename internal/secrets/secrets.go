@@ -108,6 +108,7 @@ func EngineEnv(env []string, drop ...string) []string {
 type Redactor struct {
 	mu     sync.RWMutex
 	values [][]byte // longest first, so a secret containing another is masked whole
+	orig   []string // the values as added (without their encodings)
 }
 
 // minSecretLen keeps trivially short values ("1", "true") from being treated
@@ -145,6 +146,9 @@ func (r *Redactor) Add(values ...string) {
 		v = strings.TrimSpace(v)
 		if len(v) < minSecretLen {
 			continue
+		}
+		if !slices.Contains(r.orig, v) {
+			r.orig = append(r.orig, v)
 		}
 		for _, e := range append([]string{v}, Encodings(v)...) {
 			if !have[e] {
@@ -207,6 +211,18 @@ func (r *Redactor) Bytes(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// Values are the secrets r masks, as they were added (without the
+// encodings it masks besides): what the change scan looks for
+// (internal/shipcheck), which makes the encodings itself.
+func (r *Redactor) Values() []string {
+	if r == nil {
+		return nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return slices.Clone(r.orig)
 }
 
 // String returns s with every secret replaced by Mask.

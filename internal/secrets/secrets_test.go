@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -139,5 +140,18 @@ func TestRedactorMasksEncodings(t *testing.T) {
 	}
 	if e := Encodings("abcd"); len(e) != 0 {
 		t.Fatalf("a 4-byte secret got encodings %q", e)
+	}
+}
+
+func TestRedactorValues(t *testing.T) {
+	r := NewRedactor([]string{"GH_TOKEN=ghp_0123456789abcdefghij", "HOME=/home/x"}, "  factory-token-0123456789  ", "ab")
+	r.Add("factory-token-0123456789")
+	got := r.Values()
+	want := []string{"ghp_0123456789abcdefghij", "factory-token-0123456789"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Values = %q, want %q (each once, trimmed, without encodings or short values)", got, want)
+	}
+	if (*Redactor)(nil).Values() != nil {
+		t.Fatal("a nil Redactor has values")
 	}
 }

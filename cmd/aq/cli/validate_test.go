@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -329,5 +330,44 @@ func TestValidateAndSubmitWarnHiddenPaths(t *testing.T) {
 	t.Setenv("AQ_SANDBOX", "off")
 	if _, errOut, code := runAQ(t, "validate", hidden); code != 0 || errOut != "" {
 		t.Errorf("aq validate with AQ_SANDBOX=off: exit %d stderr %q", code, errOut)
+	}
+}
+
+// TestValidateMayChangeAndProtectedPaths (#32): a may_change entry outside
+// the repository is the manifest's error, one line naming the key and the
+// fix (validate exits 1, as for every invalid manifest; submit refuses it
+// with 2 and queues nothing); a malformed AQ_PROTECTED_PATHS is a configuration
+// error (exit 2) for validate and submit alike. A good may_change adds
+// manifest:may_change.
+func TestValidateMayChangeAndProtectedPaths(t *testing.T) {
+	home, jobs := manifestEnv(t)
+	readyHost(t)
+	out := writeFile(t, filepath.Join(jobs, "out.md"), "---\nrepo: svc\nmay_change: [.github/workflows/ci.yml, ../ci.yml]\n---\nx\n")
+	stdout, errOut, code := runAQ(t, "validate", out)
+	want := out + `:3: may_change: "../ci.yml" is outside the repository: write a path below its root, without '..' (e.g. .github/workflows/ci.yml) (name paths inside the repository, relative to its root, e.g. may_change: [.github/workflows/ci.yml])` + "\n"
+	if code != 1 || stdout != "" || errOut != want {
+		t.Errorf("validate: exit %d stdout %q stderr\n%s\nwant\n%s", code, stdout, errOut, want)
+	}
+	if _, errOut, code := runAQ(t, "submit", out); code != 2 || !strings.Contains(errOut, "is outside the repository") || !strings.Contains(errOut, "nothing was submitted") {
+		t.Errorf("submit: exit %d stderr %q", code, errOut)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(home, "queue", "inbox")); len(entries) != 0 {
+		t.Errorf("submit queued %d files for a refused manifest", len(entries))
+	}
+
+	good := writeFile(t, filepath.Join(jobs, "good.md"), "---\nrepo: svc\nmay_change: [\".github/workflows/**\"]\n---\nx\n")
+	stdout, errOut, code = runAQ(t, "validate", "--json", good)
+	var got []job.Job
+	if code != 0 || json.Unmarshal([]byte(stdout), &got) != nil || len(got) != 1 ||
+		!slices.Equal(got[0].MayChange, []string{".github/workflows/**"}) || !slices.Contains(got[0].Capabilities, job.MayChangeRequired) {
+		t.Errorf("good may_change: exit %d stdout %q stderr %q", code, stdout, errOut)
+	}
+
+	t.Setenv("AQ_PROTECTED_PATHS", ".github/**,ci/[x")
+	for _, cmd := range []string{"validate", "submit"} {
+		_, errOut, code := runAQ(t, cmd, good)
+		if code != 2 || !strings.Contains(errOut, `AQ_PROTECTED_PATHS=".github/**,ci/[x" entry "ci/[x" is not a valid glob`) || strings.Count(strings.TrimSpace(errOut), "\n") > 1 {
+			t.Errorf("%s with a malformed AQ_PROTECTED_PATHS: exit %d stderr %q; want exit 2 and the line", cmd, code, errOut)
+		}
 	}
 }
