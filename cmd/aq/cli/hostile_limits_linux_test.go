@@ -80,8 +80,8 @@ func TestHostileMemory(t *testing.T) {
 	h.Submit(t, "oom", scriptJob("app", script, "ship: branch", "retry: {max: 0}"))
 	r := h.Run(t, "run", "--once")
 	v := show(t, h, "oom")
-	if v.State.Stage != job.Failed || v.Reason != job.ReasonOutOfMemory {
-		t.Fatalf("at a 128 MiB limit the job is %s (%s), want failed out_of_memory; aq: %s", v.State.Stage, v.Reason, r)
+	if v.State.Stage != job.DeadLetter || v.Reason != job.ReasonOutOfMemory {
+		t.Fatalf("at a 128 MiB limit the job is %s (%s), want dead_letter (retry max 0 spent) out_of_memory; aq: %s", v.State.Stage, v.Reason, r)
 	}
 	if out := testenv.ReadFile(t, filepath.Join(h.Dir, "logs", testenv.ID("oom"), "stdout.log")); regexp.MustCompile(`ALLOCATED`).MatchString(out) {
 		t.Errorf("the engine allocated its GiB at a 128 MiB limit: %q", out)
@@ -201,8 +201,8 @@ func TestHostileDiskWriter(t *testing.T) {
 	h.Submit(t, "disk-hog", scriptJob("app", writer(512), "ship: branch", "retry: {max: 0}", "budget: { disk: 64MiB }"))
 	r := h.Run(t, "run", "--once")
 	v := show(t, h, "disk-hog")
-	if v.State.Stage != job.Failed || v.Reason != job.ReasonDiskExceeded {
-		t.Fatalf("the disk writer is %s (%s), want failed disk_exceeded; aq: %s", v.State.Stage, v.Reason, r)
+	if v.State.Stage != job.DeadLetter || v.Reason != job.ReasonDiskExceeded {
+		t.Fatalf("the disk writer is %s (%s), want dead_letter (retry max 0 spent) disk_exceeded; aq: %s", v.State.Stage, v.Reason, r)
 	}
 	repo := filepath.Join(h.RepoBase, "app")
 	for _, ref := range []string{job.JobBranch(testenv.ID("disk-hog")), job.WIPBranch(testenv.ID("disk-hog"))} {
