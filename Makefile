@@ -96,24 +96,24 @@ sbpeer:
 $(SBPEER_STAMP): demo/sbpeer/package-lock.json demo/sbpeer/package.json
 	npm ci --prefix demo/sbpeer --no-audit --no-fund --loglevel=error
 
-## realcli: the real engine CLIs (claude, codex), pinned in engines/realcli,
+## realcli: the real engine CLIs (claude, codex), pinned in realcli,
 ## that the end-to-end tests run offline against in-tree API fakes. Without
 ## npm those tests skip with a reason; with npm but no registry this fails.
-REALCLI_STAMP := engines/realcli/node_modules/.package-lock.json
+REALCLI_STAMP := realcli/node_modules/.package-lock.json
 realcli:
 	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(REALCLI_STAMP); \
 	else echo "note: npm not found: the real-engine tests will be skipped"; fi
 
-$(REALCLI_STAMP): engines/realcli/package-lock.json engines/realcli/package.json
-	npm ci --prefix engines/realcli --no-audit --no-fund --loglevel=error
+$(REALCLI_STAMP): realcli/package-lock.json realcli/package.json
+	npm ci --prefix realcli --no-audit --no-fund --loglevel=error
 
 ## engines-latest: the end-to-end tests against the newest published claude
 ## and codex CLIs (opt-in, not part of make test; needs the npm registry):
-## they are installed into a temp copy of engines/realcli and the table of
+## they are installed into a temp copy of realcli and the table of
 ## versions and results is printed (docs/engines.md, "Compatibility").
 ## RUN=REGEXP narrows the tests.
 engines-latest:
-	engines/realcli/latest.sh
+	realcli/latest.sh
 
 ## fuzz: each native fuzz target for FUZZTIME (default 2m), one after
 ## another with -parallel 1 (the machine is shared); their seed corpora

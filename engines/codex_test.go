@@ -50,7 +50,7 @@ var codexCases = []struct {
 	{name: "malformed", want: Succeeded},
 	// exec resume of a thread codex does not have: stderr only, exit 1.
 	{name: "resume_not_found", exit: 1, stderr: true, want: TaskFailed},
-	// Recorded from codex 0.171.0 against fakellm (engines/realcli): an
+	// Recorded from codex 0.171.0 against fakellm (realcli): an
 	// exec_command call, then a message; the "Model metadata … not found"
 	// item of type error a model outside codex's catalogue adds; usage
 	// with cache_write_input_tokens and reasoning_output_tokens.

@@ -24,7 +24,7 @@ func readTestdata(t *testing.T, rel string) string {
 // found, and the traps FIELD-NOTES §4 names are what the help says.
 func TestHelpFlagsRealCLIs(t *testing.T) {
 	claude := HelpFlags(readTestdata(t, "claude/help.txt"))
-	// The pinned claude (engines/realcli, 2.1.332) answers as the 2.1.197
+	// The pinned claude (realcli, 2.1.332) answers as the 2.1.197
 	// help that the fake claudes print, for every flag aq passes: the fakes'
 	// --help is still the real one where aq looks.
 	pinned := HelpFlags(readTestdata(t, "claude/help-2.1.332.txt"))

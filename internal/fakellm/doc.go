@@ -1,7 +1,7 @@
 // Package fakellm is an in-process fake of the model APIs that the real
 // engine CLIs call — the Anthropic Messages API as Claude Code calls it
 // (anthropic*.go) — on 127.0.0.1, for aq's end-to-end tests
-// (engines/realcli) and `aq selftest --engines`. It is not a test package:
+// (realcli) and `aq selftest --engines`. It is not a test package:
 // the aq binary embeds it, so nothing here imports testing.
 //
 // A Server answers each model request from a Script: per turn, the text,

@@ -10,7 +10,7 @@ import (
 )
 
 // RealCLI is the path of a real engine CLI ("claude" or "codex") installed
-// from engines/realcli's pinned package.json and lockfile (`make realcli`,
+// from realcli's pinned package.json and lockfile (`make realcli`,
 // which make test and .ci/run call). It skips tb only where npm cannot run
 // at all; where npm runs but the CLIs are not installed (the registry could
 // not be reached, or nobody ran make realcli) it fails tb with the fix, so
@@ -34,11 +34,11 @@ func RealCLI(tb testing.TB, name string) string {
 }
 
 // RealCLIEnv names a directory that holds other versions of the CLIs in
-// its node_modules instead of engines/realcli (`make engines-latest`: the
+// its node_modules instead of realcli (`make engines-latest`: the
 // newest published versions, installed into a temp copy).
 const RealCLIEnv = "REALCLI_DIR"
 
-// RealCLIDir is engines/realcli in the module that holds the working
+// RealCLIDir is realcli in the module that holds the working
 // directory, or $REALCLI_DIR when set.
 func RealCLIDir() (string, error) {
 	if dir := os.Getenv(RealCLIEnv); dir != "" {
@@ -50,7 +50,7 @@ func RealCLIDir() (string, error) {
 	}
 	for {
 		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module github.com/aqfleet/aq\n")) {
-			return filepath.Join(dir, "engines", "realcli"), nil
+			return filepath.Join(dir, "realcli"), nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {

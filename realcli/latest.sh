@@ -1,9 +1,9 @@
 #!/bin/sh
-# make engines-latest: the end-to-end tests of engines/realcli against the
+# make engines-latest: the end-to-end tests of realcli against the
 # newest published claude and codex CLIs (opt-in; it needs the npm
-# registry). It installs them into a temp copy of engines/realcli — the
+# registry). It installs them into a temp copy of realcli — the
 # pinned package.json and lockfile are not touched — runs
-# `go test ./engines/realcli/` with REALCLI_DIR pointing there, and prints a
+# `go test ./realcli/` with REALCLI_DIR pointing there, and prints a
 # compatibility table: each CLI's version, each test's result. Exit status:
 # the tests'.
 set -eu
@@ -21,9 +21,9 @@ fi
 ver() { "$tmp/node_modules/.bin/$1" --version 2>/dev/null | head -n 1 || echo "?"; }
 claude=$(ver claude)
 codex=$(ver codex)
-pinned() { sed -n "s/.*\"$1\": *\"\\([^\"]*\\)\".*/\\1/p" "$root/engines/realcli/package.json"; }
+pinned() { sed -n "s/.*\"$1\": *\"\\([^\"]*\\)\".*/\\1/p" "$root/realcli/package.json"; }
 status=0
-(cd "$root" && REALCLI_DIR="$tmp" go test -count=1 -timeout 60m -v ./engines/realcli/ ${RUN:+-run "$RUN"}) >"$tmp/test.log" 2>&1 || status=$?
+(cd "$root" && REALCLI_DIR="$tmp" go test -count=1 -timeout 60m -v ./realcli/ ${RUN:+-run "$RUN"}) >"$tmp/test.log" 2>&1 || status=$?
 echo
 echo "| CLI | pinned | newest | end-to-end tests |"
 echo "|---|---|---|---|"
