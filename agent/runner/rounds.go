@@ -235,6 +235,9 @@ func (ru *run) verifyFailed(v job.VerifyResult) string {
 	if ru.round > 0 {
 		d += fmt.Sprintf(" after %d repair round%s", ru.round, plural(ru.round))
 	}
+	if v.ExitCode == 126 || v.ExitCode == 127 { // the shell's "cannot run" and "not found"
+		d += ru.hiddenFrom(v.Command)
+	}
 	return d
 }
 

@@ -260,3 +260,33 @@ func TestSandboxHiddenScriptSaysSo(t *testing.T) {
 		t.Errorf("outcome %s %q, want no_engine with\n%s", out.Reason, out.Detail, want)
 	}
 }
+
+// TestSandboxHiddenVerifySaysSo (#34): a verify: program under /tmp is
+// there on the host but hidden inside the sandbox, so the shell says "not
+// found" (exit 127): the verify failure's detail names the path, why it is
+// hidden and the fix, instead of reading as a failed check.
+func TestSandboxHiddenVerifySaysSo(t *testing.T) {
+	f := newFixture(t)
+	sandboxed(t, f, sandbox.ModeAuto)
+	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+		t.Skipf("this host sandboxes at level %s", lvl)
+	}
+	dir, err := os.MkdirTemp("/tmp", "aq-hidden-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	check := filepath.Join(dir, "check.sh")
+	testenv.WriteFile(t, check, "exit 0\n")
+	if err := os.Chmod(check, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j := f.job("hidden-verify", "echo work > work.txt")
+	j.Verify, j.VerifyRounds = check, rounds(0)
+	out := f.run(context.Background(), j, runner.Options{Attempt: 1})
+	want := "exited 127 (see aq job logs " + j.ID + "); the sandbox hides " + check +
+		" (/tmp is the job's own inside the sandbox): put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off"
+	if out.Reason != job.ReasonVerifyFailed || !strings.Contains(out.Detail, want) {
+		t.Errorf("outcome %s %q, want verify_failed with\n%s", out.Reason, out.Detail, want)
+	}
+}
