@@ -293,11 +293,21 @@ func TestPeriodicCheckpointPushIsRetried(t *testing.T) {
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
 	testenv.AddOrigin(t, f.repo)
-	j := f.job("periodic-retry", "echo once > once.txt\nsleep 1.2\n")
+	// The engine makes its change, then waits (a deadlock guard of a
+	// minute, not a speed requirement) for the push the test is about: on
+	// a loaded machine the three refused intervals and the push's checks
+	// can take longer than any fixed sleep.
+	j := f.job("periodic-retry", "echo once > once.txt\ni=0; while [ ! -f \"$MARK/pushed\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n")
 	lease := &flakyLease{}
 	lease.refusals.Store(3)
 	var log eventLog
-	if out := f.run(context.Background(), j, runner.Options{Attempt: 1, Lease: lease, OnEvent: log.add}); out.Failed() {
+	onEvent := func(e runner.Event) {
+		log.add(e)
+		if _, ok := e.(runner.CheckpointPushed); ok {
+			os.WriteFile(f.marker("pushed"), nil, 0o600)
+		}
+	}
+	if out := f.run(context.Background(), j, runner.Options{Attempt: 1, Lease: lease, OnEvent: onEvent}); out.Failed() {
 		t.Fatalf("%+v", out)
 	}
 	cps, pushed := log.kinds("checkpoint"), log.kinds("checkpoint-pushed")
