@@ -107,7 +107,7 @@ func Full(seed uint64) Config {
 		InitialShare: 0.3,
 		LeaseTTL:     10 * time.Second, StaleAfter: 5 * time.Second, DrainTimeout: 6 * time.Second,
 		CheckpointInterval: time.Second,
-		Wall:               6 * time.Second,
+		Wall:               10 * time.Second,
 		Guard:              25 * time.Minute,
 	}
 }
