@@ -103,9 +103,12 @@ func (w *diskWatch) check() string {
 		used += allocated(t)
 	}
 	w.used = used
-	// Below the reserve, a run that adds to the disk is stopped (one that
-	// wrote nothing is not what took the space).
-	if below >= 0 && used > 0 {
+	// Below the reserve, a run whose own writes took the host there is
+	// stopped: without them the host would be above it. A host that was
+	// below the reserve anyway (full for reasons of its own) is the host's
+	// problem, not this job's: its writes fail and the job is
+	// host_unavailable, as before the reserve (TestWireFullDiskIsTheHosts).
+	if below >= 0 && used > 0 && below+used >= w.reserve {
 		return fmt.Sprintf("the host's free space (%d MiB) fell below AQ_DISK_RESERVE (%d MiB) while the job's run wrote %d MiB", below>>20, w.reserve>>20, used>>20)
 	}
 	if w.budget > 0 && used > w.budget {

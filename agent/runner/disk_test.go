@@ -1,3 +1,5 @@
+//go:build unix
+
 package runner_test
 
 import (
@@ -5,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/aqfleet/aq/agent/runner"
@@ -59,12 +62,18 @@ func TestDiskBudgetStopsTheWriter(t *testing.T) {
 	}
 }
 
-// TestDiskReserve (#32): a run that adds to the disk while the host's free
-// space is below AQ_DISK_RESERVE is stopped disk_exceeded, whatever its own
-// budget (here none).
+// TestDiskReserve (#32): a run whose writes take the host's free space
+// below AQ_DISK_RESERVE is stopped disk_exceeded, whatever its own budget
+// (here none). The reserve is 32 MiB under the free space at the start: the
+// writer's 96 MiB cross it (a host below the reserve without the job's
+// writes is the host's problem: TestWireFullDiskIsTheHosts).
 func TestDiskReserve(t *testing.T) {
 	f := newFixture(t)
-	f.r.Cfg.DiskReserve = 1 << 60 // more than any disk: always below it
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(f.home.RepoBase, &st); err != nil {
+		t.Fatal(err)
+	}
+	f.r.Cfg.DiskReserve = int64(st.Bavail)*int64(st.Bsize) - 32<<20
 	out := f.run(context.Background(), f.job("disk-reserve", diskWriter), runner.Options{})
 	if out.Reason != job.ReasonDiskExceeded || !strings.Contains(out.Detail, "AQ_DISK_RESERVE") {
 		t.Fatalf("reason %q detail %q, want disk_exceeded naming AQ_DISK_RESERVE", out.Reason, out.Detail)
