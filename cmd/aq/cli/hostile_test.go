@@ -539,7 +539,9 @@ func TestWireEngineEnvironment(t *testing.T) {
 		"GIT_ASKPASS=/bin/echo", "GIT_SSH_COMMAND=ssh -i /nonexistent", "AQ_REPO_URLS=file:///nonexistent/{repo}.git",
 		"MY_API_KEY="+apiKey, "MY_TOOL_HOME=/opt/tool", "AQ_ENGINE_ENV=MY_API_KEY,MY_TOOL_HOME")
 	id := testenv.ID("wire-env")
-	script := e.script("env", `env | sort > env.txt
+	// The key's value stays out of the change (#32: aq refuses to push a
+	// secret it holds); that the engine has the variable is what counts.
+	script := e.script("env", `env | sed 's/^MY_API_KEY=.*/MY_API_KEY=(set)/' | sort > env.txt
 cat "$AQ_HOME/credentials" > creds.txt 2>/dev/null || true
 printf %s "$MY_API_KEY" | base64
 printf 'x%s' "$MY_API_KEY" | base64

@@ -95,7 +95,7 @@ func TestSandboxVisibleAndRoutable(t *testing.T) {
 
 	h.Env = unsandboxed
 	r = h.Run(t, "status")
-	if !strings.Contains(r.Stdout, "sandbox full (namespaces+landlock): files, network, processes, stragglers hold") ||
+	if !strings.Contains(r.Stdout, "sandbox full (namespaces+landlock): files, network, processes, stragglers") ||
 		!strings.Contains(r.Stdout, "runnable") {
 		t.Errorf("aq status on a full host:\n%s", r.Stdout)
 	}
