@@ -326,13 +326,13 @@ type codexParser struct {
 // without end (codex 0.171.0, recorded in testdata/codex).
 var codexReconnecting = regexp.MustCompile(`^Reconnecting\.\.\.`)
 
-// codexAnswered is a retry after the API did answer — a status (401, 429,
+// codexAnswered is a retry after the API did answer — a status (401, 429:
 // 5xx), a body that was not an event stream, a stream cut before
 // response.completed: codex retries those five times and then says what
 // the API said, which is the job's reason; only retries that reached
 // nothing count as no progress (the real codex 0.171.0 against the fake:
 // realcli's TestCodexAPIErrors).
-var codexAnswered = regexp.MustCompile(`unexpected status|response\.completed|decoding response body`)
+var codexAnswered = regexp.MustCompile(`unexpected status|last status|response\.completed|decoding response body`)
 
 func newCodexParser(model string, prices *PriceTable, meter Meter, final func()) *codexParser {
 	if prices == nil {
