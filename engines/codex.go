@@ -326,7 +326,7 @@ type codexParser struct {
 // without end (codex 0.171.0, recorded in testdata/codex).
 var codexReconnecting = regexp.MustCompile(`^Reconnecting\.\.\.`)
 
-// codexAnswered is a retry after the API did answer — a status (401, 429:
+// codexAnswered is a retry after the API did answer — a status (401, 429,
 // 5xx), a body that was not an event stream, a stream cut before
 // response.completed: codex retries those five times and then says what
 // the API said, which is the job's reason; only retries that reached
