@@ -28,7 +28,7 @@ type Paths struct {
 	Shared []string
 	// GitDirs are the worktree's git metadata as aq's record has it
 	// (worktree.GitDirsOf): the engine may have rewritten the worktree's
-	// .git file. Empty: read from that file (GitDirs).
+	// .git file, so it is never read for this: none, no git metadata bound.
 	GitDirs []string
 }
 
@@ -72,9 +72,6 @@ func NewPolicy(in Paths) Policy {
 		Home:     in.Home,
 		JobDir:   in.JobDir,
 		Shared:   in.Shared,
-	}
-	if len(p.GitDirs) == 0 {
-		p.GitDirs = GitDirs(in.Worktree)
 	}
 	for _, h := range append(append([]string{}, in.Hide...), hostHidden...) {
 		if h == "" {
@@ -169,31 +166,4 @@ func envOf(env []string, key string) string {
 		}
 	}
 	return v
-}
-
-// GitDirs are a worktree's git metadata outside it: the git dir its .git
-// file names, and the repository's common git dir (git's commondir file).
-// A worktree whose .git is a directory has nothing outside it.
-func GitDirs(worktree string) []string {
-	b, err := os.ReadFile(filepath.Join(worktree, ".git"))
-	if err != nil {
-		return nil
-	}
-	gitdir, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir:")
-	if !ok {
-		return nil
-	}
-	gitdir = strings.TrimSpace(gitdir)
-	if !filepath.IsAbs(gitdir) {
-		gitdir = filepath.Join(worktree, gitdir)
-	}
-	dirs := []string{filepath.Clean(gitdir)}
-	if c, err := os.ReadFile(filepath.Join(gitdir, "commondir")); err == nil {
-		common := strings.TrimSpace(string(c))
-		if !filepath.IsAbs(common) {
-			common = filepath.Join(gitdir, common)
-		}
-		dirs = append(dirs, filepath.Clean(common))
-	}
-	return dirs
 }

@@ -45,18 +45,25 @@ func TestNewPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	os.WriteFile(filepath.Join(wt, ".git"), []byte("gitdir: "+gitdir+"\n"), 0o644)
-	os.WriteFile(filepath.Join(gitdir, "commondir"), []byte("../..\n"), 0o644)
 	engine := filepath.Join(home, ".local", "share", "claude", "versions", "2.1")
 	os.MkdirAll(filepath.Dir(engine), 0o755)
 	os.WriteFile(engine, nil, 0o755)
 	link := filepath.Join(home, ".local", "bin", "claude")
 	os.Symlink(engine, link)
 
-	p := NewPolicy(Paths{Worktree: wt, JobDir: filepath.Join(aq, "sandbox", "j1"), Home: home, Hide: []string{aq, filepath.Join(root, "src")},
-		Env: []string{"PATH=" + filepath.Join(home, "tools", "bin") + ":/usr/bin", "GOMODCACHE=" + filepath.Join(home, "mods")}, Engine: link})
-	if want := []string{filepath.Join(repo, ".git"), gitdir}; !slices.Equal(p.GitDirs, want) {
-		t.Errorf("git dirs %v, want %v", p.GitDirs, want)
+	in := Paths{Worktree: wt, JobDir: filepath.Join(aq, "sandbox", "j1"), Home: home, Hide: []string{aq, filepath.Join(root, "src")},
+		Env: []string{"PATH=" + filepath.Join(home, "tools", "bin") + ":/usr/bin", "GOMODCACHE=" + filepath.Join(home, "mods")}, Engine: link}
+	// The worktree's .git is the engine's to rewrite: git metadata is bound
+	// only as the caller (aq's record) names it, never read from that file
+	// — a .git pointing at the home would have had it bound into the job.
+	os.WriteFile(filepath.Join(wt, ".git"), []byte("gitdir: "+home+"\n"), 0o644)
+	if p := NewPolicy(in); len(p.GitDirs) != 0 {
+		t.Errorf("git dirs read from the worktree's .git: %v", p.GitDirs)
+	}
+	in.GitDirs = []string{filepath.Join(repo, ".git"), gitdir}
+	p := NewPolicy(in)
+	if !slices.Equal(p.GitDirs, in.GitDirs) {
+		t.Errorf("git dirs %v, want %v", p.GitDirs, in.GitDirs)
 	}
 	for _, w := range []string{filepath.Join(home, "tools", "bin"), filepath.Join(home, ".local", "bin"), filepath.Dir(engine)} {
 		if !slices.Contains(p.ReadOnly, w) {
