@@ -3,16 +3,16 @@ package engines
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 // BaseURL is where an engine is pointed at a gateway (LiteLLM, a
@@ -185,22 +185,12 @@ func CheckBaseURLs(env []string) error {
 	return nil
 }
 
-// readSmall reads a regular file of at most maxSettingsBytes; nil when it
-// is missing, not a regular file or larger.
+// readSmall reads a regular file of at most maxSettingsBytes through the
+// safe helper (the engine's home is its to write: no symbolic link at any
+// component, no FIFO, no device); nil for anything else.
 func readSmall(path string) []byte {
-	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() { // a FIFO would block the open
-		return nil
-	}
-	f, err := os.Open(path)
+	b, err := safefs.ReadFile("home", filepath.Dir(path), filepath.Base(path), maxSettingsBytes)
 	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() > maxSettingsBytes {
-		return nil
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxSettingsBytes+1))
-	if err != nil || len(b) > maxSettingsBytes {
 		return nil
 	}
 	return b

@@ -24,3 +24,44 @@ func TestBaseURLsFIFO(t *testing.T) {
 		t.Errorf("a FIFO config.toml: %v", b)
 	}
 }
+
+// TestEngineSettingsNeverFollowALink: a settings file in the engine's home
+// that is a symbolic link to a file elsewhere (the engine's to plant) sets
+// no base URL, and codex's login check does not read it (a FIFO there
+// would have blocked os.ReadFile).
+func TestEngineSettingsNeverFollowALink(t *testing.T) {
+	home, elsewhere := t.TempDir(), t.TempDir()
+	for _, f := range []struct{ rel, content string }{
+		{".claude/settings.json", `{"env":{"ANTHROPIC_BASE_URL":"http://127.0.0.1:4000"}}`},
+		{".codex/config.toml", "openai_base_url = \"http://127.0.0.1:5000/v1\"\nmodel_provider = \"gw\"\n"},
+	} {
+		target := filepath.Join(elsewhere, filepath.Base(f.rel))
+		if err := os.WriteFile(target, []byte(f.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(home, f.rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"HOME=" + home}
+	for _, e := range []string{"claude", "codex"} {
+		if b := BaseURLs(e, env); len(b) != 0 {
+			t.Errorf("%s: a linked settings file set %v", e, b)
+		}
+	}
+	if codexAuthMissing(env) == "" {
+		t.Error("codex's login check took a linked config.toml's model_provider for a credential")
+	}
+	cfg := filepath.Join(home, ".codex", "config.toml")
+	os.Remove(cfg)
+	if err := syscall.Mkfifo(cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if codexAuthMissing(env) == "" {
+		t.Error("codex's login check took a FIFO config.toml for a credential")
+	}
+}

@@ -133,7 +133,7 @@ func codexAuthMissing(env []string) string {
 	if _, err := os.Stat(filepath.Join(home, "auth.json")); err == nil {
 		return ""
 	}
-	if b, err := os.ReadFile(filepath.Join(home, "config.toml")); err == nil {
+	if b := readSmall(filepath.Join(home, "config.toml")); b != nil {
 		s := string(b)
 		if strings.Contains(s, "cli_auth_credentials_store") || strings.Contains(s, "model_provider") {
 			return ""
