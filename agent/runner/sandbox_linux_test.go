@@ -233,60 +233,55 @@ echo work > work.txt`)
 	}
 }
 
-// TestSandboxHiddenScriptSaysSo (#34): a script: file under /tmp is there
-// on the host, but /tmp is the job's own inside the sandbox, so the shell
-// says "not found" (exit 127): the failure's detail names the path, why it
-// is hidden and the fix, instead of reading as a missing command.
-func TestSandboxHiddenScriptSaysSo(t *testing.T) {
-	f := newFixture(t)
-	sandboxed(t, f, sandbox.ModeAuto)
-	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
-		t.Skipf("this host sandboxes at level %s", lvl)
-	}
-	dir, err := os.MkdirTemp("/tmp", "aq-hidden-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	script := filepath.Join(dir, "fix.sh")
-	testenv.WriteFile(t, script, "echo fixed > fixed.txt\n")
-	if err := os.Chmod(script, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out := f.run(context.Background(), f.job("hidden-script", script), runner.Options{Attempt: 1})
-	want := "script command not found (exit 127): fix script: or install the command; the sandbox hides " + script +
-		" (/tmp is the job's own inside the sandbox): put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off"
-	if out.Reason != job.ReasonNoEngine || !strings.Contains(out.Detail, want) {
-		t.Errorf("outcome %s %q, want no_engine with\n%s", out.Reason, out.Detail, want)
-	}
-}
-
-// TestSandboxHiddenVerifySaysSo (#34): a verify: program under /tmp is
-// there on the host but hidden inside the sandbox, so the shell says "not
-// found" (exit 127): the verify failure's detail names the path, why it is
-// hidden and the fix, instead of reading as a failed check.
-func TestSandboxHiddenVerifySaysSo(t *testing.T) {
-	f := newFixture(t)
-	sandboxed(t, f, sandbox.ModeAuto)
-	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
-		t.Skipf("this host sandboxes at level %s", lvl)
-	}
-	dir, err := os.MkdirTemp("/tmp", "aq-hidden-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	check := filepath.Join(dir, "check.sh")
-	testenv.WriteFile(t, check, "exit 0\n")
-	if err := os.Chmod(check, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	j := f.job("hidden-verify", "echo work > work.txt")
-	j.Verify, j.VerifyRounds = check, rounds(0)
-	out := f.run(context.Background(), j, runner.Options{Attempt: 1})
-	want := "exited 127 (see aq job logs " + j.ID + "); the sandbox hides " + check +
-		" (/tmp is the job's own inside the sandbox): put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off"
-	if out.Reason != job.ReasonVerifyFailed || !strings.Contains(out.Detail, want) {
-		t.Errorf("outcome %s %q, want verify_failed with\n%s", out.Reason, out.Detail, want)
+// TestSandboxHiddenPathSaysSo (#34): a script: file or a verify: program
+// under /tmp is there on the host, but /tmp is the job's own inside the
+// sandbox, so the shell says "not found" (exit 127): the failure's detail
+// names the path, why it is hidden and the fix, instead of reading as a
+// missing command or a failed check.
+func TestSandboxHiddenPathSaysSo(t *testing.T) {
+	const why = " (/tmp is the job's own inside the sandbox): put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off"
+	for _, tc := range []struct {
+		name   string
+		reason job.Reason
+		job    func(f *fixture, hidden string) *job.Job
+		want   func(j *job.Job, hidden string) string
+	}{
+		{"script", job.ReasonNoEngine,
+			func(f *fixture, hidden string) *job.Job { return f.job("hidden-script", hidden) },
+			func(_ *job.Job, hidden string) string {
+				return "script command not found (exit 127): fix script: or install the command; the sandbox hides " + hidden + why
+			}},
+		{"verify", job.ReasonVerifyFailed,
+			func(f *fixture, hidden string) *job.Job {
+				j := f.job("hidden-verify", "echo work > work.txt")
+				j.Verify, j.VerifyRounds = hidden, rounds(0)
+				return j
+			},
+			func(j *job.Job, hidden string) string {
+				return "exited 127 (see aq job logs " + j.ID + "); the sandbox hides " + hidden + why
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			sandboxed(t, f, sandbox.ModeAuto)
+			if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
+				t.Skipf("this host sandboxes at level %s", lvl)
+			}
+			dir, err := os.MkdirTemp("/tmp", "aq-hidden-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			hidden := filepath.Join(dir, tc.name+".sh")
+			testenv.WriteFile(t, hidden, "echo done > done.txt\n")
+			if err := os.Chmod(hidden, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			j := tc.job(f, hidden)
+			out := f.run(context.Background(), j, runner.Options{Attempt: 1})
+			if want := tc.want(j, hidden); out.Reason != tc.reason || !strings.Contains(out.Detail, want) {
+				t.Errorf("outcome %s %q, want %s with\n%s", out.Reason, out.Detail, tc.reason, want)
+			}
+		})
 	}
 }
