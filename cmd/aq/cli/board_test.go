@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -24,107 +23,24 @@ import (
 // The live board in a real terminal: tmux runs the aq binary, send-keys
 // types, capture-pane reads the screen.
 
-// tmuxSession is one detached tmux session on a private server.
-type tmuxSession struct {
-	t    *testing.T
-	sock string
-	env  []string
-}
-
-// startTmux runs command (a shell command line) in a 120×40 tmux session;
-// after it exits the pane shows "EXITED <code>". It skips the test when
-// tmux is not installed.
-func startTmux(t *testing.T, env []string, command string) *tmuxSession {
-	t.Helper()
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux is not installed: the board's terminal tests need it (.ci/run installs it from Debian)")
-	}
-	dir, err := os.MkdirTemp("", "aqtmux") // short: a socket path is at most ~100 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	x := &tmuxSession{t: t, sock: filepath.Join(dir, "s"), env: append(env, "TERM=xterm-256color", "LANG=C.UTF-8", "LC_ALL=C.UTF-8")}
-	t.Cleanup(func() {
-		_ = x.cmd("kill-server").Run()
-		os.RemoveAll(dir)
-	})
-	line := command + `; echo "EXITED $?"; sleep 600`
-	if out, err := x.cmd("new-session", "-d", "-s", "aq", "-x", "120", "-y", "40", line).CombinedOutput(); err != nil {
-		t.Fatalf("tmux new-session: %v %s", err, out)
-	}
-	return x
-}
-
-func (x *tmuxSession) cmd(args ...string) *exec.Cmd {
-	c := exec.Command("tmux", append([]string{"-S", x.sock, "-f", "/dev/null"}, args...)...)
-	c.Env = x.env
-	return c
-}
-
-// keys types keys (tmux key names: Down, Enter, Escape, C-c, or text).
-func (x *tmuxSession) keys(keys ...string) {
-	x.t.Helper()
-	if out, err := x.cmd(append([]string{"send-keys", "-t", "aq"}, keys...)...).CombinedOutput(); err != nil {
-		x.t.Fatalf("send-keys %v: %v %s", keys, err, out)
-	}
-}
-
-// screen is what the pane shows now.
-func (x *tmuxSession) screen() string {
-	x.t.Helper()
-	out, err := x.cmd("capture-pane", "-p", "-t", "aq").Output()
-	if err != nil {
-		x.t.Fatalf("capture-pane: %v", err)
-	}
-	return string(out)
-}
-
-// waitScreen waits (bounded) until the screen satisfies cond, and returns it.
-func (x *tmuxSession) waitScreen(what string, cond func(string) bool) string {
-	x.t.Helper()
-	var s string
-	deadline := time.Now().Add(90 * time.Second) // a deadlock guard, not a speed requirement
-	for time.Now().Before(deadline) {
-		s = x.screen()
-		if cond(s) {
-			return s
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	x.t.Fatalf("the screen never showed %s; it shows:\n%s", what, s)
-	return ""
-}
-
-func (x *tmuxSession) waitText(texts ...string) string {
-	x.t.Helper()
-	return x.waitScreen(fmt.Sprintf("%q", texts), func(s string) bool {
-		for _, t := range texts {
-			if !strings.Contains(s, t) {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // selectRow moves the cursor to the first row (the row may be above it:
 // a shipped job the cursor followed is the last), then presses Down until
 // it is on id's row.
-func (x *tmuxSession) selectRow(id string) {
-	x.t.Helper()
-	if strings.Contains(x.screen(), "> "+id) {
+func selectRow(t *testing.T, x *testenv.Tmux, id string) {
+	t.Helper()
+	if strings.Contains(x.Screen(false), "> "+id) {
 		return
 	}
-	x.keys("g")
+	x.Keys("g")
 	time.Sleep(150 * time.Millisecond)
 	for range 30 {
-		if strings.Contains(x.screen(), "> "+id) {
+		if strings.Contains(x.Screen(false), "> "+id) {
 			return
 		}
-		x.keys("Down")
+		x.Keys("Down")
 		time.Sleep(150 * time.Millisecond)
 	}
-	x.t.Fatalf("cannot select %s:\n%s", id, x.screen())
+	t.Fatalf("cannot select %s:\n%s", id, x.Screen(false))
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -156,8 +72,8 @@ echo done > done.txt`, "ship: branch"))
 	h.Submit(t, "tmux-next", scriptJob("other", "true"))
 
 	long, child, broken, next := testenv.ID("tmux-long"), testenv.ID("tmux-child"), testenv.ID("tmux-broken"), testenv.ID("tmux-next")
-	x := startTmux(t, h.Environ(), shellQuote(h.Bin)+" status --watch --interval 300ms")
-	s := x.waitText("aq board · local", "RUNNING (1)", long, "1.5k tok $0.2500", "editing the parser now", "RUNNABLE — next for aq run (1)", next,
+	x := testenv.StartTmux(t, h.Environ(), 120, 40, shellQuote(h.Bin)+" status --watch --interval 300ms")
+	s := x.WaitText("aq board · local", "RUNNING (1)", long, "1.5k tok $0.2500", "editing the parser now", "RUNNABLE — next for aq run (1)", next,
 		"WAITING (1)", child, "waits for all of: "+long, "FAILED (1)", broken, "engine_failed: script exited 2", "q quit")
 	if !regexp.MustCompile(`(?m)^> ` + regexp.QuoteMeta(long) + `\s+app\s+script\s+engine\s+\d+s`).MatchString(s) {
 		t.Fatalf("the running row (cursor, repo, engine, phase, elapsed):\n%s", s)
@@ -171,27 +87,27 @@ echo done > done.txt`, "ship: branch"))
 	t.Logf("local board:\n%s", s)
 
 	// The live log of the running job, then back.
-	x.keys("Enter")
-	s = x.waitText("aq log", long, "· usage: 1.5k tokens", "editing the parser now", "stage inbox → building")
+	x.Keys("Enter")
+	s = x.WaitText("aq log", long, "· usage: 1.5k tokens", "editing the parser now", "stage inbox → building")
 	t.Logf("log view:\n%s", s)
-	x.keys("Escape")
-	x.waitText("RUNNING (1)", "FAILED (1)")
+	x.Keys("Escape")
+	x.WaitText("RUNNING (1)", "FAILED (1)")
 
 	// Requeue the failed job: r asks, y does it.
-	x.selectRow(broken)
-	x.keys("r")
-	x.waitText("requeue job " + broken + "? y/n")
-	x.keys("y")
-	x.waitText("requeued "+broken, "FAILED (0)")
+	selectRow(t, x, broken)
+	x.Keys("r")
+	x.WaitText("requeue job " + broken + "? y/n")
+	x.Keys("y")
+	x.WaitText("requeued "+broken, "FAILED (0)")
 	if v := show(t, h, "tmux-broken"); v.State.Stage != job.Inbox {
 		t.Fatalf("after requeue on the board the job is in %s", v.State.Stage)
 	}
 
 	// Resize: redrawn to 70 columns, long lines cut.
-	if out, err := x.cmd("resize-window", "-t", "aq", "-x", "70", "-y", "20").CombinedOutput(); err != nil {
+	if out, err := x.Cmd("resize-window", "-t", "aq", "-x", "70", "-y", "20").CombinedOutput(); err != nil {
 		t.Fatalf("resize-window: %v %s", err, out)
 	}
-	s = x.waitScreen("the board at 70×20", func(s string) bool {
+	s = x.WaitScreen("the board at 70×20", func(s string) bool {
 		lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 		return strings.Contains(s, "aq board") && strings.Contains(s, "q quit") && strings.Contains(s, "…") && len(lines) <= 20
 	})
@@ -202,8 +118,8 @@ echo done > done.txt`, "ship: branch"))
 	}
 
 	// Ctrl-C: exit 0, the terminal given back (the alternate screen left).
-	x.keys("C-c")
-	s = x.waitText("EXITED 0")
+	x.Keys("C-c")
+	s = x.WaitText("EXITED 0")
 	if strings.Contains(s, "aq board") || strings.Contains(s, "RUNNING") {
 		t.Fatalf("the board is still on the screen after Ctrl-C:\n%s", s)
 	}
@@ -296,28 +212,28 @@ func TestBoardTmuxFleet(t *testing.T) {
 	sc := makeFleetScene(t, s.Server, "http://"+s.Addr, dir)
 
 	env := append(os.Environ(), "AQ_LOG_LEVEL=debug")
-	x := startTmux(t, env, shellQuote(bin)+" status --watch --interval 300ms")
-	scr := x.waitText("aq board · fleet", "coordinator "+"http://"+s.Addr+"/api", "queued 1", "building 1", "review 1", "dead_letter 1",
+	x := testenv.StartTmux(t, env, 120, 40, shellQuote(bin)+" status --watch --interval 300ms")
+	scr := x.WaitText("aq board · fleet", "coordinator "+"http://"+s.Addr+"/api", "queued 1", "building 1", "review 1", "dead_letter 1",
 		"FACTORIES (2)", "live-1", "1/2 running  load 0.50", "["+sc.running+"]", "gone-2", "stale",
 		"ALERTS", "factory gone-2 is stale", "job "+sc.dead+" is dead-lettered", "job "+sc.unroutable+": no live factory can run it",
 		"RUNNING (1)", sc.running, "on live-1", "REVIEW / TESTING", sc.review, "FAILED (1)", sc.dead)
 	t.Logf("fleet board:\n%s", scr)
 
 	// Ship the job in review: s asks, y ships it at the coordinator.
-	x.selectRow(sc.review)
-	x.keys("s")
-	x.waitText("ship job " + sc.review + "? y/n")
-	x.keys("y")
-	x.waitText("shipped "+sc.review, "shipped 1")
+	selectRow(t, x, sc.review)
+	x.Keys("s")
+	x.WaitText("ship job " + sc.review + "? y/n")
+	x.Keys("y")
+	x.WaitText("shipped "+sc.review, "shipped 1")
 	if j, _ := s.Job(sc.review); j.Stage != coord.StageShipped {
 		t.Fatalf("after ship on the board the job is %s", j.Stage)
 	}
 	// Requeue the dead-lettered one.
-	x.selectRow(sc.dead)
-	x.keys("r")
-	x.waitText("requeue job " + sc.dead + "? y/n")
-	x.keys("y")
-	x.waitText("requeued "+sc.dead, "dead_letter 0")
+	selectRow(t, x, sc.dead)
+	x.Keys("r")
+	x.WaitText("requeue job " + sc.dead + "? y/n")
+	x.Keys("y")
+	x.WaitText("requeued "+sc.dead, "dead_letter 0")
 	if j, _ := s.Job(sc.dead); j.Stage != coord.StageQueued {
 		t.Fatalf("after requeue on the board the job is %s", j.Stage)
 	}
@@ -325,20 +241,20 @@ func TestBoardTmuxFleet(t *testing.T) {
 	// A coordinator without GET /fleet/factories: the board says so and
 	// shows the rest. (The board stops asking for the route it lacks.)
 	s.SetWithout(coord.RouteFactories)
-	x.keys("C-c")
-	x.waitText("EXITED 0")
-	x2 := startTmux(t, env, shellQuote(bin)+" status --watch --interval 300ms")
-	x2.waitText("the coordinator has no GET /fleet/factories", "RUNNING (1)", sc.running)
+	x.Keys("C-c")
+	x.WaitText("EXITED 0")
+	x2 := testenv.StartTmux(t, env, 120, 40, shellQuote(bin)+" status --watch --interval 300ms")
+	x2.WaitText("the coordinator has no GET /fleet/factories", "RUNNING (1)", sc.running)
 	s.SetWithout()
 
 	// The coordinator goes away: the board says since when and keeps the data.
 	s.Kill()
-	scr = x2.waitText("coordinator unreachable since", "showing what it said at", "RUNNING (1)", sc.running, sc.unroutable)
+	scr = x2.WaitText("coordinator unreachable since", "showing what it said at", "RUNNING (1)", sc.running, sc.unroutable)
 	if strings.Contains(scr, "panic") || strings.Contains(scr, "goroutine") {
 		t.Fatalf("a stack trace on the board:\n%s", scr)
 	}
-	x2.keys("q")
-	x2.waitText("EXITED 0")
+	x2.Keys("q")
+	x2.WaitText("EXITED 0")
 }
 
 // TestStatusWatchPlainAndCost: without a terminal --watch prints the plain

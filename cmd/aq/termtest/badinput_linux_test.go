@@ -31,9 +31,9 @@ func TestBoardWithoutColour(t *testing.T) {
 		{"colour", nil, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			x := startTmux(t, termEnv(h, tc.env...), 100, 30, shellLine(h.RepoBase, append(append([]string{h.Bin}, tc.args...), "status", "--watch")...))
-			x.waitText("> " + id)
-			styled := x.screen(true)
+			x := testenv.StartTmux(t, termEnv(h, tc.env...), 100, 30, shellLine(h.RepoBase, append(append([]string{h.Bin}, tc.args...), "status", "--watch")...))
+			x.WaitText("> " + id)
+			styled := x.Screen(true)
 			var styles []string
 			for _, m := range sgr.FindAllString(styled, -1) {
 				if m != "\x1b[0m" && m != "\x1b[m" && m != "\x1b[39m" && m != "\x1b[49m" {
@@ -46,8 +46,8 @@ func TestBoardWithoutColour(t *testing.T) {
 			if !tc.plain && !regexp.MustCompile(`\x1b\[(?:[0-9]+;)*7m(?:\x1b\[[0-9;]*m)*> `+regexp.QuoteMeta(id)).MatchString(styled) {
 				t.Errorf("the selected row is not in reverse video:\n%q", styled)
 			}
-			x.keys("q")
-			x.waitText("EXITED 0")
+			x.Keys("q")
+			x.WaitText("EXITED 0")
 		})
 	}
 }
@@ -60,20 +60,20 @@ func TestNarrowTerminal(t *testing.T) {
 	h, _, env := liveHome(t, "printf '<title>Hello</title>\\n' > index.html")
 	id := testenv.ID("narrow")
 	h.Submit(t, "narrow", "repo: webapp\nengine: claude\nverify: grep -q Hello index.html\nship: branch")
-	x := startTmux(t, env, 20, 20, shellLine(h.RepoBase, h.Bin, "status", "--watch"))
-	x.waitText("aq")
-	x.keys("q")
-	if s := x.waitText("EXITED"); !strings.Contains(s, "EXITED 0") || strings.Contains(s, "panic") {
+	x := testenv.StartTmux(t, env, 20, 20, shellLine(h.RepoBase, h.Bin, "status", "--watch"))
+	x.WaitText("aq")
+	x.Keys("q")
+	if s := x.WaitText("EXITED"); !strings.Contains(s, "EXITED 0") || strings.Contains(s, "panic") {
 		t.Fatalf("the board at 20 columns:\n%s", s)
 	}
-	x = startTmux(t, env, 20, 20, shellLine(h.RepoBase, h.Bin, "run", "--once"))
-	s := x.waitText(id[:10])
+	x = testenv.StartTmux(t, env, 20, 20, shellLine(h.RepoBase, h.Bin, "run", "--once"))
+	s := x.WaitText(id[:10])
 	for _, l := range strings.Split(s, "\n") {
 		if len([]rune(l)) > 20 {
 			t.Errorf("a line wider than the terminal: %q", l)
 		}
 	}
-	final := x.waitText("EXITED")
+	final := x.WaitText("EXITED")
 	if !strings.Contains(final, "EXITED 0") || strings.Contains(final, "panic") {
 		t.Fatalf("aq run at 20 columns:\n%s", final)
 	}

@@ -63,20 +63,20 @@ func TestLiveRunInTmux(t *testing.T) {
 	h, _, env := liveHome(t, "printf '<title>Hello</title>\\n' > index.html")
 	id := testenv.ID("live")
 	h.Submit(t, "live", "repo: webapp\nengine: claude\nverify: sleep 3; grep -q Hello index.html\nship: branch")
-	x := startTmux(t, env, 120, 30, shellLine(h.RepoBase, h.Bin, "run", "--once"))
+	x := testenv.StartTmux(t, env, 120, 30, shellLine(h.RepoBase, h.Bin, "run", "--once"))
 
-	s := x.waitText(id+"  engine  ", "I'll run the tests first")
+	s := x.WaitText(id+"  engine  ", "I'll run the tests first")
 	if !strings.Contains(s, "$0.") || !strings.Contains(s, " tok ") {
 		t.Errorf("the live line lacks the usage:\n%s", s)
 	}
 	first := s
-	s = x.waitText(id+"  engine  ", "→ Bash go test ./...")
+	s = x.WaitText(id+"  engine  ", "→ Bash go test ./...")
 	if s == first {
 		t.Errorf("the line did not change")
 	}
-	x.waitText(id+"  engine  ", "→ Edit")
-	x.waitText(id + "  verify  ")
-	final := x.waitText("EXITED 0")
+	x.WaitText(id+"  engine  ", "→ Edit")
+	x.WaitText(id + "  verify  ")
+	final := x.WaitText("EXITED 0")
 	if !strings.Contains(final, "job "+id+": shipped (aq/job/"+id) {
 		t.Errorf("no result line:\n%s", final)
 	}
@@ -97,10 +97,10 @@ func TestLiveRunCtrlC(t *testing.T) {
 	h, origin, env := liveHome(t, "sleep 60")
 	id := testenv.ID("livectrlc")
 	h.Submit(t, "livectrlc", "repo: webapp\nengine: claude\nship: branch")
-	x := startTmux(t, env, 100, 30, shellLine(h.RepoBase, h.Bin, "run", "--once"))
-	x.waitText(id+"  engine  ", "→ Bash go test ./...")
-	x.keys("C-c")
-	final := x.waitText("EXITED ")
+	x := testenv.StartTmux(t, env, 100, 30, shellLine(h.RepoBase, h.Bin, "run", "--once"))
+	x.WaitText(id+"  engine  ", "→ Bash go test ./...")
+	x.Keys("C-c")
+	final := x.WaitText("EXITED ")
 	if blockLine(id).MatchString(final) {
 		t.Errorf("Ctrl-C left the live block on the screen:\n%s", final)
 	}

@@ -46,9 +46,9 @@ func TestReadmeQuickStartInATerminal(t *testing.T) {
 	}
 	env = append(env, "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "HOME="+home, "TMPDIR="+tmp)
 	env = append(env, testenv.Identity...)
-	x := startTmux(t, env, 120, 40, "sh -e "+shellQuote(script))
-	x.waitText("EXITED")
-	out, err := x.cmd("capture-pane", "-p", "-t", "aq", "-S", "-").Output() // with what scrolled away
+	x := testenv.StartTmux(t, env, 120, 40, "sh -e "+shellQuote(script))
+	x.WaitText("EXITED")
+	out, err := x.Cmd("capture-pane", "-p", "-t", "aq", "-S", "-").Output() // with what scrolled away
 	if err != nil {
 		t.Fatal(err)
 	}
