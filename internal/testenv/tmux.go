@@ -31,7 +31,7 @@ func StartTmux(tb testing.TB, env []string, cols, rows int, command string) *Tmu
 	if err != nil {
 		tb.Fatal(err)
 	}
-	x := &Tmux{tb: tb, sock: filepath.Join(dir, "s"), env: append(env, "TERM=xterm-256color", "LANG=C.UTF-8", "LC_ALL=C.UTF-8")}
+	x := &Tmux{tb: tb, sock: filepath.Join(dir, "s"), env: append(terminalFree(env), "TERM=xterm-256color", "LANG=C.UTF-8", "LC_ALL=C.UTF-8")}
 	tb.Cleanup(func() {
 		_ = x.Cmd("kill-server").Run()
 		os.RemoveAll(dir)
@@ -41,6 +41,23 @@ func StartTmux(tb testing.TB, env []string, cols, rows int, command string) *Tmu
 		tb.Fatalf("tmux new-session: %v %s", err, out)
 	}
 	return x
+}
+
+// terminalFree is env without what the test runner's own environment says
+// about its terminal: CI (set by CI runners) makes termenv take any output
+// for "not a terminal" and draw no style, CLICOLOR and CLICOLOR_FORCE
+// override the profile, and TERM, COLORTERM, TERM_PROGRAM, TMUX and STY
+// describe a terminal that is not the pane. NO_COLOR stays: tests set it.
+func terminalFree(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		switch k, _, _ := strings.Cut(kv, "="); k {
+		case "CI", "CLICOLOR", "CLICOLOR_FORCE", "TERM", "COLORTERM", "TERM_PROGRAM", "TMUX", "STY":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 // Cmd is a tmux command on the session's server.

@@ -13,13 +13,15 @@ import (
 
 // termEnv is h's environment as a terminal's shell would have it: a
 // terminal type that supports colour and queries, not inside tmux or
-// screen (termenv does not query under them), no NO_COLOR.
+// screen (termenv does not query under them), no NO_COLOR, and not a CI
+// runner's (CI set makes termenv take every output for no terminal: it
+// would neither query nor style, and the tests could not fail).
 func termEnv(h *testenv.Home, extra ...string) []string {
 	var env []string
 	for _, kv := range h.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "TERM", "TMUX", "STY", "NO_COLOR", "COLORTERM", "TERM_PROGRAM":
+		case "TERM", "TMUX", "STY", "NO_COLOR", "COLORTERM", "TERM_PROGRAM", "CI", "CLICOLOR", "CLICOLOR_FORCE":
 			continue
 		}
 		env = append(env, kv)

@@ -118,8 +118,9 @@ type Args struct {
 	// Port is a loopback listener's on the host, CoordPort the
 	// coordinator's, ForbiddenPort a listener's on 127.0.0.2.
 	Port, CoordPort, ForbiddenPort int
-	// AQBin is aq's binary (aq found by it); AQPIDs, when set, are aq's
-	// processes instead (aq's packages run in-process: aq selftest).
+	// AQBin is aq's binary (aq is found by it among the script's
+	// ancestors); AQPIDs, when set, are aq's processes instead (aq's
+	// packages run in-process: aq selftest).
 	AQBin  string
 	AQPIDs []int
 	// Nonce marks what the run leaves on the host; Repo is the job's

@@ -11,7 +11,8 @@
 # Arguments: AQ_HOME, the repo base, the user's home, a loopback port on
 # the host, the coordinator's port, a port on 127.0.0.2 (a host no job is
 # allowed), the aq binary's path, a nonce, the job's repository, and
-# optionally aq's pids (comma-separated; else aq is found by its binary).
+# optionally aq's pids (comma-separated; else aq is found among the script's
+# ancestors by its binary).
 AQHOME=$1 REPOBASE=$2 USERHOME=$3 PORT=$4 COORD=$5 FORBIDDEN=$6 AQBIN=$7 NONCE=$8 REPO=$9 AQPIDLIST=${10}
 GITDIR=$REPOBASE/$REPO/.git
 
@@ -51,8 +52,13 @@ aqpids() {
 		for p in $(echo "$AQPIDLIST" | tr , ' '); do [ -e "/proc/$p" ] && echo "$p"; done
 		return
 	fi
-	for p in /proc/[0-9]*; do
-		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "^$AQBIN "; then echo "${p#/proc/}"; fi
+	# The aq that runs this script: its ancestors, not every process of the
+	# binary (other aq runs of it come and go: a pid listed here must still
+	# be there to be signalled).
+	p=$$
+	while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+		if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "^$AQBIN "; then echo "$p"; fi
+		p=$(awk '/^PPid:/ {print $2}' "/proc/$p/status" 2>/dev/null)
 	done
 }
 AQPIDS=$(aqpids)
