@@ -51,6 +51,11 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
+// stragglerWait bounds how long KindKill9Sandboxed waits for an engine
+// with its straggler up: a loaded host runs a few jobs a second at best,
+// a quarter of them with a straggler, each up for a second or two.
+const stragglerWait = time.Minute
+
 func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 	rec := FaultRecord{Fault: f}
 	if f.factoryFault() && f.Kind != KindKill9Sandboxed { // that one picks its factory (lockStraggler)
@@ -61,7 +66,7 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 	switch f.Kind {
 	case KindKill9:
 		fa := r.facts[f.Target]
-		rec.Running = fa.waitBusy(8 * time.Second)
+		rec.Running = fa.waitBusy(30 * time.Second) // the coverage check wants it mid-job
 		rec.Start = time.Now().UTC()
 		c := fa.take()
 		r.logf("FAULT kill -9 %s (running %d jobs)", fa.id, rec.Running)
@@ -81,7 +86,7 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 		}
 		var run string
 		var n int
-		rec.Target, run, n = r.lockStraggler(f.Target, 20*time.Second)
+		rec.Target, run, n = r.lockStraggler(f.Target, stragglerWait)
 		fa := r.facts[rec.Target]
 		defer fa.faultMu.Unlock()
 		rec.Running = fa.waitBusy(time.Second)
@@ -90,7 +95,7 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 			rec.Job = run
 			rec.Detail = "killed while the straggler of " + run + " was up"
 		} else {
-			rec.Detail = "no engine of any factory had a straggler up within 20s"
+			rec.Detail = "no engine of any factory had a straggler up within " + stragglerWait.String()
 		}
 		r.logf("FAULT kill -9 %s under a sandboxed engine (running %d jobs; %s, %d stragglers up)", fa.id, rec.Running, rec.Detail, n)
 		if c := fa.take(); c != nil {
@@ -192,7 +197,7 @@ func (r *harness) inject(ctx context.Context, f Fault) FaultRecord {
 		rec.End = time.Now().UTC()
 	case KindPartition:
 		fa := r.facts[f.Target]
-		rec.Running = fa.waitBusy(15 * time.Second)
+		rec.Running = fa.waitBusy(30 * time.Second)
 		rec.Start = time.Now().UTC()
 		r.logf("FAULT partition %s (running %d jobs) for %s", fa.id, rec.Running, f.Down.Round(100*time.Millisecond))
 		if err := r.net.Cut(f.Target); err != nil {
