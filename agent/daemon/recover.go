@@ -12,6 +12,7 @@ import (
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/abandon"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/shipcheck"
 	"github.com/aqfleet/aq/job"
@@ -163,7 +164,14 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 		}
 	}
 
-	// 5. Report: the lease frees at once, the job is retried elsewhere.
+	// 5. Report: the lease frees at once, the job is retried elsewhere — as
+	// interrupted when its aq gave up on a step after a stop signal
+	// (internal/abandon), else as a crash.
+	reason, recDetail := job.ReasonCrash, "aq died while the job ran; recovered at start-up"
+	abandoned, ok := abandon.Take(cfg.Home, r.ID, r.PID)
+	if ok {
+		reason, recDetail = job.ReasonInterrupted, abandoned+"; recovered at start-up"
+	}
 	result := "fenced"
 	stage := job.Failed
 	if !fenced {
@@ -172,6 +180,9 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 			cp = sha
 		}
 		detail := fmt.Sprintf("the aq process that ran the job (pid %d) died; recovered at the next start", r.PID)
+		if abandoned != "" {
+			detail = abandoned + "; recovered at the next start"
+		}
 		if refused != "" {
 			detail += "; its checkpoint was not pushed (" + refused + ")"
 		}
@@ -181,7 +192,7 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 			detail += fmt.Sprintf("; its result %.10s was already on origin (%s): the next attempt reports it, the engine does not run again", r.Delivered, r.Branch)
 		}
 		dl := d.agent.Reporter.Send(ctx, fleet.FailReport(fleet.FailRequest{
-			JobID: r.ID, FactoryID: d.agent.Client.FactoryID(), LeaseEpoch: r.LeaseEpoch, Reason: job.ReasonCrash, Retryable: true,
+			JobID: r.ID, FactoryID: d.agent.Client.FactoryID(), LeaseEpoch: r.LeaseEpoch, Reason: reason, Retryable: true,
 			Checkpoint: cp, Detail: detail,
 		}))
 		result = dl.String()
@@ -193,13 +204,13 @@ func (d *Daemon) recoverOne(parent context.Context, r jobstate.Record) {
 		if fleet.IsAuth(dl.Err) {
 			d.fail(dl.Err)
 		}
-		log.Warn("orphan reported", "stage", stage, "reason", job.ReasonCrash, "report", dl.String())
+		log.Warn("orphan reported", "stage", stage, "reason", reason, "report", dl.String())
 	} else {
 		log.Warn("orphan not reported: the coordinator has moved on (409); its checkpoint stays local", "stage", stage, "checkpoint", sha)
 	}
 	if _, err := d.agent.Jobs.Records.Update(r.ID, func(rec *jobstate.Record) {
-		rec.Stage, rec.Reason, rec.Fenced, rec.EndedAt = stage, job.ReasonCrash, fenced, time.Now().UTC()
-		rec.Detail = "aq died while the job ran; recovered at start-up"
+		rec.Stage, rec.Reason, rec.Fenced, rec.EndedAt = stage, reason, fenced, time.Now().UTC()
+		rec.Detail = recDetail
 		if sha != "" {
 			rec.Checkpoint = sha
 		}

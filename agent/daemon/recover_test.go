@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/aqfleet/aq/agent/jobstate"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/abandon"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
@@ -115,6 +117,44 @@ func TestRecoverOrphanBeforeNewWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// An orphan its aq abandoned after a stop signal (it marked it:
+// internal/abandon) is reported interrupted, saying what was abandoned, and
+// its record closed so; the mark is gone after.
+func TestRecoverAbandonedOrphanIsInterrupted(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{routes: coord.RouteSets[0]})
+	id := testenv.ID("abandoned")
+	r.submit(id, "app", r.quick(id))
+	r.orphan(id)
+	recs, err := jobstate.Open(filepath.Join(r.home, "state", "jobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := recs.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	why := "aq daemon was stopped by SIGTERM and abandoned the step it was in after AQ_STOP_BOUND (2m0s)"
+	testenv.WriteFile(t, filepath.Join(abandon.Dir(r.home), id), fmt.Sprintf(`{"pid":%d,"why":%q}`, rec.PID, why))
+	r.start()
+	r.waitStage(id, coord.StageShipped)
+	var fails []string
+	for _, e := range r.stub.Events(id) {
+		if e.Kind == "fail" {
+			fails = append(fails, e.Detail)
+		}
+	}
+	if !slices.Equal(fails, []string{string(job.ReasonInterrupted)}) {
+		t.Fatalf("fail reports %v, want [interrupted]", fails)
+	}
+	if testenv.Exists(filepath.Join(abandon.Dir(r.home), id)) {
+		t.Error("the mark outlived the recovery")
+	}
+	if err := r.drain(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A recovered orphan whose lease the coordinator has moved on from (409 on

@@ -26,6 +26,7 @@ import (
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/abandon"
 	"github.com/aqfleet/aq/internal/brief"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/job"
@@ -79,10 +80,13 @@ type Result struct {
 }
 
 // Recover returns jobs whose aq process died to the queue, after
-// checkpointing their worktrees (no file the engine wrote is lost).
+// checkpointing their worktrees (no file the engine wrote is lost); a job
+// its aq abandoned after a stop signal fails interrupted, not crash.
 func (a *Agent) Recover(ctx context.Context) ([]string, error) {
-	return a.Queue.Recover(a.inFlight, func(s queue.State) (string, error) {
-		return a.checkpointOrphan(ctx, s)
+	return a.Queue.Recover(a.inFlight, func(s queue.State) (queue.Orphan, error) {
+		sha, err := a.checkpointOrphan(ctx, s)
+		why, _ := abandon.Take(a.Runner.Cfg.Home, s.ID, s.PID)
+		return queue.Orphan{Checkpoint: sha, Abandoned: why}, err
 	})
 }
 

@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/aqfleet/aq/agent/local"
 	"github.com/aqfleet/aq/agent/queue"
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/abandon"
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
@@ -295,4 +297,49 @@ func startTagged(t *testing.T, id, scope, dir, script string) int {
 	go cmd.Wait()
 	t.Cleanup(func() { _ = process.KillGroup(pid) })
 	return pid
+}
+
+// TestRecoverAbandoned: a job whose aq gave up on a blocked step after a
+// stop signal (cmd/aq/cli, stop.go) was marked by it (internal/abandon):
+// Recover fails it interrupted, saying what was abandoned, not crash; a
+// mark another process left is not taken for it.
+func TestRecoverAbandoned(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		markBy int
+		want   job.Reason
+	}{
+		{"marked by its aq", 999999, job.ReasonInterrupted},
+		{"marked by another aq", 999998, job.ReasonCrash},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := testenv.NewHome(t)
+			h.Repo(t, "app", nil)
+			a := newAgent(t, h)
+			submit(t, a, "abandoned", "repo: app\nengine: script\nship: none\nscript: true")
+			dead, err := queue.Open(a.Queue.Dir(), queue.WithOwner("deadhost", 999999))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := dead.Next(nil); err != nil {
+				t.Fatal(err)
+			}
+			id := testenv.ID("abandoned")
+			testenv.WriteFile(t, filepath.Join(abandon.Dir(a.Runner.Cfg.Home), id),
+				fmt.Sprintf(`{"pid":%d,"why":"aq run was stopped by SIGTERM and abandoned the step it was in after AQ_STOP_BOUND (1s)"}`, c.markBy))
+			if ids, err := a.Recover(context.Background()); err != nil || len(ids) != 1 {
+				t.Fatalf("Recover: %v %v", ids, err)
+			}
+			st := state(t, a, "abandoned")
+			if st.Stage != job.Inbox || st.Reason != c.want {
+				t.Fatalf("after Recover: %s %s %q, want inbox %s", st.Stage, st.Reason, st.Detail, c.want)
+			}
+			if c.want == job.ReasonInterrupted && !strings.Contains(st.Detail, "abandoned the step it was in after AQ_STOP_BOUND") {
+				t.Errorf("detail %q does not say what was abandoned", st.Detail)
+			}
+			if testenv.Exists(filepath.Join(abandon.Dir(a.Runner.Cfg.Home), id)) {
+				t.Error("the mark outlived the recovery")
+			}
+		})
+	}
 }

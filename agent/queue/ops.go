@@ -437,17 +437,28 @@ func (q *Queue) Requeue(id string) error {
 	})
 }
 
+// Orphan is what Recover's caller found of a job orphaned in building: the
+// checkpoint it made of the job's worktree (empty: none), and, when the aq
+// that ran it gave up on a step that did not return after a stop signal
+// (internal/abandon), what it abandoned.
+type Orphan struct {
+	Checkpoint string
+	Abandoned  string
+}
+
 // Recover returns jobs orphaned in building to the queue; `aq run` calls it
 // on start. It first repairs every job (see the package comment). Then, for
 // each building job that inFlight reports gone (the caller checks the job's
-// per-job lock), it calls checkpoint (nil: none) and records the commit; a
-// checkpoint error is recorded in Detail and never stops recovery. The job
-// goes to the inbox with reason crash, runnable at once, its Attempts kept as
+// per-job lock), it calls orphan (nil: none), records the checkpoint it
+// made and fails the job interrupted when its aq abandoned it
+// (internal/abandon), else crash; an orphan error is recorded in Detail and
+// never stops recovery. The job goes to the inbox, runnable at once, its
+// Attempts kept as
 // Next incremented them (so it shows one attempt more than before the crashed
 // run), or to dead_letter when job.Retryable says its tries are spent.
 // Callbacks run under the queue lock. It returns the recovered ids, sorted,
 // and any repair errors (which do not stop recovery).
-func (q *Queue) Recover(inFlight func(State) bool, checkpoint func(State) (sha string, err error)) ([]string, error) {
+func (q *Queue) Recover(inFlight func(State) bool, orphan func(State) (Orphan, error)) ([]string, error) {
 	if inFlight == nil {
 		return nil, errors.New("queue: Recover needs an in-flight check")
 	}
@@ -463,24 +474,28 @@ func (q *Queue) Recover(inFlight func(State) bool, checkpoint func(State) (sha s
 			if inFlight(st.clone()) {
 				continue
 			}
+			reason := job.ReasonCrash
 			detail := fmt.Sprintf("recovered: the process running it (%s, pid %d) is gone", st.Host, st.PID)
-			if checkpoint != nil {
-				sha, err := checkpoint(st.clone())
+			if orphan != nil {
+				o, err := orphan(st.clone())
+				if o.Abandoned != "" {
+					reason, detail = job.ReasonInterrupted, "recovered: "+o.Abandoned
+				}
 				switch {
 				case err != nil:
 					detail += fmt.Sprintf("; checkpoint failed: %v", err)
-				case sha != "":
-					st.Checkpoint = sha
-					detail += "; checkpoint " + sha
+				case o.Checkpoint != "":
+					st.Checkpoint = o.Checkpoint
+					detail += "; checkpoint " + o.Checkpoint
 				}
 			}
 			now := q.clock()
 			to := job.DeadLetter
-			if job.Retryable(job.ReasonCrash, st.Attempts, st.Retry) {
+			if job.Retryable(reason, st.Attempts, st.Retry) {
 				to = job.Inbox
 			}
-			st.Reason, st.Detail, st.EndedAt, st.NotBefore = job.ReasonCrash, detail, now, time.Time{}
-			if err := q.commitMoveLocked(&st, to, Transition{At: now, Reason: job.ReasonCrash, Detail: detail}); err != nil {
+			st.Reason, st.Detail, st.EndedAt, st.NotBefore = reason, detail, now, time.Time{}
+			if err := q.commitMoveLocked(&st, to, Transition{At: now, Reason: reason, Detail: detail}); err != nil {
 				errs = append(errs, err)
 				continue
 			}

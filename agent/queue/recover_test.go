@@ -13,11 +13,11 @@ import (
 
 func TestRecover(t *testing.T) {
 	q, clk := newQueue(t)
-	for _, id := range []string{"alive", "orphan", "nockpt", "ckptfails", "exhausted"} {
+	for _, id := range []string{"alive", "orphan", "nockpt", "ckptfails", "exhausted", "abandoned"} {
 		mustSubmit(t, q, mkJob(id, withRetry(1)))
 	}
 	mustSubmit(t, q, mkJob("waiting")) // stays in the inbox: Recover must not touch it
-	for range 5 {
+	for range 6 {
 		e, err := q.Next(func(s State) bool { return s.ID != "waiting" })
 		if err != nil {
 			t.Fatal(err)
@@ -29,7 +29,7 @@ func TestRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := map[string]int{}
-	for _, id := range []string{"orphan", "nockpt", "ckptfails", "exhausted"} {
+	for _, id := range []string{"orphan", "nockpt", "ckptfails", "exhausted", "abandoned"} {
 		e, _ := q.Get(id)
 		before[id] = e.State.Attempts
 	}
@@ -38,24 +38,26 @@ func TestRecover(t *testing.T) {
 	var checkpointed []string
 	ids, err := q.Recover(
 		func(s State) bool { return s.ID == "alive" },
-		func(s State) (string, error) {
+		func(s State) (Orphan, error) {
 			checkpointed = append(checkpointed, s.ID)
 			switch s.ID {
 			case "ckptfails":
-				return "", errors.New("git commit: disk full")
+				return Orphan{}, errors.New("git commit: disk full")
 			case "nockpt":
-				return "", nil // nothing to commit
+				return Orphan{}, nil // nothing to commit
+			case "abandoned":
+				return Orphan{Checkpoint: "sha-abandoned", Abandoned: "aq run was stopped by SIGTERM and abandoned its step"}, nil
 			}
-			return "sha-" + s.ID, nil
+			return Orphan{Checkpoint: "sha-" + s.ID}, nil
 		})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"ckptfails", "exhausted", "nockpt", "orphan"}; !slices.Equal(ids, want) {
+	if want := []string{"abandoned", "ckptfails", "exhausted", "nockpt", "orphan"}; !slices.Equal(ids, want) {
 		t.Errorf("recovered %v, want %v", ids, want)
 	}
 	slices.Sort(checkpointed)
-	if want := []string{"ckptfails", "exhausted", "nockpt", "orphan"}; !slices.Equal(checkpointed, want) {
+	if want := []string{"abandoned", "ckptfails", "exhausted", "nockpt", "orphan"}; !slices.Equal(checkpointed, want) {
 		t.Errorf("checkpointed %v, want %v (in-flight jobs are never checkpointed)", checkpointed, want)
 	}
 	if stageOf(t, q, "alive") != job.Building {
@@ -82,6 +84,12 @@ func TestRecover(t *testing.T) {
 	}
 	if st := sidecarOnDisk(t, q, job.DeadLetter, "exhausted"); st.Checkpoint != "sha-exhausted" || st.Reason != job.ReasonCrash {
 		t.Errorf("exhausted = %+v", st)
+	}
+	// A job its aq abandoned after a stop signal (internal/abandon) fails
+	// interrupted, saying what was abandoned, not crash.
+	if st := sidecarOnDisk(t, q, job.Inbox, "abandoned"); st.Reason != job.ReasonInterrupted || st.Checkpoint != "sha-abandoned" ||
+		!strings.Contains(st.Detail, "recovered: aq run was stopped by SIGTERM and abandoned its step; checkpoint sha-abandoned") {
+		t.Errorf("abandoned = %+v", st)
 	}
 
 	// The recovered job runs again: attempts+1 compared to before the crash.

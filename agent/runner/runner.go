@@ -32,6 +32,7 @@ import (
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/agent/repos"
 	"github.com/aqfleet/aq/engines"
+	"github.com/aqfleet/aq/internal/abandon"
 	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/secrets"
 	"github.com/aqfleet/aq/internal/telemetry"
@@ -335,6 +336,9 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 	ru := &run{r: r, j: j, o: o, log: r.logger().With("job", j.ID, "repo", j.Repo), cpRound: -1}
 	ru.logDir = filepath.Join(r.Cfg.logsDir(), j.ID)
 	ru.event(Preparing{})
+	// An aq that abandons a step after a stop signal marks the job, so the
+	// next aq recovers it as interrupted, not as a crash (internal/abandon).
+	defer abandon.Running(r.Cfg.Home, j.ID)()
 	defer func() {
 		if p := recover(); p != nil {
 			ru.log.Error("panic while running job", "panic", fmt.Sprint(p))

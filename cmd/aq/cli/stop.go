@@ -9,16 +9,20 @@ package cli
 // command has a bounded time to return, and after that it is abandoned:
 // aq says so and exits 1. A job it was running is left in building/, and
 // the next aq run recovers it (its engine's processes stopped by their
-// tag, its worktree checkpointed) as a crash's job.
+// tag, its worktree checkpointed) and fails it interrupted, saying what was
+// abandoned (internal/abandon marks it; a job whose mark could not be
+// written is recovered as a crash's).
 
 import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/aqfleet/aq/internal/abandon"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
 
@@ -26,6 +30,10 @@ import (
 // began: the kill ladder (two AQ_KILL_GRACE steps), the checkpoint and the
 // report fit in it many times over.
 const defaultStopBound = 2 * time.Minute
+
+// markBound is how long an abandoning aq waits for its jobs' marks to be
+// written: the file system that blocked the step may block them too.
+const markBound = 2 * time.Second
 
 // stopBound is AQ_STOP_BOUND, read from the environment directly (not the
 // configuration: the step that blocks may be the one reading it).
@@ -85,8 +93,16 @@ func awaitStop(done <-chan int, sigs <-chan os.Signal, cancel func(), stage int,
 				expired = t.C
 			}
 		case <-expired:
-			fmt.Fprintf(w, "aq: %s did not stop within %s of %s (AQ_STOP_BOUND): the step it was in did not return — a FIFO, a hung file system or a wedged child — and was abandoned; a job it was running is recovered by the next aq run\n",
-				command, bound, sigName(last))
+			// The jobs it runs are marked for the aq that recovers them:
+			// interrupted, not crash (internal/abandon).
+			ids := abandon.Mark(fmt.Sprintf("%s was stopped by %s and abandoned the step it was in after AQ_STOP_BOUND (%s)", command, sigName(last), bound), markBound)
+			jobs := "a job it was running is recovered by the next aq run"
+			if len(ids) > 0 {
+				slices.Sort(ids)
+				jobs = "the next aq run recovers " + strings.Join(ids, ", ") + " and fails it interrupted"
+			}
+			fmt.Fprintf(w, "aq: %s did not stop within %s of %s (AQ_STOP_BOUND): the step it was in did not return — a FIFO, a hung file system or a wedged child — and was abandoned; %s\n",
+				command, bound, sigName(last), jobs)
 			return int(aqerr.Failed)
 		}
 	}
