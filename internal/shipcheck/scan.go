@@ -3,6 +3,7 @@ package shipcheck
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"io"
 	"net/url"
 	"strings"
@@ -26,7 +27,7 @@ type Secret struct {
 type form struct {
 	b      []byte
 	secret int    // index into the scanner's secrets
-	how    string // plain, base64, URL-encoded
+	how    string // plain, base64, URL-encoded, hex
 }
 
 // scanner finds every form of a set of secrets in a stream. Every form is
@@ -65,6 +66,11 @@ func newScanner(list []Secret) *scanner {
 			}
 			s.add(e, i, how)
 		}
+		// Hex, as xxd -p, od or a hash tool's output would carry it (not
+		// the redactor's: a log shows no hex of a secret it printed).
+		h := hex.EncodeToString([]byte(v))
+		s.add(h, i, "hex")
+		s.add(strings.ToUpper(h), i, "hex")
 	}
 	return s
 }

@@ -6,7 +6,7 @@
 //
 //   - secrets: every value this factory holds (the engine's login and API
 //     key, the factory token, GH tokens, what the redactor masks), at least
-//     MinSecretLen long, in plain, base64 and URL-encoded forms, in the
+//     MinSecretLen long, in plain, base64, URL-encoded and hex forms, in the
 //     files a commit adds or changes (binary ones too) and in their names —
 //     a secret a file already held on origin is not the change's;
 //   - protected paths: CI and ownership configuration (DefaultProtected,
@@ -61,7 +61,7 @@ type Hit struct {
 	Offset int64 // byte offset in the file
 	Binary bool
 	InName bool   // the secret is (part of) the file's name
-	How    string // plain, base64 or URL-encoded
+	How    string // plain, base64, URL-encoded or hex
 	Source string // whose secret (Secret.Source)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -75,6 +76,8 @@ func TestCheckFindsSecretsInEveryForm(t *testing.T) {
 		{"plain in a new file", map[string]string{"src/key.go": "package main\n\nconst k = \"" + key + "\"\n"}, "src/key.go:3", "plain"},
 		{"base64 inside a longer text", map[string]string{"config/blob.txt": "a\nb\n" + b64 + "\n"}, "config/blob.txt:3", "base64"},
 		{"URL-encoded", map[string]string{"u.txt": "https://x.example/?k=" + url.QueryEscape(key+"/+") + "\n"}, "u.txt:1", "plain"},
+		{"hex", map[string]string{"h.txt": "x\nk=" + hex.EncodeToString([]byte(key)) + "\n"}, "h.txt:2", "hex"},
+		{"hex, upper case", map[string]string{"h.txt": strings.ToUpper(hex.EncodeToString([]byte(key))) + "\n"}, "h.txt:1", "hex"},
 		{"in a binary file", map[string]string{"img/logo.bin": "\x00\x01\x02PNG" + key}, "img/logo.bin (binary, byte 6)", "plain"},
 		{"an added copy in a file that had it", map[string]string{"docs/old.md": "the key was " + key + " once\nand again " + key + "\n"}, "docs/old.md:2", "plain"},
 		{"the file's name", map[string]string{"keys/" + key + ".txt": "x\n"}, "the name of keys/***.txt", "plain"},
