@@ -228,9 +228,8 @@ func TestCodexRepairRoundResumesTheThread(t *testing.T) {
 // bin/codex.js spawns @openai/codex-linux-x64's vendor/…/bin/codex exec;
 // a Node with process.execve replaces itself with it): the shallowest
 // process below aq whose executable is the native codex. A command codex
-// runs is no good killer: it runs in codex's own sandbox (bwrap, a PID
-// namespace of its own), where the codex it can see is its sandbox
-// helper, and killing that fails the command, not the turn.
+// runs was no good killer: what it found and killed was a codex helper,
+// and codex finished its turn.
 func TestCodexRetryAfterACrash(t *testing.T) {
 	t.Parallel()
 	hold := make(chan struct{})
