@@ -230,6 +230,15 @@ func versionFailure(out string) string {
 // errorLine is an error's own line in a trace: "Error: …", "TypeError: …".
 var errorLine = regexp.MustCompile(`^(?:[A-Z][A-Za-z]*)?Error: \S`)
 
+// exitText is how an engine's process ended: "exit 1", or "killed by
+// SIGKILL" (its exit status is then -1, which says nothing).
+func exitText(pres process.Result) string {
+	if pres.Signal != "" {
+		return "killed by " + pres.Signal
+	}
+	return fmt.Sprintf("exit %d", pres.ExitCode)
+}
+
 func orNone(s string) string {
 	if s == "" {
 		return "(no output)"

@@ -179,6 +179,12 @@ func fakeEngine(name string, args []string) int {
 			switch line {
 			case "#!hang":
 				time.Sleep(time.Hour)
+			case "#!kill":
+				out.Flush()
+				if self, err := os.FindProcess(os.Getpid()); err == nil {
+					_ = self.Kill() // SIGKILL: dies at once, like an engine killed -9
+				}
+				time.Sleep(time.Hour)
 			case "#!grandchildren":
 				pids = append(pids, startGrandchild(false), startGrandchild(true))
 			case "#!ready":

@@ -263,6 +263,11 @@ func TestCodexRetryAfterACrash(t *testing.T) {
 		t.Fatalf("after kill -9 of codex (%s): %s\nstage %s reason %s (%s), attempts %d\nlogs:\n%s", native, res, v.Stage, v.Reason, v.Detail, v.Attempts, r.logs("crash"))
 	}
 	reason := v.Reason
+	// The launcher re-raises its child's signal on itself: aq sees codex
+	// killed, not an exit status.
+	if !strings.Contains(v.Detail, "codex printed no turn.completed event (killed by SIGKILL") {
+		t.Errorf("after kill -9 of codex: detail %q, want it to say codex was killed by SIGKILL", v.Detail)
+	}
 	if n := len(r.fake.Posts()); n != 1 {
 		t.Fatalf("the fake saw %d posts in the crashed attempt, want 1 (codex killed mid-turn)", n)
 	}
