@@ -111,8 +111,8 @@ var engineRows = []engineRow{
 			return strings.HasPrefix(k, "OPENAI_") || strings.HasPrefix(k, "CODEX_") || strings.HasPrefix(k, "AZURE_OPENAI")
 		},
 		home: func(dir string) error {
-			// The documented switches (developers.openai.com/codex/config-reference):
-			// no update check, no analytics, no feedback upload.
+			// The switches the real-CLI suite sets (docs/engines.md, "codex
+			// end to end"): no update check, no analytics, no feedback upload.
 			return fixture.WriteFile(filepath.Join(dir, ".codex", "config.toml"),
 				"check_for_update_on_startup = false\n\n[analytics]\nenabled = false\n\n[feedback]\nenabled = false\n")
 		},
