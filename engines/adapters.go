@@ -175,15 +175,19 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var out limitedBuffer
-	out.max = 4 << 10
+	// stdout and stderr apart: the version is stdout's first line, and a
+	// warning on stderr is not it (codex 0.171.0 with its home under /tmp
+	// warns "WARNING: proceeding, even though we could not create PATH
+	// aliases: …" on stderr before "codex-cli 0.171.0" on stdout).
+	var out, errOut limitedBuffer
+	out.max, errOut.max = 4<<10, 4<<10
 	tag := "aq-preflight-" + name + "-" + spec.JobID
 	if spec.JobID == "" {
 		tag += newUUID()
 	}
 	res, err := process.Run(ctx, process.Spec{
 		Path: path, Args: []string{"--version"}, Dir: spec.Dir, Env: spec.Env,
-		Stdout: &out, Stderr: &out, Tag: tag, Grace: 500 * time.Millisecond,
+		Stdout: &out, Stderr: &errOut, Tag: tag, Grace: 500 * time.Millisecond,
 	})
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
@@ -192,17 +196,47 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version could not run: %v", path, err)}
 	}
 	first := brief.FirstLine(out.String(), 200)
+	if first == "" {
+		first = brief.FirstLine(errOut.String(), 200)
+	}
 	switch {
 	case res.Stopped && parent.Err() == nil:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version did not answer within %s", path, timeout), TimedOut: true}
 	case res.Stopped:
 		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version was interrupted", path)}
 	case res.ExitCode != 0:
-		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version exited %d: %s", path, res.ExitCode, orNone(first))}
+		return "", &UnavailableError{Engine: name, Why: fmt.Sprintf("%s --version exited %d: %s", path, res.ExitCode, orNone(versionFailure(out.String()+"\n"+errOut.String())))}
 	case first == "":
 		return "", &UnavailableError{Engine: name, Why: path + " --version printed nothing"}
 	}
 	return first, nil
+}
+
+// versionFailure is the line of a failed --version's output that says
+// why: an uncaught error's own line where Node printed its trace around it
+// (its first line is the throwing file:line — codex's npm launcher without
+// its native binary prints "file:///…/bin/codex.js:108", then "Error:
+// Missing optional dependency @openai/codex-linux-x64. Reinstall Codex: npm
+// install -g @openai/codex@latest"), else the first line.
+func versionFailure(out string) string {
+	for line := range strings.Lines(out) {
+		if line = strings.TrimSpace(line); errorLine.MatchString(line) {
+			return brief.Clip(line, 200)
+		}
+	}
+	return brief.FirstLine(out, 200)
+}
+
+// errorLine is an error's own line in a trace: "Error: …", "TypeError: …".
+var errorLine = regexp.MustCompile(`^(?:[A-Z][A-Za-z]*)?Error: \S`)
+
+// exitText is how an engine's process ended: "exit 1", or "killed by
+// SIGKILL" (its exit status is then -1, which says nothing).
+func exitText(pres process.Result) string {
+	if pres.Signal != "" {
+		return "killed by " + pres.Signal
+	}
+	return fmt.Sprintf("exit %d", pres.ExitCode)
 }
 
 func orNone(s string) string {

@@ -638,7 +638,7 @@ func (p *claudeParser) finish(pres process.Result, graceStop bool) (res Result) 
 			return res
 		}
 		res.Outcome, res.Subtype = TaskFailed, "no_result"
-		res.Detail = fmt.Sprintf("claude printed no result event (exit %d%s)", pres.ExitCode, stderrSuffix(p.errLines))
+		res.Detail = fmt.Sprintf("claude printed no result event (%s%s)", exitText(pres), stderrSuffix(p.errLines))
 		return res
 	}
 

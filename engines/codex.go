@@ -475,9 +475,9 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 			break
 		}
 		res.Outcome = TaskFailed
-		res.Detail = fmt.Sprintf("codex printed no turn.completed event (exit %d%s)", pres.ExitCode, stderrSuffix(p.errLines))
+		res.Detail = fmt.Sprintf("codex printed no turn.completed event (%s%s)", exitText(pres), stderrSuffix(p.errLines))
 		if p.completed {
-			res.Detail = fmt.Sprintf("codex started another turn and exited without finishing it (exit %d%s)", pres.ExitCode, stderrSuffix(p.errLines))
+			res.Detail = fmt.Sprintf("codex started another turn and exited without finishing it (%s%s)", exitText(pres), stderrSuffix(p.errLines))
 		}
 	}
 	return res

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -275,5 +276,28 @@ func TestCodexBaseURLFromTheEnvironment(t *testing.T) {
 	want := []string{"exec", "resume", "--json", "-c", `sandbox_mode="workspace-write"`, "-m", "gpt-5.5", "-c", `openai_base_url="` + u + `"`, "01a2264a-4bff-7340-bbcd-8fb54c60ae0f", "-"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ResumeArgs = %q, want %q", got, want)
+	}
+}
+
+// TestEngineKilledSaysSo: an engine killed by a signal mid-turn (kill -9,
+// the OOM killer) ends TaskFailed with the signal named, not "exit -1":
+// the next attempt's prompt quotes this detail.
+func TestEngineKilledSaysSo(t *testing.T) {
+	h := newFakeHost(t)
+	for _, c := range []struct {
+		eng  Engine
+		want string
+	}{
+		{&Codex{}, "codex printed no turn.completed event (killed by SIGKILL"},
+		{&Claude{}, "claude printed no result event (killed by SIGKILL"},
+	} {
+		r := h.run(t, fixture{stdout: c.eng.Name() + "/scenario_killed.jsonl"})
+		res, err := c.eng.Run(t.Context(), r.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome != TaskFailed || !strings.HasPrefix(res.Detail, c.want) {
+			t.Errorf("%s killed -9: Outcome %s, detail %q; want a failure starting %q", c.eng.Name(), res.Outcome, res.Detail, c.want)
+		}
 	}
 }

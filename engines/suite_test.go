@@ -43,6 +43,7 @@ const (
 	fakeExportLink  = "FAKE_ENGINE_EXPORT_LINK"  // devin: "1": the --export path made a symbolic link to that file instead
 	fakeVersion     = "FAKE_ENGINE_VERSION"      // --version output
 	fakeVersionExit = "FAKE_ENGINE_VERSION_EXIT" // --version exit status
+	fakeVersionWarn = "FAKE_ENGINE_VERSION_WARN" // --version prints this on stderr first
 	fakeRole        = "FAKE_ENGINE_ROLE"         // "grandchild": sleep ignoring SIGINT
 	fakeIgnoreTerm  = "FAKE_ENGINE_IGNORE_TERM"  // grandchild also ignores SIGTERM
 	fakeHelpDir     = "FAKE_ENGINE_HELP_DIR"     // --help prints <dir>/<engine>/help.txt (codex exec: exec-help.txt)
@@ -102,6 +103,9 @@ func fakeEngine(name string, args []string) int {
 		v := os.Getenv(fakeVersion)
 		if v == "" {
 			v = fakeVersions[name]
+		}
+		if w := os.Getenv(fakeVersionWarn); w != "" {
+			fmt.Fprintln(os.Stderr, w)
 		}
 		fmt.Println(v)
 		code, _ := strconv.Atoi(os.Getenv(fakeVersionExit))
@@ -174,6 +178,12 @@ func fakeEngine(name string, args []string) int {
 			}
 			switch line {
 			case "#!hang":
+				time.Sleep(time.Hour)
+			case "#!kill":
+				out.Flush()
+				if self, err := os.FindProcess(os.Getpid()); err == nil {
+					_ = self.Kill() // SIGKILL: dies at once, like an engine killed -9
+				}
 				time.Sleep(time.Hour)
 			case "#!grandchildren":
 				pids = append(pids, startGrandchild(false), startGrandchild(true))
@@ -467,6 +477,12 @@ func suitePreflight(t *testing.T, h *fakeHost, a suiteAdapter) {
 	if info.Name != a.name || info.Path != filepath.Join(h.bin, a.name) || info.Version != fakeVersions[a.name] {
 		t.Errorf("Preflight = %+v, want %s at %s, version %s", info, a.name, filepath.Join(h.bin, a.name), fakeVersions[a.name])
 	}
+	// A warning on stderr is not the version (codex 0.171.0 with its home
+	// under /tmp).
+	warned := h.run(t, a.success, fakeVersionWarn+`=WARNING: proceeding, even though we could not create PATH aliases: Refusing to create helper binaries under temporary dir "/tmp"`)
+	if wi, err := a.engine.Preflight(t.Context(), warned.spec); err != nil || wi.Version != fakeVersions[a.name] {
+		t.Errorf("Preflight with a warning on stderr: version %q (%v), want %s", wi.Version, err, fakeVersions[a.name])
+	}
 	// The recorded --help of the real CLI has every flag aq requires.
 	if info.Flags == nil || len(info.Flags.Missing) > 0 || !info.Flags.Has(HelpSpecs[a.name].Needs[0].Flag) {
 		t.Errorf("Preflight's flags = %+v, want every required flag found", info.Flags)
@@ -488,8 +504,19 @@ func suiteBrokenVersion(t *testing.T, h *fakeHost, a suiteAdapter) {
 	r := h.run(t, a.success, fakeVersionExit+"=3", fakeVersion+"=Error: Cannot find module 'node:sqlite'")
 	_, err := a.engine.Preflight(t.Context(), r.spec)
 	var ue *UnavailableError
-	if !errors.As(err, &ue) || !strings.Contains(ue.Why, "exited 3") {
-		t.Errorf("Preflight with a broken --version: %v, want *UnavailableError saying it exited 3", err)
+	if !errors.As(err, &ue) || !strings.Contains(ue.Why, "exited 3: Error: Cannot find module 'node:sqlite'") {
+		t.Errorf("Preflight with a broken --version: %v, want *UnavailableError saying it exited 3 and why", err)
+	}
+	// Node's trace of an uncaught error, as codex 0.171.0's npm launcher
+	// prints it without its native binary: the reason is the error's line,
+	// not the first (the throwing file:line).
+	trace := "file:///opt/node_modules/@openai/codex/bin/codex.js:108\n  throw new Error(\n  ^\n\n" +
+		"Error: Missing optional dependency @openai/codex-linux-x64. Reinstall Codex: npm install -g @openai/codex@latest\n" +
+		"    at findCodexExecutable (file:///opt/node_modules/@openai/codex/bin/codex.js:108:9)\n\nNode.js v20.20.2"
+	r = h.run(t, a.success, fakeVersionExit+"=1", fakeVersion+"="+trace)
+	_, err = a.engine.Preflight(t.Context(), r.spec)
+	if !errors.As(err, &ue) || !strings.HasSuffix(ue.Why, "--version exited 1: Error: Missing optional dependency @openai/codex-linux-x64. Reinstall Codex: npm install -g @openai/codex@latest") {
+		t.Errorf("Preflight with a --version that threw: %v, want *UnavailableError quoting the error's line", err)
 	}
 }
 

@@ -3,8 +3,14 @@
 package realcli_test
 
 import (
+	"bytes"
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,44 +219,139 @@ func TestCodexRepairRoundResumesTheThread(t *testing.T) {
 	}
 }
 
-// TestCodexRetryAfterACrash: codex dies mid-run (killed by the command it
-// ran); the attempt fails, and the retry's prompt says how the previous
-// attempt ended.
+// TestCodexRetryAfterACrash: codex dies mid-turn (kill -9 of the native
+// codex process running the turn, while the fake holds its answer to the
+// first request); the attempt fails, and the retry's prompt says how the
+// previous attempt ended.
+//
+// The process to kill is the native binary the npm launcher starts (node
+// bin/codex.js spawns @openai/codex-linux-x64's vendor/…/bin/codex exec;
+// a Node with process.execve replaces itself with it): the shallowest
+// process below aq whose executable is the native codex. A command codex
+// runs was no good killer: what it found and killed was a codex helper,
+// and codex finished its turn.
 func TestCodexRetryAfterACrash(t *testing.T) {
-	t.Skip("not done (#33): the command below killed a codex helper process of the worktree, not the one running the turn — codex 0.171.0 finished its turn and the job shipped; which process to kill is still to be found")
 	t.Parallel()
-	turns := []fakellm.ResponsesTurn{
-		// The command kills codex: the native codex processes (argv[0]
-		// ends in codex; not this shell, whose command line names it too)
-		// whose working directory is this job's worktree, no other.
-		{Calls: []fakellm.ResponsesCall{{Shell: `for p in $(pgrep -f '^[^ ]*/codex exec'); do [ "$(readlink /proc/$p/cwd)" = "$PWD" ] && kill -KILL $p; done; sleep 5`}}, Usage: fakellm.ResponsesUsage{Input: 1000, Output: 10}},
-		{Text: "Done after the crash.", Usage: fakellm.ResponsesUsage{Input: 2000, Output: 20}},
-	}
-	r := codexNewRig(t, fakellm.ResponsesScript{Turns: turns}, nil)
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	retry := fakellm.ResponsesTurn{Text: "Done after the crash.", Usage: fakellm.ResponsesUsage{Input: 2000, Output: 20}}
+	r := codexNewRig(t, fakellm.ResponsesScript{Turns: []fakellm.ResponsesTurn{
+		{Hold: hold, Text: "never answered: codex is killed first"},
+		retry,
+	}}, nil)
 	r.submit("crash", codexManifest("retry:\n  max: 1\n  backoff: 1s"))
-	r.run("run", "--once")
+
+	cmd := r.h.Command(t, "run", "--once")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	var err error
+	r.ns.Do(func() { err = cmd.Start() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 3*time.Minute, "codex's first request", func() bool { return len(r.fake.Posts()) > 0 })
+	pid, native := codexTurnProcess(t, cmd.Process.Pid)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 %d (%s): %v", pid, native, err)
+	}
+	res, err := testenv.Wait(cmd, &out, &errb, 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
 	v := r.show("crash")
-	if v.Attempts != 1 || v.Stage != job.Inbox && v.Stage != job.Failed {
-		t.Fatalf("after the crash: stage %s reason %s (%s), attempts %d\nlogs:\n%s", v.Stage, v.Reason, v.Detail, v.Attempts, r.logs("crash"))
+	if v.Attempts != 1 || v.Stage != job.Inbox || v.Reason == "" {
+		t.Fatalf("after kill -9 of codex (%s): %s\nstage %s reason %s (%s), attempts %d\nlogs:\n%s", native, res, v.Stage, v.Reason, v.Detail, v.Attempts, r.logs("crash"))
 	}
 	reason := v.Reason
-	testenv.WaitFor(t, time.Minute, "the retry's backoff", func() bool { return time.Now().After(v.NotBefore) })
-	res := r.run("run", "--once")
+	// The launcher re-raises its child's signal on itself: aq sees codex
+	// killed, not an exit status.
+	if !strings.Contains(v.Detail, "codex printed no turn.completed event (killed by SIGKILL") {
+		t.Errorf("after kill -9 of codex: detail %q, want it to say codex was killed by SIGKILL", v.Detail)
+	}
+	if n := len(r.fake.Posts()); n != 1 {
+		t.Fatalf("the fake saw %d posts in the crashed attempt, want 1 (codex killed mid-turn)", n)
+	}
+	codexNotShipped(t, r, "crash")
+
+	testenv.WaitFor(t, 2*time.Minute, "the retry's backoff", func() bool { return time.Now().After(v.NotBefore) })
+	res = r.run("run", "--once")
 	v = r.show("crash")
-	if res.Code != 0 || v.Attempts != 2 {
+	if res.Code != 0 || v.Attempts != 2 || v.Stage != job.Shipped {
 		t.Fatalf("the retry: %s\nstage %s reason %s (%s), attempts %d\nlogs:\n%s", res, v.Stage, v.Reason, v.Detail, v.Attempts, r.logs("crash"))
 	}
 	posts := r.fake.Posts()
-	_, items, _ := fakellm.ResponsesInput(posts[len(posts)-1].Body)
+	if len(posts) != 2 {
+		t.Fatalf("the fake saw %d posts, want 2 (the crashed one, the retry's)", len(posts))
+	}
+	_, items, err := fakellm.ResponsesInput(posts[1].Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var prompt string
 	for _, it := range items {
 		if it.Role == "user" {
-			prompt += it.Text
+			prompt += it.Text + "\n"
 		}
 	}
-	if want := "Its previous attempt ended: " + string(reason); !strings.Contains(prompt, want) && !strings.Contains(prompt, "attempt 1 ended: "+string(reason)) {
-		t.Errorf("the retry's prompt does not say how the previous attempt ended (%q):\n%s", reason, prompt)
+	for _, want := range []string{"Do the work for " + testenv.ID("crash"), "This job ran before. Its attempt 1 ended: " + string(reason), "The engine stopped without finishing the task"} {
+		if !strings.Contains(prompt, want) {
+			t.Errorf("the retry's prompt lacks %q:\n%.3000s", want, prompt)
+		}
 	}
+	if left := codexLeftRunning(t, r.h.Dir); len(left) != 0 {
+		t.Errorf("left running: %v", left)
+	}
+}
+
+// codexTurnProcess is the native codex process below the process root
+// (aq): the shallowest descendant whose executable is codex's native
+// binary, and its command line. It fails t when there is none or more than
+// one at that depth.
+func codexTurnProcess(t *testing.T, root int) (int, string) {
+	t.Helper()
+	children := map[int][]int{}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		stat, err := os.ReadFile(filepath.Join(p, "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		f := strings.Fields(string(stat[i+1:]))
+		if i < 0 || len(f) < 2 {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(p))
+		ppid, _ := strconv.Atoi(f[1])
+		children[ppid] = append(children[ppid], pid)
+	}
+	var tree []string
+	level := []int{root}
+	for depth := 0; len(level) > 0 && depth < 10; depth++ {
+		var found []int
+		var next []int
+		for _, pid := range level {
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			line := strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " ")
+			tree = append(tree, fmt.Sprintf("%d %s: %s", pid, exe, line))
+			if filepath.Base(exe) == "codex" && strings.Contains(exe, "vendor") {
+				found = append(found, pid)
+			}
+			next = append(next, children[pid]...)
+		}
+		if len(found) == 1 {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", found[0]))
+			return found[0], strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " ")
+		}
+		if len(found) > 1 {
+			t.Fatalf("%d native codex processes at one depth below aq: %v\n%s", len(found), found, strings.Join(tree, "\n"))
+		}
+		level = next
+	}
+	t.Fatalf("no native codex process below aq (%d):\n%s", root, strings.Join(tree, "\n"))
+	return 0, ""
 }
 
 // TestCodexWallBudgetStopsIt: the API holds its answer; the job's wall

@@ -4,6 +4,7 @@ package selftest
 // that is not listed never skips. (`aq selftest --list --json`, docs/selftest.md.)
 var skipsWhen = map[string]string{
 	"engines.claude":                  "claude is not installed",
+	"engines.codex":                   "codex is not installed",
 	"host.git.version":                "git is not on PATH",
 	"host.gh.present":                 "gh is not installed and no queued job ships pr|merge",
 	"host.gh.auth":                    "gh is not installed, or not logged in while no queued job ships pr|merge",
