@@ -24,6 +24,7 @@ import (
 	"github.com/aqfleet/aq/agent/holds"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/brief"
+	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -73,8 +74,7 @@ func (ru *run) checkGateway(ctx context.Context) bool {
 // the engine would: "" when it opens one, else what refused it (the
 // proxy's refusal, with the refusal itself; no listener; DNS).
 func connectThroughProxy(ctx context.Context, sock, hostport string) (string, *job.EgressRefusal) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", sock)
+	c, err := egress.DialUnix(ctx, sock) // a long path too: a deep $AQ_HOME
 	if err != nil {
 		return "the job's egress proxy cannot be reached: " + err.Error(), nil
 	}

@@ -40,10 +40,16 @@ func closedPort(t *testing.T) string {
 // factory, so the next job of it parks instead of failing the same way.
 // On main the engine ran and retried for minutes.
 func TestGatewayPreflight(t *testing.T) {
-	for _, mode := range []string{"unsandboxed", "sandboxed"} {
+	for _, mode := range []string{"unsandboxed", "sandboxed", "sandboxed-deep"} {
 		t.Run(mode, func(t *testing.T) {
 			f := newFixture(t, &gatewayEngine{})
-			if mode == "sandboxed" {
+			if mode == "sandboxed-deep" {
+				// The job's proxy socket under a $AQ_HOME deep enough that
+				// its path does not fit a socket address: the pre-flight
+				// dialled it as it was and read "invalid argument".
+				f.r.Cfg.Home = filepath.Join(f.r.Cfg.Home, strings.Repeat("h", 60), strings.Repeat("i", 60))
+			}
+			if mode != "unsandboxed" {
 				sandboxed(t, f, sandbox.ModeAuto)
 				if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
 					t.Skipf("this host sandboxes at level %s", lvl)

@@ -661,7 +661,12 @@ func TestProxyStartAndStop(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Start on a %d-byte socket path: %v", len(long), err)
 	}
-	c, err := net.Dial("unix", "/proc/self/fd/"+strconv.Itoa(openDir(t, deep))+"/proxy.sock")
+	c, err := DialUnix(context.Background(), long) // as aq's gateway pre-flight dials it
+	if err != nil {
+		t.Fatalf("DialUnix of the long socket: %v", err)
+	}
+	c.Close()
+	c, err = net.Dial("unix", "/proc/self/fd/"+strconv.Itoa(openDir(t, deep))+"/proxy.sock")
 	if err != nil {
 		t.Fatalf("dial the long socket: %v", err)
 	}
