@@ -62,6 +62,7 @@ func newDaemonEnvSubs(t testing.TB, subs []string, env ...string) *daemonEnv {
 // (legacy: the coordinator in service today, which publishes nothing).
 func newDaemonEnvRoutes(t testing.TB, routes string, subs []string, env ...string) *daemonEnv {
 	t.Helper()
+	testenv.Slow(t, "runs the aq binary") // before the stub, the peer and the repo, not after
 	broker := len(subs) > 0
 	e := &daemonEnv{t: t, h: testenv.NewHome(t), dir: t.TempDir()}
 	e.origin = testenv.AddOrigin(t, e.h.Repo(t, "app", nil))

@@ -39,6 +39,7 @@ const sessionPool = "p"
 
 func newSessionFleet(t *testing.T, slots int, factories ...string) *sessionFleet {
 	t.Helper()
+	testenv.Slow(t, "runs the aq binary") // before the peer and the stub, not after
 	clitest.CleanEnv(t)
 	f := &sessionFleet{t: t, homes: map[string]*testenv.Home{}, first: factories[0], dir: t.TempDir()}
 	f.peer = sbpeertest.Start(t, sbpeertest.Options{Subs: []string{"fleet-dispatch/" + sessionPool}, Sessions: []string{"fleet-dispatch/" + sessionPool}})

@@ -231,6 +231,7 @@ type wireEnv struct {
 
 func newWireEnv(t *testing.T, o coord.Options, env ...string) *wireEnv {
 	t.Helper()
+	testenv.Slow(t, "runs the aq binary") // before the coordinator and the repo, not after
 	e := &wireEnv{t: t, h: testenv.NewHome(t), co: newHostile(t, o)}
 	e.root = filepath.Dir(e.h.Dir)
 	e.dir = filepath.Join(e.root, "in")
