@@ -263,7 +263,9 @@ esac
 echo "fake gh: unexpected $*" >&2; exit 1
 `
 	bin := filepath.Join(dir, "bin")
-	os.MkdirAll(bin, 0o755)
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(bin, "gh"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
