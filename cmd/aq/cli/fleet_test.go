@@ -180,7 +180,9 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 	go func() {
 		done <- Run(ctx, []string{"demo", "coordinator", "--listen", "127.0.0.1:0", "--lease-ttl", "30s"}, IO{In: strings.NewReader(""), Out: &stdout, Err: &stderr})
 	}()
-	testenv.WaitFor(t, time.Minute, "the stub to start", func() bool { return strings.Contains(stdout.String(), "enrollment token: ") })
+	// The banner's last line, not its token line: the stub prints the
+	// banner in several writes, and the check below reads all of it.
+	testenv.WaitFor(t, time.Minute, "the stub's banner", func() bool { return strings.Contains(stdout.String(), "aq run --once\n") })
 	text := stdout.String()
 	_, rest, _ := strings.Cut(text, "listening on ")
 	api, _, _ := strings.Cut(rest, "\n")
