@@ -1,6 +1,6 @@
 //go:build unix
 
-package localrun
+package runfail
 
 import (
 	"bytes"
