@@ -322,3 +322,12 @@ func SelectRow(t *testing.T, x *testenv.Tmux, id string) {
 
 // ShellQuote quotes s for a POSIX shell.
 func ShellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// FullHost skips the test on a host where user namespaces are blocked
+// (max_user_namespaces 0): the sandbox cannot be full there.
+func FullHost(t *testing.T) {
+	t.Helper()
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
+		t.Skip("user namespaces are blocked on this host: no full sandbox")
+	}
+}

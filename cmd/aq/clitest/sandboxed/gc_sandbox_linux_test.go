@@ -22,7 +22,7 @@ import (
 // recovery; `aq status` recovers the job (it leaves the directory); the
 // next aq gc removes it, and a third deletes nothing.
 func TestGCSandboxDirAfterKill9(t *testing.T) {
-	fullHost(t)
+	clitest.FullHost(t)
 	t.Parallel() // its own home and job ids
 	h := clitest.BinHome(t)
 	h.Env = append(h.Env, "AQ_SANDBOX=on")

@@ -2,7 +2,6 @@ package sandboxed
 
 import (
 	"encoding/json"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -24,13 +23,6 @@ type capsJSON struct {
 	} `json:"sandbox"`
 }
 
-func fullHost(t *testing.T) {
-	t.Helper()
-	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
-		t.Skip("user namespaces are blocked on this host: no full sandbox")
-	}
-}
-
 // TestSandboxVisibleAndRoutable is items 10 of #23 end to end with the
 // binary: aq caps shows the sandbox's level, the guarantees that hold and
 // those missing, and offers sandbox:full and sandbox:partial; a job whose
@@ -38,7 +30,7 @@ func fullHost(t *testing.T) {
 // unsandboxed (AQ_SANDBOX=off) — aq run takes nothing, aq status says why
 // and which level engines run at — and ships where the sandbox is full.
 func TestSandboxVisibleAndRoutable(t *testing.T) {
-	fullHost(t)
+	clitest.FullHost(t)
 	t.Parallel() // its own home and job ids
 	h := clitest.BinHome(t)
 	h.Repo(t, "app", nil)

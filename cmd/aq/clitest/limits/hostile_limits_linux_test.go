@@ -1,4 +1,4 @@
-package sandboxed
+package limits
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/aqfleet/aq/cmd/aq/clitest"
+	"github.com/aqfleet/aq/internal/sandbox"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
@@ -19,13 +20,21 @@ import (
 // factory's limits, each case run again without the limit to show what it
 // would have taken; the factory then runs a plain job in the same AQ_HOME.
 
+// limitsCaps is the part of aq caps --json limitsHome reads.
+type limitsCaps struct {
+	Sandbox *struct {
+		Holds   []sandbox.Guarantee `json:"holds"`
+		Missing []sandbox.Missing   `json:"missing"`
+	} `json:"sandbox"`
+}
+
 // limitsHome is binHome on a host whose memory and process limits hold
 // (cgroup v2 delegated, or v1 writable: root on this machine).
 func limitsHome(t *testing.T) *testenv.Home {
 	t.Helper()
-	fullHost(t)
+	clitest.FullHost(t)
 	h := clitest.BinHome(t)
-	var caps capsJSON
+	var caps limitsCaps
 	r := h.Run(t, "caps", "--json")
 	if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &caps) != nil || caps.Sandbox == nil {
 		t.Fatalf("aq caps --json: %s", r)
