@@ -21,8 +21,6 @@ import (
 // that leave markers in $MARK. Waits are on marker files; the timeouts are
 // deadlock guards that fail the test, never speed requirements.
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
-
 // TestRunConcurrentProcessesTakeEachJobOnce: several `aq run --once`
 // processes on one AQ_HOME, each looping until the queue is empty (exit 3),
 // run every job exactly once.
