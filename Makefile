@@ -71,9 +71,10 @@ crossbuild:
 tidycheck:
 	@$(GO) mod tidy -diff >/dev/null 2>&1 || { echo "go.mod/go.sum are not tidy: run 'go mod tidy'"; $(GO) mod tidy -diff; exit 1; }
 
-## -timeout is a deadlock guard per package, not a speed limit: cmd/aq/cli's
-## race run takes 4-7 minutes on two cores, too near go test's default 10m
-## on a loaded machine
+## -timeout is a deadlock guard per package, not a speed limit: on a loaded
+## machine a package's race run can come near go test's default 10m (it was
+## cmd/aq/cli's, before its binary tests moved to cmd/aq/clitest/...: #35,
+## docs/BENCHMARKS.md)
 ## aq is built once, with -race, for every test package that runs the binary
 ## (internal/testenv.PrebuiltEnv); a package run alone builds its own. Its own
 ## folder: a test puts the binary's folder on PATH to run `aq` by name.

@@ -47,7 +47,7 @@ func runDemo(t *testing.T, o Options) (*Summary, string) {
 
 // The fleet act on the full route set (the broker path when Node and the
 // peer are installed) is run and held to its checks and narration by
-// cmd/aq/cli's TestDemoWholeBinary, whose act 2 it is: these tests run the
+// cmd/aq/clitest/demoacts' TestDemoWholeBinary, whose act 2 it is: these tests run the
 // act's other two paths, side by side (each has its own workspace, stub,
 // peer and factories).
 

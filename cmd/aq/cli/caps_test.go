@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 )
 
 // These tests exec scripts they write, so they never run in parallel (a
@@ -38,7 +40,7 @@ func newCapsHost(t *testing.T) *capsHost {
 	if err != nil {
 		t.Skip("sleep not found")
 	}
-	dir := cleanEnv(t)
+	dir := clitest.CleanEnv(t)
 	h := &capsHost{bin: filepath.Join(dir, "bin"), base: filepath.Join(dir, "src"), git: git, sleep: sleep}
 	for _, d := range []string{h.bin, h.base} {
 		if err := os.Mkdir(d, 0o755); err != nil {

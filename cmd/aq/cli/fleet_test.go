@@ -12,8 +12,8 @@ import (
 
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/agent/manifest"
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/demo/coord"
-	"github.com/aqfleet/aq/demo/coord/coordtest"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/profiles"
 )
@@ -28,13 +28,6 @@ var (
 	idLocalOnly = testenv.ID("local-only")
 )
 
-// fleetEnv starts a coordinator stub on 127.0.0.1 and points aq's
-// environment at it, with a repo (and bare origin) under AQ_REPO_BASE.
-func fleetEnv(t *testing.T) (s *coord.Served, dir, origin string) {
-	t.Helper()
-	return fleetEnvRoutes(t, coord.RoutesFull)
-}
-
 // eachRouteSet runs fn once per route set of the stub (full: docs/contract.md;
 // legacy: the coordinator in service today).
 func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
@@ -43,33 +36,10 @@ func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
 	}
 }
 
-// fleetEnvRoutes is fleetEnv with the stub serving a route set.
-func fleetEnvRoutes(t *testing.T, routes string) (s *coord.Served, dir, origin string) {
-	t.Helper()
-	dir = cleanEnv(t)
-	s = coordtest.Start(t, coord.Options{Routes: routes})
-	base := filepath.Join(dir, "src")
-	origin = testenv.AddOrigin(t, testenv.NewRepo(t, base, "app", nil))
-	for k, v := range map[string]string{
-		"AQ_FLEET": "1", "AQ_FLEET_API": s.API, "AQ_FLEET_TOKEN": s.EnrollToken(), "AQ_FACTORY_ID": "cli-factory", "AQ_ENGINES": "all",
-		"AQ_REPO_BASE": base, "AQ_KILL_GRACE": "200ms", "AQ_HEARTBEAT_SEC": "1", "AQ_FLEET_LEASE_RENEW_SEC": "1", "AQ_POLL_SECONDS": "1",
-	} {
-		t.Setenv(k, v)
-	}
-	return s, dir, origin
-}
-
-func writeManifest(t *testing.T, dir, id, front string) string {
-	t.Helper()
-	p := filepath.Join(dir, id+".md")
-	testenv.WriteFile(t, p, "---\nid: "+id+"\nrepo: app\nengine: script\n"+front+"\n---\n# "+id+"\n\nDo it.\n")
-	return p
-}
-
 func TestFleetSubmitRunOnceStatus(t *testing.T) {
 	eachRouteSet(t, func(t *testing.T, routes string) {
-		s, dir, _ := fleetEnvRoutes(t, routes)
-		m := writeManifest(t, dir, idCLIJob, "script: echo hi > hi.txt\nship: branch")
+		s, dir, _ := clitest.FleetEnvRoutes(t, routes)
+		m := clitest.WriteManifest(t, dir, idCLIJob, "script: echo hi > hi.txt\nship: branch")
 		out, errOut, code := runAQ(t, "submit", m)
 		if code != 0 || !strings.Contains(out, "submitted "+idCLIJob+" to the fleet (queued)") {
 			t.Fatalf("submit: %d %q %q", code, out, errOut)
@@ -109,7 +79,7 @@ func TestFleetSubmitRunOnceStatus(t *testing.T) {
 }
 
 func TestFleetRevokedTokenExits5(t *testing.T) {
-	s, _, _ := fleetEnv(t)
+	s, _, _ := clitest.FleetEnv(t)
 	if _, _, code := runAQ(t, "run", "--once"); code != 3 {
 		t.Fatalf("first run: %d", code)
 	}
@@ -134,7 +104,7 @@ func TestFleetRevokedTokenExits5(t *testing.T) {
 }
 
 func TestFleetConfigErrors(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	t.Setenv("AQ_FLEET", "1")
 	_, errOut, code := runAQ(t, "run", "--once")
 	if code != 2 || !strings.Contains(errOut, "AQ_FLEET_API") {
@@ -148,7 +118,7 @@ func TestFleetConfigErrors(t *testing.T) {
 }
 
 func TestFleetShadowInLocalRun(t *testing.T) {
-	s, dir, _ := fleetEnv(t)
+	s, dir, _ := clitest.FleetEnv(t)
 	t.Setenv("AQ_FLEET_SHADOW", "1")
 	cat, _ := profiles.Embedded()
 	post := func(path string) {
@@ -163,7 +133,7 @@ func TestFleetShadowInLocalRun(t *testing.T) {
 		}
 	}
 	// The same job in both queues: AGREE.
-	same := writeManifest(t, dir, idSame, "script: true\nship: none")
+	same := clitest.WriteManifest(t, dir, idSame, "script: true\nship: none")
 	if _, errOut, code := runAQ(t, "submit", same); code != 0 {
 		t.Fatalf("local submit: %s", errOut)
 	}
@@ -174,7 +144,7 @@ func TestFleetShadowInLocalRun(t *testing.T) {
 	}
 	// Shadow mode never moves the fleet's queue: the coordinator would still
 	// hand out idSame, while the local queue picks its next job: DIVERGE.
-	local := writeManifest(t, dir, idLocalOnly, "script: true\nship: none")
+	local := clitest.WriteManifest(t, dir, idLocalOnly, "script: true\nship: none")
 	runAQ(t, "submit", local)
 	_, errOut, code = runAQ(t, "run", "--once")
 	if code != 0 || !strings.Contains(errOut, "shadow: DIVERGE local="+idLocalOnly+" fleet="+idSame) {
@@ -193,7 +163,7 @@ func TestFleetShadowInLocalRun(t *testing.T) {
 }
 
 func TestDemoCoordinatorCommand(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	out, _, code := runAQ(t, "demo", "--help") // bare `aq demo` runs the demo
 	if code != 0 || !strings.Contains(out, "coordinator") {
 		t.Fatalf("aq demo: %d %q", code, out)
@@ -210,7 +180,9 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 	go func() {
 		done <- Run(ctx, []string{"demo", "coordinator", "--listen", "127.0.0.1:0", "--lease-ttl", "30s"}, IO{In: strings.NewReader(""), Out: &stdout, Err: &stderr})
 	}()
-	testenv.WaitFor(t, time.Minute, "the stub to start", func() bool { return strings.Contains(stdout.String(), "enrollment token: ") })
+	// The banner's last line, not its token line: the stub prints the
+	// banner in several writes, and the check below reads all of it.
+	testenv.WaitFor(t, time.Minute, "the stub's banner", func() bool { return strings.Contains(stdout.String(), "aq run --once\n") })
 	text := stdout.String()
 	_, rest, _ := strings.Cut(text, "listening on ")
 	api, _, _ := strings.Cut(rest, "\n")
@@ -232,11 +204,11 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 // fenced; `aq run --once` exits 4 and pushes nothing.
 func TestFleetFencedExits4(t *testing.T) {
 	eachRouteSet(t, func(t *testing.T, routes string) {
-		s, dir, origin := fleetEnvRoutes(t, routes)
+		s, dir, origin := clitest.FleetEnvRoutes(t, routes)
 		started, goFile := filepath.Join(dir, "started"), filepath.Join(dir, "go")
 		script := filepath.Join(dir, "wait.sh")
 		testenv.WriteFile(t, script, "touch '"+started+"'\ni=0\nwhile [ ! -f '"+goFile+"' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\necho x > x.txt\n")
-		m := writeManifest(t, dir, idContested, "script: /bin/sh "+script+"\nship: branch")
+		m := clitest.WriteManifest(t, dir, idContested, "script: /bin/sh "+script+"\nship: branch")
 		if _, errOut, code := runAQ(t, "submit", m); code != 0 {
 			t.Fatal(errOut)
 		}

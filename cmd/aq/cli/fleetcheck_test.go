@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/aqfleet/aq/agent/fleetcheck"
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/coord/coordtest"
 )
@@ -19,7 +20,7 @@ import (
 // AQ_FLEET_TOKEN (its enrollment token) at it.
 func checkEnv(t *testing.T, o coord.Options) *coord.Server {
 	t.Helper()
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	s := coordtest.Start(t, o) // its reaper runs: a parked job comes due
 	t.Setenv("AQ_FLEET_API", s.API)
 	t.Setenv("AQ_FLEET_TOKEN", s.EnrollToken())
@@ -137,7 +138,7 @@ func TestFleetCheckBadInput(t *testing.T) {
 }
 
 func TestDemoCoordinatorBreakFlag(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	if _, errOut, code := runAQ(t, "demo", "coordinator", "--break", "everything"); code != 2 || !strings.Contains(errOut, "stale-epoch") {
 		t.Fatalf("bad --break: %d %q", code, errOut)
 	}

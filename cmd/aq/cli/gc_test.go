@@ -8,11 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func TestGCCommand(t *testing.T) {
-	dir := cleanEnv(t)
+	dir := clitest.CleanEnv(t)
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("git not found")
 	}
@@ -134,7 +135,7 @@ func TestGCCommand(t *testing.T) {
 // the pool, AQ_WORKTREE_POOL_MAX_AGE ages it, a bad AQ_WORKTREE_DISK_MAX is
 // one line and exit 2 — and counts pooled worktrees apart.
 func TestGCPool(t *testing.T) {
-	dir := cleanEnv(t)
+	dir := clitest.CleanEnv(t)
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	t.Setenv("GIT_CONFIG_GLOBAL", "/dev/null")
 	base := filepath.Join(dir, "src")

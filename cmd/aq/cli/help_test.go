@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/aqfleet/aq/agent/config"
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 )
 
 // flagsOf lists, for each command path, the configuration keys it offers as
@@ -91,7 +92,7 @@ func TestEveryKeyIsAFlagOfItsCommands(t *testing.T) {
 }
 
 func TestHelpGroupsTypedFlags(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	out, _, code := runAQ(t, "daemon", "--help")
 	if code != 0 {
 		t.Fatalf("exit %d", code)
@@ -113,7 +114,7 @@ func TestHelpGroupsTypedFlags(t *testing.T) {
 // A typed flag refuses a value of the wrong type at parse time: one line,
 // exit 2; the same value from the environment is refused by Load.
 func TestTypedFlagRefusesWrongType(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	for _, args := range [][]string{
 		{"daemon", "--slots", "two"},
 		{"run", "--kill-grace", "soon"},

@@ -1,185 +1,26 @@
 package cli
 
 import (
-	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
-var (
-	idFleetShow   = testenv.ID("fleet-show")
-	idFleetQueued = testenv.ID("fleet-queued")
-	idFleetLogs   = testenv.ID("fleet-logs")
-)
-
-// oneLine asserts stderr is one line starting with "aq: " and holding want.
-func oneErrLine(t *testing.T, stderr, want string) {
-	t.Helper()
-	lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
-	last := lines[len(lines)-1]
-	if !strings.HasPrefix(last, "aq: ") || !strings.Contains(last, want) {
-		t.Fatalf("stderr's last line %q lacks %q (all: %q)", last, want, stderr)
-	}
-	if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "panic") {
-		t.Fatalf("a stack trace: %q", stderr)
-	}
-}
-
-// TestFleetJobCommands: in fleet mode aq job show|ship|reject|requeue act
-// through the coordinator; a job it does not have, an action it refuses
-// (409 with its reason), a route it lacks and a coordinator that is down
-// each give one line and their exit code.
-func TestFleetJobCommands(t *testing.T) {
-	testenv.Slow(t, "runs fleet jobs against the stub end to end")
-	s, dir, _ := fleetEnv(t)
-	m := writeManifest(t, dir, idFleetShow, "script: echo shown > s.txt\nship: branch")
-	q := writeManifest(t, dir, idFleetQueued, "script: true\ncapabilities: [has:no-such-tool-anywhere]")
-	if _, errOut, code := runAQ(t, "submit", m, q); code != 0 {
-		t.Fatalf("submit: %d %s", code, errOut)
-	}
-	if _, errOut, code := runAQ(t, "run", "--once"); code != 0 {
-		t.Fatalf("run: %d %s", code, errOut)
-	}
-
-	out, errOut, code := runAQ(t, "job", "show", idFleetShow)
-	if code != 0 || !strings.Contains(out, "stage") || !strings.Contains(out, "shipped") || !strings.Contains(out, "events:") || !strings.Contains(out, "artifacts:") || !strings.Contains(out, "engine-stdout") {
-		t.Fatalf("show: %d %q %q", code, out, errOut)
-	}
-	out, _, code = runAQ(t, "job", "show", "--json", idFleetShow)
-	var v FleetJobView
-	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v.Job.ID != idFleetShow || v.Job.Stage != "shipped" || len(v.Events) < 3 || len(v.Artifacts) < 1 || v.Logs == "" {
-		t.Fatalf("show --json: %d %s", code, out)
-	}
-
-	// Refused: a queued job does not ship (409 and the coordinator's reason).
-	_, errOut, code = runAQ(t, "job", "ship", idFleetQueued)
-	if code != 2 {
-		t.Fatalf("ship of a queued job: exit %d %q", code, errOut)
-	}
-	oneErrLine(t, errOut, "the coordinator refused to ship job "+idFleetQueued+" (409): job "+idFleetQueued+" is queued; only review or testing jobs ship")
-	if j, _ := s.Job(idFleetQueued); j.Stage != coord.StageQueued {
-		t.Fatalf("moved anyway: %s", j.Stage)
-	}
-	// A shipped job is not requeued.
-	_, errOut, code = runAQ(t, "job", "requeue", idFleetShow)
-	if code != 2 {
-		t.Fatalf("requeue of a shipped job: %d", code)
-	}
-	oneErrLine(t, errOut, "(409): job "+idFleetShow+" is shipped")
-
-	// Done through the coordinator: reject with a reason, then requeue.
-	out, errOut, code = runAQ(t, "job", "reject", "--why", "not this week", idFleetQueued)
-	if code != 0 || !strings.Contains(out, "rejected "+idFleetQueued+" (the coordinator has it in failed)") {
-		t.Fatalf("reject: %d %q %q", code, out, errOut)
-	}
-	if j, _ := s.Job(idFleetQueued); j.Stage != coord.StageFailed || j.Detail != "not this week" {
-		t.Fatalf("after reject: %+v", j)
-	}
-	if out, _, code = runAQ(t, "job", "requeue", idFleetQueued); code != 0 || !strings.Contains(out, "requeued") {
-		t.Fatalf("requeue: %d %q", code, out)
-	}
-	if j, _ := s.Job(idFleetQueued); j.Stage != coord.StageQueued {
-		t.Fatalf("after requeue: %s", j.Stage)
-	}
-
-	// A job the coordinator does not have.
-	for _, args := range [][]string{{"job", "show", "nope-x"}, {"job", "requeue", "nope-x"}, {"job", "logs", "-f", "nope-x"}} {
-		_, errOut, code = runAQ(t, args...)
-		if code != 2 {
-			t.Fatalf("%v: exit %d %q", args, code, errOut)
-		}
-		oneErrLine(t, errOut, "the coordinator has no job nope-x")
-	}
-
-	// A coordinator without the actions route.
-	s.SetWithout(coord.RouteAction)
-	_, errOut, code = runAQ(t, "job", "requeue", idFleetQueued)
-	if code != 1 {
-		t.Fatalf("no actions route: exit %d %q", code, errOut)
-	}
-	oneErrLine(t, errOut, "the coordinator has no POST /fleet/jobs/:id/actions/:action")
-	s.SetWithout(coord.RouteEvents, coord.RouteArtifactList)
-	out, _, code = runAQ(t, "job", "show", idFleetShow)
-	if code != 0 || !strings.Contains(out, "the coordinator has no GET /fleet/jobs/:id/events") || !strings.Contains(out, "GET /fleet/jobs/:id/artifacts") {
-		t.Fatalf("show without events and artifacts: %d %q", code, out)
-	}
-	s.SetWithout()
-
-	// A coordinator that is down.
-	s.Kill()
-	_, errOut, code = runAQ(t, "job", "requeue", idFleetQueued)
-	if code != 1 {
-		t.Fatalf("coordinator down: exit %d %q", code, errOut)
-	}
-	oneErrLine(t, errOut, "cannot requeue job "+idFleetQueued+": coordinator unavailable")
-}
-
-// TestFleetStatusJSONCoordinator: aq status --json in fleet mode carries
-// the coordinator's view — counts, jobs, factories with health and load,
-// alerts — names a route the coordinator lacks, and says when it is down.
-func TestFleetStatusJSONCoordinator(t *testing.T) {
-	testenv.Slow(t, "runs fleet jobs against the stub end to end")
-	s, dir, _ := fleetEnv(t)
-	q := writeManifest(t, dir, idFleetQueued, "script: true\ncapabilities: [has:no-such-tool-anywhere]")
-	if _, errOut, code := runAQ(t, "submit", q); code != 0 {
-		t.Fatal(errOut)
-	}
-	if _, _, code := runAQ(t, "run", "--once"); code != 3 { // enrolls and heartbeats; nothing it can run
-		t.Fatalf("run: %d", code)
-	}
-	b := statusJSON(t)
-	c := b.Coordinator
-	if c == nil || !c.Reachable || c.Counts["queued"] != 1 || len(c.Jobs) != 1 || c.Jobs[0].ID != idFleetQueued || len(c.Factories) != 1 || c.Factories[0].ID != "cli-factory" {
-		t.Fatalf("coordinator %+v", c)
-	}
-	if w := c.Jobs[0].Why; !strings.Contains(w, "has:no-such-tool-anywhere") {
-		t.Fatalf("why %q", w)
-	}
-	kinds := map[string]bool{}
-	for _, a := range c.Alerts {
-		kinds[a.Kind] = true
-	}
-	if !kinds["unroutable"] {
-		t.Fatalf("alerts %+v", c.Alerts)
-	}
-	s.SetWithout(coord.RouteFactories)
-	if c := statusJSON(t).Coordinator; !c.Reachable || len(c.Missing) != 1 || c.Missing[0] != "GET /fleet/factories" || len(c.Jobs) != 1 {
-		t.Fatalf("without factories: %+v", c)
-	}
-	out, _, _ := runAQ(t, "status")
-	if !strings.Contains(out, "(the coordinator has no GET /fleet/factories)") {
-		t.Fatalf("text status: %q", out)
-	}
-	s.Kill()
-	if c := statusJSON(t).Coordinator; c.Reachable || c.Error == "" || c.UnreachableSince.IsZero() {
-		t.Fatalf("down: %+v", c)
-	}
-}
-
-func statusJSON(t *testing.T) Board {
-	t.Helper()
-	out, errOut, code := runAQ(t, "status", "--json")
-	var b Board
-	if code != 0 || json.Unmarshal([]byte(out), &b) != nil {
-		t.Fatalf("status --json: %d %q %q", code, out, errOut)
-	}
-	return b
-}
+var idFleetLogs = testenv.ID("fleet-logs")
 
 // TestJobLogsFollowFleetFromAnotherHost: a job that ran on another factory
 // is followed from the coordinator: its events, then the engine output its
 // factory uploaded as an artifact, rendered for a person (or raw).
 func TestJobLogsFollowFleetFromAnotherHost(t *testing.T) {
-	s, dir, _ := fleetEnv(t)
+	s, dir, _ := clitest.FleetEnv(t)
 	stream := `{"type":"system","subtype":"init","model":"claude-x","session_id":"s-1","claude_code_version":"2.1.0"}
 {"type":"assistant","message":{"id":"m1","model":"claude-x","content":[{"type":"tool_use","name":"Edit","input":{"file_path":"src/main.go"}}],"usage":{"input_tokens":100,"output_tokens":20}}}
 {"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"done","total_cost_usd":0.5,"usage":{"input_tokens":100,"output_tokens":20}}`
 	testenv.WriteFile(t, filepath.Join(dir, "stream.jsonl"), stream+"\n")
-	m := writeManifest(t, dir, idFleetLogs, "script: cat "+filepath.Join(dir, "stream.jsonl")+"; echo x > x.txt\nship: branch")
+	m := clitest.WriteManifest(t, dir, idFleetLogs, "script: cat "+filepath.Join(dir, "stream.jsonl")+"; echo x > x.txt\nship: branch")
 	if _, errOut, code := runAQ(t, "submit", m); code != 0 {
 		t.Fatal(errOut)
 	}

@@ -1,141 +1,21 @@
 package cli
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
-	"github.com/aqfleet/aq/internal/process"
-	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 )
-
-// quickStartMarker precedes the README's quick start (the script-engine
-// path): the next fenced sh block is what a newcomer types.
-const quickStartMarker = "<!-- quickstart:"
-
-// readmeQuickStart returns the README's quick-start block, as written.
-func readmeQuickStart(t *testing.T) string {
-	t.Helper()
-	return readmeBlock(t, quickStartMarker, "sh")
-}
-
-// readmeBlock returns the first fenced block of lang after the line that
-// holds after, as written.
-func readmeBlock(t *testing.T, after, lang string) string {
-	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatalf("the README: %v", err)
-	}
-	readme := string(b)
-	i := strings.Index(readme, after)
-	if i < 0 {
-		t.Fatalf("README.md has no %q line: the test cannot find the block after it", after)
-	}
-	rest := readme[i:]
-	fence := "\n```" + lang + "\n"
-	open := strings.Index(rest, fence)
-	if open < 0 {
-		t.Fatalf("no ```%s block after %q", lang, after)
-	}
-	rest = rest[open+len(fence):]
-	end := strings.Index(rest, "\n```\n")
-	if end < 0 {
-		t.Fatalf("the ```%s block after %q is not closed", lang, after)
-	}
-	return rest[:end+1]
-}
 
 // TestReadmeEngineManifestIsValid: the README's "same job with Claude Code
 // or Codex" manifest passes aq validate (it is not run: that needs the
 // engine's account).
 func TestReadmeEngineManifestIsValid(t *testing.T) {
 	_, jobs := manifestEnv(t)
-	m := readmeBlock(t, "### The same job with Claude Code or Codex", "markdown")
+	m := clitest.ReadmeBlock(t, "### The same job with Claude Code or Codex", "markdown")
 	file := writeFile(t, filepath.Join(jobs, "fix-title.md"), m)
 	out, errOut, code := runAQ(t, "validate", file)
 	if code != 0 || out != "ok "+file+" id=fix-title repo=webapp engine=claude\n" {
 		t.Fatalf("the README's claude manifest: exit %d stdout %q stderr %q\n%s", code, out, errOut, m)
-	}
-}
-
-// TestReadmeQuickStart runs the README's quick start exactly as written,
-// in a shell that stops at the first failing command, with the aq binary on
-// PATH (what `make build` and the README's export leave) and nothing of
-// aq's in the environment: a README edit that breaks it fails here. Then
-// it checks what the README says the commands print and do.
-func TestReadmeQuickStart(t *testing.T) {
-	t.Parallel() // its own home, repos and processes: it runs beside the others
-	if testing.Short() {
-		t.Skip("runs the aq binary")
-	}
-	block := readmeQuickStart(t)
-	for _, want := range []string{"engine: script", "aq submit fix-title.md", "aq run --once"} {
-		if !strings.Contains(block, want) {
-			t.Fatalf("the quick start no longer has %q; update this test with it:\n%s", want, block)
-		}
-	}
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("no sh")
-	}
-	bin := testenv.BuildAQ(t)
-	tmp := t.TempDir()
-	script := filepath.Join(tmp, "quickstart.sh")
-	testenv.WriteFile(t, script, block)
-
-	// A newcomer's environment: their PATH with aq on it, a HOME, git's
-	// identity (their ~/.gitconfig has one), no AQ_* variables.
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "AQ_") || k == "POLL_SECONDS" || k == "HOME" || k == "TMPDIR" || k == "PATH" || strings.HasPrefix(k, "GIT_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	home := filepath.Join(tmp, "home")
-	if err := os.MkdirAll(home, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	env = append(env, "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"), "HOME="+home, "TMPDIR="+tmp)
-	env = append(env, testenv.Identity...)
-	if testenv.Race {
-		env = append(env, "GORACE=atexit_sleep_ms=50")
-	}
-
-	cmd := exec.Command(sh, "-e", script)
-	cmd.Env, cmd.Dir = env, tmp
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	process.SetGroup(cmd)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute) // a hang guard, not a speed requirement
-	if err != nil || r.Code != 0 {
-		t.Fatalf("the README's quick start failed (%v): %s\nthe block:\n%s", err, r, block)
-	}
-	for _, want := range []string{
-		"ok fix-title.md id=fix-title repo=webapp engine=script\n",
-		"submitted fix-title to inbox\n",
-		"job fix-title: shipped (aq/job/fix-title, 1 files +1/-1; engine script",
-		"shipped:\n  fix-title aq/job/fix-title\n", // aq status lists it
-		"<title>Hello</title>\n",                   // the shipped branch on origin
-	} {
-		if !strings.Contains(r.Stdout, want) {
-			t.Errorf("the quick start's output lacks %q:\n%s", want, r.Stdout)
-		}
-	}
-	if strings.Contains(r.Stderr, "warning:") {
-		t.Errorf("the quick start's job draws a warning:\n%s", r.Stderr)
 	}
 }

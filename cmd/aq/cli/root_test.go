@@ -4,35 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aqfleet/aq/agent/config"
-	"github.com/aqfleet/aq/internal/process"
-	"github.com/aqfleet/aq/internal/testenv"
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 )
-
-// cleanEnv clears every aq variable and points HOME at a temp dir, so a test
-// sees only the configuration it sets.
-func cleanEnv(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, k := range config.Keys {
-		for _, e := range k.Env {
-			t.Setenv(e, "")
-			os.Unsetenv(e)
-		}
-	}
-	t.Setenv("HOME", dir)
-	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "xdg"))
-	t.Setenv("AQ_HOME", filepath.Join(dir, "aqhome"))
-	return dir
-}
 
 // runAQ runs one aq command line in-process and returns its output and code.
 func runAQ(t *testing.T, args ...string) (stdout, stderr string, code int) {
@@ -49,7 +29,7 @@ func runAQContext(t *testing.T, ctx context.Context, args ...string) (stdout, st
 }
 
 func TestVersion(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	out, _, code := runAQ(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "aq ") || !strings.Contains(out, runtime.Version()) {
 		t.Fatalf("code %d out %q", code, out)
@@ -64,7 +44,7 @@ func TestVersion(t *testing.T) {
 // TestVersionFlag: `aq --version` and `aq -v` print what `aq version`
 // prints; -v is the root's only (`aq gc -v` is gc's --verbose).
 func TestVersionFlag(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	want, _, code := runAQ(t, "version")
 	if code != 0 {
 		t.Fatalf("aq version: exit %d", code)
@@ -89,7 +69,7 @@ func TestVersionFlag(t *testing.T) {
 // TestFlagErrorSuggestsTheCommandsHelp: a flag error names the help of the
 // command it was given to — `aq --help` at the top, never `aq aq --help`.
 func TestFlagErrorSuggestsTheCommandsHelp(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	for _, c := range []struct {
 		args []string
 		want string
@@ -107,7 +87,7 @@ func TestFlagErrorSuggestsTheCommandsHelp(t *testing.T) {
 }
 
 func TestUsageErrorsExit2WithOneLine(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	for _, args := range [][]string{
 		{"nosuchcommand"},
 		{"version", "--nosuchflag"},
@@ -126,7 +106,7 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 }
 
 func TestConfigInvalidEnvExit2(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	t.Setenv("AQ_HEARTBEAT_SEC", "120")
 	_, errOut, code := runAQ(t, "config")
 	if code != 2 || !strings.Contains(errOut, "AQ_HEARTBEAT_SEC") {
@@ -135,7 +115,7 @@ func TestConfigInvalidEnvExit2(t *testing.T) {
 }
 
 func TestConfigShowsSourcesAndMasksSecrets(t *testing.T) {
-	dir := cleanEnv(t)
+	dir := clitest.CleanEnv(t)
 	tok := filepath.Join(dir, "tok")
 	os.WriteFile(tok, []byte("tok-from-file-123"), 0o600)
 	t.Setenv("AQ_SB_CONNECTION_STRING", "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=secretkey")
@@ -183,7 +163,7 @@ func TestConfigShowsSourcesAndMasksSecrets(t *testing.T) {
 }
 
 func TestCompletion(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	out, _, code := runAQ(t, "completion", "bash")
 	if code != 0 || !strings.Contains(out, "bash completion") {
 		t.Fatalf("exit %d, out %.80q", code, out)
@@ -191,7 +171,7 @@ func TestCompletion(t *testing.T) {
 }
 
 func TestErrorMessagesAreRedacted(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	t.Setenv("GITHUB_TOKEN", "ghp_leakcheck123")
 	// An unknown command echoes its argument; a secret passed there must not be printed.
 	_, errOut, _ := runAQ(t, "ghp_leakcheck123")
@@ -200,144 +180,12 @@ func TestErrorMessagesAreRedacted(t *testing.T) {
 	}
 }
 
-// binHome is an AQ_HOME for the binary; its engines run sandboxed, as by
-// default.
-func binHome(t *testing.T) *testenv.Home {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("runs the aq binary")
-	}
-	h := testenv.NewHome(t)
-	h.Bin = testenv.BuildAQ(t)
-	return h
-}
-
-// markedHome is binHome for tests whose engines write markers to a folder
-// outside their worktree (MARK, returned), which the sandbox would keep
-// from the host: their engines run unsandboxed (AQ_SANDBOX=off).
-func markedHome(t *testing.T) (*testenv.Home, string) {
-	t.Helper()
-	h := binHome(t)
-	mark := t.TempDir()
-	// MARK reaches the engines as an operator passes a variable
-	// (AQ_ENGINE_ENV): an engine's environment is built, not inherited.
-	h.Env = append(h.Env, "MARK="+mark, "AQ_ENGINE_ENV=MARK", "AQ_SANDBOX=off")
-	return h, mark
-}
-
-// scriptJob is front matter for a script job on repo: the script as a YAML
-// block, then extra lines.
-func scriptJob(repo, script string, extra ...string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "repo: %s\nengine: script\nscript: |\n", repo)
-	for _, l := range strings.Split(strings.TrimRight(script, "\n"), "\n") {
-		b.WriteString("  " + l + "\n")
-	}
-	for _, e := range extra {
-		b.WriteString(e + "\n")
-	}
-	return b.String()
-}
-
-// show is `aq job show --json ID` of the job a test calls name (its id is
-// testenv.ID(name)).
-func show(t *testing.T, h *testenv.Home, name string) JobView {
-	t.Helper()
-	id := testenv.ID(name)
-	r := h.Run(t, "job", "show", "--json", id)
-	if r.Code != 0 {
-		t.Fatalf("aq job show %s: %s", id, r)
-	}
-	var v JobView
-	if err := json.Unmarshal([]byte(r.Stdout), &v); err != nil {
-		t.Fatalf("job show --json: %v\n%s", err, r.Stdout)
-	}
-	return v
-}
-
-// start starts aq in the background (in its own process group, killed when
-// the test ends).
-func start(t *testing.T, h *testenv.Home, args ...string) *started {
-	t.Helper()
-	cmd := h.Command(t, args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = process.KillGroup(cmd.Process.Pid) })
-	s := &started{t: t, pid: cmd.Process.Pid, done: make(chan startedResult, 1)}
-	go func() {
-		res, err := testenv.Wait(cmd, &out, &errb, 3*time.Minute)
-		s.done <- startedResult{res, err}
-	}()
-	return s
-}
-
-// started is an aq process running in the background.
-type started struct {
-	t    *testing.T
-	pid  int
-	done chan startedResult
-	res  *startedResult // once wait or waitMark saw it end
-}
-
-type startedResult struct {
-	res testenv.Result
-	err error
-}
-
-// wait waits for the process to end.
-func (s *started) wait() testenv.Result {
-	s.t.Helper()
-	if s.res == nil {
-		r := <-s.done
-		s.res = &r
-	}
-	if s.res.err != nil {
-		s.t.Fatal(s.res.err)
-	}
-	return s.res.res
-}
-
-// waitMark waits for a script's marker while aq runs; aq ending first fails
-// the test with its output.
-func (s *started) waitMark(mark, name string) {
-	s.t.Helper()
-	testenv.WaitFor(s.t, 2*time.Minute, "marker "+name, func() bool {
-		if testenv.Exists(filepath.Join(mark, name)) {
-			return true
-		}
-		select {
-		case r := <-s.done:
-			s.res = &r
-			s.t.Fatalf("aq ended before the engine wrote %s: %s (%v)", name, r.res, r.err)
-		default:
-		}
-		return false
-	})
-}
-
-// board is `aq status --json`.
-func board(t *testing.T, h *testenv.Home) Board {
-	t.Helper()
-	r := h.Run(t, "status", "--json")
-	if r.Code != 0 {
-		t.Fatalf("aq status: %s", r)
-	}
-	var b Board
-	if err := json.Unmarshal([]byte(r.Stdout), &b); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, r.Stdout)
-	}
-	return b
-}
-
 // TestLogFormatNonsense (#34): a log format that is not one is a usage
 // error with one clear line, for every command — aq version, which loads
 // no configuration, included.
 func TestLogFormatNonsense(t *testing.T) {
 	for _, args := range [][]string{{"--log-format", "nonsense", "version"}, {"version", "--log-format=nonsense"}, {"--log-format", "nonsense"}, {"status", "--log-format", "nonsense"}} {
-		cleanEnv(t)
+		clitest.CleanEnv(t)
 		out, errOut, code := runAQ(t, args...)
 		if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "nonsense") || !strings.Contains(errOut, "text") {
 			t.Errorf("aq %v: exit %d stdout %q stderr %q", args, code, out, errOut)

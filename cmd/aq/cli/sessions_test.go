@@ -9,6 +9,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus/admin"
 	"github.com/spf13/cobra"
 
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/demo/sbpeer/sbpeertest"
 	"github.com/aqfleet/aq/internal/aqerr"
 )
@@ -90,7 +91,7 @@ func TestEnsureSubscriptionSessionsMismatchOnPeer(t *testing.T) {
 // (AQ_SB_SESSIONS=1 or --sb-sessions); a value that is not a boolean is one
 // usage line, not a publisher without sessions.
 func TestDemoCoordinatorSessions(t *testing.T) {
-	cleanEnv(t)
+	clitest.CleanEnv(t)
 	t.Setenv("AQ_SB_CONNECTION_STRING", "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0;UseDevelopmentEmulator=true")
 	for _, v := range []string{"1", "0"} {
 		t.Setenv("AQ_SB_SESSIONS", v)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
@@ -17,7 +18,7 @@ import (
 // AQ_HOME and a folder for manifests, both made.
 func manifestEnv(t *testing.T) (home, jobs string) {
 	t.Helper()
-	dir := cleanEnv(t)
+	dir := clitest.CleanEnv(t)
 	home, jobs = filepath.Join(dir, "aqhome"), filepath.Join(dir, "jobs")
 	for _, d := range []string{home, jobs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

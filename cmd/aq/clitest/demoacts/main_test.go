@@ -1,0 +1,10 @@
+package demoacts
+
+import (
+	"os"
+	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
