@@ -765,7 +765,11 @@ func TestWireLeaseLostToldOneWay(t *testing.T) {
 			x.Status, x.Body = http.StatusServiceUnavailable, []byte(`{"error":"try later"}`)
 		case x.route("POST /fleet/claim"):
 			date, _ := http.ParseTime(x.Header.Get("Date"))
-			x.Body = editJSON(t, x.Body, func(m map[string]any) { m["leaseExpiresAt"] = date.Add(4 * time.Second).Format(time.RFC3339Nano) })
+			// Long enough for a loaded host to prepare the job and start
+			// its engine (which writes its work at once) before the lease
+			// runs out: at 4 s the race-built aq under make test's load
+			// could lose it before the engine ran.
+			x.Body = editJSON(t, x.Body, func(m map[string]any) { m["leaseExpiresAt"] = date.Add(12 * time.Second).Format(time.RFC3339Nano) })
 		}
 	})
 	r := e.run("run", "--once")
