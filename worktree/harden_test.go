@@ -18,18 +18,18 @@ func TestParseConfigList(t *testing.T) {
 		"command\x00command line:\x00user.name\naq\x00"
 	got := parseConfigList([]byte(out), true, "/r")
 	want := []configEntry{
-		{"system", "/etc/gitconfig", "credential.https://h.example.com.helper", "gcloud.sh"},
-		{"local", "/r/.git/config", "core.bare", "false"},
-		{"local", "/r/.git/config", "core.quiet", ""},
-		{"worktree", "/r/.git/worktrees/w/config.worktree", "filter.X.clean", "sed -e 's/a/b/'\nline two"},
-		{"command", "", "user.name", "aq"},
+		{"system", "/etc/gitconfig", "credential.https://h.example.com.helper", "gcloud.sh", false},
+		{"local", "/r/.git/config", "core.bare", "false", false},
+		{"local", "/r/.git/config", "core.quiet", "", true},
+		{"worktree", "/r/.git/worktrees/w/config.worktree", "filter.X.clean", "sed -e 's/a/b/'\nline two", false},
+		{"command", "", "user.name", "aq", false},
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("parse:\n got %q\nwant %q", got, want)
+		t.Errorf("parse:\n got %+v\nwant %+v", got, want)
 	}
 	plain := parseConfigList([]byte("include.path\ninc.cfg\x00core.fsmonitor\n/x\x00"), false, "")
 	if len(plain) != 2 || plain[1].key != "core.fsmonitor" || plain[1].value != "/x" {
-		t.Errorf("parse without scope: %q", plain)
+		t.Errorf("parse without scope: %+v", plain)
 	}
 	for _, tc := range []struct{ key, sec, sub, v string }{
 		{"core.fsmonitor", "core", "", "fsmonitor"},
@@ -46,8 +46,8 @@ func TestParseConfigList(t *testing.T) {
 // TestPlanHarden: what is pinned, to what, for a repository's planted
 // keys, with and without trusted values for them.
 func TestPlanHarden(t *testing.T) {
-	local := func(k, v string) configEntry { return configEntry{"local", "/r/.git/config", k, v} }
-	global := func(k, v string) configEntry { return configEntry{"global", "/h/.gitconfig", k, v} }
+	local := func(k, v string) configEntry { return configEntry{"local", "/r/.git/config", k, v, false} }
+	global := func(k, v string) configEntry { return configEntry{"global", "/h/.gitconfig", k, v, false} }
 	env := map[string]string{}
 	in := func(entries ...configEntry) hardenInput {
 		return hardenInput{entries: entries, lookup: func(k string) (string, bool) { v, ok := env[k]; return v, ok },

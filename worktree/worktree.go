@@ -99,7 +99,19 @@ func BranchExists(ctx context.Context, g Git, dir, branch string) (bool, error) 
 
 // HasRemote reports whether dir has a remote called name. Any failure
 // (dir is not a repository, ...) reads as "no".
+//
+// A remote is any remote.<name>.* key of the configuration, as `git
+// remote` lists it: read from the cached configuration (no git of its own,
+// #35) when it names one; else `git remote` answers (a remote git also
+// finds in the legacy .git/remotes/ files).
 func HasRemote(ctx context.Context, g Git, dir, name string) bool {
+	if entries, ok, err := g.listing(ctx, dir); err == nil && ok {
+		for _, e := range entries {
+			if sec, sub, _ := splitKey(e.key); sec == "remote" && sub == name {
+				return true
+			}
+		}
+	}
 	out, err := g.at(dir).Run(ctx, dir, "remote")
 	if err != nil {
 		return false

@@ -140,8 +140,10 @@ func (ru *run) commitFromCheckpoint(ctx context.Context, msg string, dropPR bool
 			return "", false, false, nil
 		}
 	}
-	cfg, err := wg.Run(ctx, ru.wtPath, "config", "--get-regexp", `^(user\.(name|email)|commit\.gpgsign)$`)
-	if err != nil && !isExit(err, 1) {
+	// As `git config --get-regexp` answers, from the configuration aq
+	// already read for this worktree (no git of its own: #35).
+	cfg, err := wg.ConfigGet(ctx, ru.wtPath, "user.name", "user.email", "commit.gpgsign")
+	if err != nil {
 		return "", false, false, nil
 	}
 	ident, sign := identityArgs(cfg)
