@@ -290,3 +290,32 @@ func parseWorktreeList(out []byte) []Entry {
 	}
 	return entries
 }
+
+// ResolveRefs resolves each of refs (full ref names) in dir to the commit it
+// names, in one git (`git cat-file --batch-check`, as ResolveRef's
+// `rev-parse --verify` of each would, #35): what does not exist, or names
+// no commit, is left out of the map. An error means git itself failed.
+func ResolveRefs(ctx context.Context, g Git, dir string, refs ...string) (map[string]string, error) {
+	var in strings.Builder
+	for _, r := range refs {
+		if r == "" || strings.ContainsAny(r, "\n\x00") || strings.HasPrefix(r, "-") {
+			return nil, fmt.Errorf("resolve refs: invalid ref %q", r)
+		}
+		in.WriteString(r + "^{commit}\n")
+	}
+	out, err := g.runStdin(ctx, dir, strings.NewReader(in.String()), "cat-file", "--batch-check=%(objectname) %(objecttype)")
+	if err != nil {
+		return nil, notRepo(ctx, dir, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(lines) != len(refs) {
+		return nil, fmt.Errorf("resolve refs: git cat-file answered %d lines for %d refs", len(lines), len(refs))
+	}
+	shas := map[string]string{}
+	for i, l := range lines {
+		if f := strings.Fields(l); len(f) == 2 && f[1] == "commit" {
+			shas[refs[i]] = f[0]
+		}
+	}
+	return shas, nil
+}

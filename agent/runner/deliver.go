@@ -202,7 +202,7 @@ func (ru *run) deliveredOnOrigin(ctx context.Context) (sha string, ok bool) {
 		return "", false
 	}
 	g, branch := ru.r.Git, job.JobBranch(ru.j.ID)
-	tip, found, err := worktree.RemoteRef(ctx, g, ru.repoDir, "origin", "refs/heads/"+branch)
+	tip, found, err := ru.lookOnOrigin(ctx, "refs/heads/"+branch)
 	if err != nil || !found {
 		if err != nil {
 			ru.log.Warn("cannot look for the job's branch on origin", "err", err)
@@ -236,4 +236,29 @@ func (ru *run) redeliver(ctx context.Context, sha string) {
 		return
 	}
 	ru.openPR(ctx, "")
+}
+
+// lookOnOrigin says where origin's ref is (found false: origin has no such
+// ref). The job's two refs on origin, aq/job/<id> and aq/wip/<id>, are
+// asked in one `git ls-remote` the first time either is (#35): what origin
+// said is what the run's first push of each swaps from.
+func (ru *run) lookOnOrigin(ctx context.Context, ref string) (sha string, found bool, err error) {
+	jobRef, wipRef := "refs/heads/"+job.JobBranch(ru.j.ID), "refs/heads/"+job.WIPBranch(ru.j.ID)
+	if ref != jobRef && ref != wipRef {
+		return worktree.RemoteRef(ctx, ru.r.Git, ru.repoDir, "origin", ref)
+	}
+	if ru.originSaw == nil {
+		refs, err := worktree.ListRemoteRefs(ctx, ru.r.Git, ru.repoDir, "origin", jobRef, wipRef)
+		if err != nil {
+			return "", false, err
+		}
+		ru.originSaw = map[string]string{}
+		for _, r := range refs {
+			if r.Name == jobRef || r.Name == wipRef {
+				ru.originSaw[r.Name] = r.SHA
+			}
+		}
+	}
+	sha, found = ru.originSaw[ref]
+	return sha, found, nil
 }

@@ -283,6 +283,12 @@ type run struct {
 	// jobOnOrigin is origin's aq/job/<id> when the run started ("" = none):
 	// the result push is a compare-and-swap against it.
 	jobOnOrigin string
+	// originSaw is what one ls-remote said of the job's two refs on origin
+	// when the run started (lookOnOrigin); nil until asked.
+	originSaw map[string]string
+	// refsAt are the refs prepareWorktree resolved in one git (ref →
+	// commit, "" for one that is not there), while none of them moved.
+	refsAt map[string]string
 
 	// cpMu serialises checkpoints (periodic ones while the engine runs, the
 	// final one after) and guards wipOnOrigin and lastPeriodic.
