@@ -39,8 +39,10 @@ package worktree
 // What the repository configures is read with `git config --list
 // --show-scope --show-origin`, which runs nothing, plus the files its
 // conditional includes name (read whatever their condition: a pin that
-// was not needed costs nothing). The result is cached per directory and
-// environment, and reused while none of the files it came from (nor the
+// was not needed costs nothing). The listing is cached per git directory
+// and environment (a worktree moved in or out of the pool keeps it; git's
+// ceiling directories do not count where the repository is found at the
+// directory itself), and reused while none of the files it came from (nor the
 // repository's config files and include targets that did not exist)
 // changed: inode, size, modification and change time.
 

@@ -233,3 +233,59 @@ func TestHardenCache(t *testing.T) {
 		t.Fatalf("a file an include names, created later, was not read:\n%s", got)
 	}
 }
+
+// TestHardenCacheOnePerGitDir: a repository's configuration is read once
+// whatever ceiling git is given (none, its parent, the same twice) and a
+// worktree's once wherever it is moved (the pool and back, #35) — its pins
+// still name its own path — while ConfigGet, which answers from the same
+// cache, still sees a change at once.
+func TestHardenCacheOnePerGitDir(t *testing.T) {
+	repo := newRepo(t)
+	g := Git{ConfigDir: t.TempDir()}
+	ctx := ctxT(t)
+	reads := configReads.Load()
+	base := g.environ(nil)
+	for _, env := range [][]string{
+		base,
+		append(slices.Clone(base), "GIT_CEILING_DIRECTORIES="+filepath.Dir(repo)),
+		append(slices.Clone(base), "GIT_CEILING_DIRECTORIES="+filepath.Dir(repo), "GIT_CEILING_DIRECTORIES="+filepath.Dir(repo)),
+	} {
+		if _, err := g.hardenEnv(ctx, repo, env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("the repository's configuration was read %d times for three ceilings, want 1", n)
+	}
+
+	wt := addWorktree(t, repo, "cache", "main")
+	reads = configReads.Load()
+	pins := func(dir string) string {
+		t.Helper()
+		out, err := g.at(dir).hardenEnv(ctx, dir, g.at(dir).environ(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(out, "\n")
+	}
+	if !strings.Contains(pins(wt), "GIT_WORK_TREE="+wt) {
+		t.Fatalf("the worktree's pins do not name it")
+	}
+	moved := filepath.Join(filepath.Dir(wt), "pooled")
+	testenv.Git(t, repo, "worktree", "move", wt, moved)
+	if got := pins(moved); !strings.Contains(got, "GIT_WORK_TREE="+moved) || strings.Contains(got, "GIT_WORK_TREE="+wt+"\n") {
+		t.Fatalf("the moved worktree's pins do not name its new path:\n%s", got)
+	}
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("the worktree's configuration was read %d times before and after a move, want 1", n)
+	}
+
+	testenv.Git(t, repo, "config", "user.name", "Ada")
+	if got, err := g.ConfigGet(ctx, moved, "user.name", "user.email"); err != nil || !strings.Contains(got, "user.name Ada") {
+		t.Fatalf("ConfigGet after a change = %q, %v; want user.name Ada", got, err)
+	}
+	testenv.Git(t, repo, "config", "user.name", "Grace")
+	if got, _ := g.ConfigGet(ctx, moved, "user.name"); !strings.HasSuffix(got, "user.name Grace") { // the last value wins
+		t.Fatalf("ConfigGet after a second change = %q, want user.name Grace", got)
+	}
+}

@@ -147,18 +147,43 @@ func kind(call string) string {
 	return "?"
 }
 
-// budget is the most git processes a trivial job may start, and, by kind,
-// the most of each, each with its reason.
-var budget = struct {
-	total int
-	kinds map[string]struct {
-		max    int
-		reason string
-	}
+// budget is the most git processes a trivial job may start — a warm job
+// (a pooled worktree), ship: branch to a local bare origin, no verify —
+// and, by kind, the most of each, each with its reason. Today's main
+// (49ca55b) started 37: config --list 6, rev-parse 4, update-ref 4,
+// commit-tree 2, config --get-regexp 2, ls-remote 2, push 2, rev-list 2,
+// diff-tree 2, worktree 2, and one each of remote, ls-files, checkout,
+// clean, cat-file, add, write-tree, read-tree, diff.
+const budget = 23
+
+var kindBudget = map[string]struct {
+	max    int
+	reason string
 }{
-	total: 15,
+	"config --list": {2, "the repository's configuration and the job worktree's (its own git directory), each read once for the hardening and cached by its files' identity"},
+	"ls-remote":     {1, "origin's aq/job/<id> and aq/wip/<id> in one call"},
+	"cat-file":      {2, "the base and WIP refs of the run in one; the checkpoint's HEAD and WIP ref in one"},
+	"worktree":      {2, "the pooled worktree moved to the job's path, and back to the pool"},
+	"ls-files":      {1, "the pooled worktree's reset: assume-unchanged and skip-worktree bits"},
+	"checkout":      {1, "the pooled worktree's reset: the job branch at its start"},
+	"clean":         {1, "the pooled worktree's reset: untracked and ignored files"},
+	"add":           {1, "the checkpoint's index"},
+	"write-tree":    {1, "the checkpoint's tree"},
+	"commit-tree":   {2, "the checkpoint commit and the result commit"},
+	"update-ref":    {3, "the WIP ref, the job branch (compare-and-swap each), HEAD detached in the pool"},
+	"rev-parse":     {1, "the result commit's refs in one"},
+	"read-tree":     {1, "the worktree's index follows the result"},
+	"diff":          {1, "the result's diffstat"},
+	"rev-list":      {1, "the change check before the push: its commits"},
+	"diff-tree":     {1, "the change check before the push: their paths"},
+	"push":          {1, "the result and its checkpoint in one atomic push"},
 }
 
+// TestTrivialJobGitProcesses counts the git processes of a trivial warm
+// job run by `aq run --once`, unsandboxed and sandboxed (the logging git is
+// in AQ_SANDBOX_WRITABLE, so a git run inside the sandbox would be counted
+// too): at most budget in all, each kind within its budget, and exactly one
+// push. Without the lean path (#35) it counted 37.
 func TestTrivialJobGitProcesses(t *testing.T) {
 	bin := testenv.BuildAQ(t)
 	for _, sb := range []string{"off", "auto"} {
@@ -168,8 +193,20 @@ func TestTrivialJobGitProcesses(t *testing.T) {
 			calls := tr.job(t)
 			k := kinds(calls)
 			t.Logf("%d git processes: %v\n%s", len(calls), k, show(calls))
-			if len(calls) > budget.total {
-				t.Errorf("a trivial job started %d git processes, want at most %d", len(calls), budget.total)
+			if len(calls) > budget {
+				t.Errorf("a trivial job started %d git processes, want at most %d", len(calls), budget)
+			}
+			for kind, n := range k {
+				b, ok := kindBudget[kind]
+				switch {
+				case !ok:
+					t.Errorf("%d × git %s: a kind of git the trivial job has no reason to run", n, kind)
+				case n > b.max:
+					t.Errorf("%d × git %s, want at most %d: %s", n, kind, b.max, b.reason)
+				}
+			}
+			if k["push"] != 1 {
+				t.Errorf("%d pushes, want exactly one: %s", k["push"], kindBudget["push"].reason)
 			}
 		})
 	}
