@@ -19,6 +19,9 @@ import (
 // the machine's load falls on both alike. One op is one job of each.
 //
 //	BENCH_AQ_OLD=/tmp/aq-main go test -run '^$' -bench TrivialJob -benchtime 20x ./cmd/aq/gitcount/
+//
+// BENCH_FILES=20000 makes the repository that many files larger: the warm
+// job on a big repository (the test itself always uses one file).
 func BenchmarkTrivialJob(b *testing.B) {
 	bins := map[string]string{"new": testenv.BuildAQ(b)}
 	if old := os.Getenv("BENCH_AQ_OLD"); old != "" {
@@ -37,7 +40,7 @@ func BenchmarkTrivialJob(b *testing.B) {
 			times := map[string][]time.Duration{}
 			gits := map[string]int{}
 			for _, n := range names {
-				tr := newTrivial(b, bins[n], sb)
+				tr := newTrivial(b, bins[n], sb, benchFiles())
 				tr.job(b) // the pooled worktree
 				// Counted once, with the logging git; timed without it.
 				gits[n] = len(tr.job(b))
@@ -78,6 +81,12 @@ func BenchmarkTrivialJob(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchFiles is BENCH_FILES, 0 when unset.
+func benchFiles() int {
+	n, _ := strconv.Atoi(os.Getenv("BENCH_FILES"))
+	return max(n, 0)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

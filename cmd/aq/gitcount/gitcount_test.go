@@ -6,6 +6,7 @@
 package gitcount
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,11 +80,16 @@ type trivial struct {
 	n      int
 }
 
-func newTrivial(tb testing.TB, bin, sandbox string) *trivial {
+func newTrivial(tb testing.TB, bin, sandbox string, extra int) *trivial {
 	tb.Helper()
 	h := testenv.NewHome(tb)
 	h.Bin = bin
-	repo := h.Repo(tb, "tiny", map[string]string{"README.md": "tiny\n"})
+	files := map[string]string{"README.md": "tiny\n"}
+	// extra more files: the benchmark's warm job on a big repository.
+	for i := range extra {
+		files[fmt.Sprintf("pkg%d/file%05d.txt", i%10, i)] = fmt.Sprintf("file %d\nline two\nline three\n", i)
+	}
+	repo := h.Repo(tb, "tiny", files)
 	origin := testenv.AddOrigin(tb, repo)
 	g := newGitLog(tb, tb.TempDir())
 	h.Env = append(h.Env, "PATH="+g.bin+string(os.PathListSeparator)+os.Getenv("PATH"),
@@ -188,7 +194,7 @@ func TestTrivialJobGitProcesses(t *testing.T) {
 	bin := testenv.BuildAQ(t)
 	for _, sb := range []string{"off", "auto"} {
 		t.Run("sandbox="+sb, func(t *testing.T) {
-			tr := newTrivial(t, bin, sb)
+			tr := newTrivial(t, bin, sb, 0)
 			tr.job(t) // the first job makes the pooled worktree
 			calls := tr.job(t)
 			k := kinds(calls)
