@@ -30,8 +30,10 @@ func (ru *run) checkpointMessage(why string) string {
 
 // checkpoint commits everything in the worktree to aq/wip/<id> — once per
 // engine run, after the engine is dead (the attempt's first run and each
-// repair round) — and pushes it to origin unless the job is fenced. It runs
-// on a context that cannot be cancelled, with its own time limit.
+// repair round) — and pushes it to origin unless the job is fenced (a job
+// without a verify command pushes it with its result instead, or alone
+// before the run reports: pushWithResult, flushWIP). It runs on a context
+// that cannot be cancelled, with its own time limit.
 func (ru *run) checkpoint(parent context.Context) {
 	if ru.wtPath == "" {
 		return
