@@ -5,7 +5,6 @@ package runner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -223,12 +222,6 @@ func identityArgs(cfg string) (args []string, sign bool) {
 		args = append(args, "-c", "user.email="+worktree.DefaultUserEmail)
 	}
 	return args, sign
-}
-
-// isExit reports whether err is a git run that exited with code.
-func isExit(err error, code int) bool {
-	var ge *worktree.GitError
-	return errors.As(err, &ge) && ge.ExitCode == code
 }
 
 // verify runs the manifest's verify: command in the worktree. passed: it
