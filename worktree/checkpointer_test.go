@@ -1,6 +1,7 @@
 package worktree
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aqfleet/aq/internal/testenv"
 )
@@ -110,7 +112,12 @@ func TestCheckpointerMatchesCheckpoint(t *testing.T) {
 		watch := c.watch
 		t.Run(fmt.Sprintf("watch=%v,small=%d", c.watch, c.small), func(t *testing.T) {
 			t.Parallel()
-			ctx := ctxT(t)
+			// 60 rounds of a dozen gits each: a deadlock guard, not a speed
+			// requirement — ctxT's minute ran out twice with the whole
+			// package under -race on a loaded host (load 10-14), with this
+			// subtest alone done in 34 s.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
 			repo := newRepo(t)
 			wt := addWorktree(t, repo, "eq", "main")
 			cp := &Checkpointer{Git: Git{}, Path: wt, Watch: watch, SmallIndex: c.small}

@@ -223,8 +223,8 @@ const (
 // "aq <aq@localhost>" otherwise (never an identity guessed from the hostname).
 // GIT_AUTHOR_* / GIT_COMMITTER_* in the environment still win over both.
 func (g Git) identity(ctx context.Context, dir string) ([]string, error) {
-	out, err := g.at(dir).Run(ctx, dir, "config", "--get-regexp", `^user\.(name|email)$`)
-	if err != nil && exitCode(err) != 1 { // 1: none of the keys is set
+	out, err := g.ConfigGet(ctx, dir, "user.name", "user.email")
+	if err != nil {
 		return nil, err
 	}
 	var name, email bool

@@ -39,8 +39,10 @@ package worktree
 // What the repository configures is read with `git config --list
 // --show-scope --show-origin`, which runs nothing, plus the files its
 // conditional includes name (read whatever their condition: a pin that
-// was not needed costs nothing). The result is cached per directory and
-// environment, and reused while none of the files it came from (nor the
+// was not needed costs nothing). The listing is cached per git directory
+// and environment (a worktree moved in or out of the pool keeps it; git's
+// ceiling directories do not count where the repository is found at the
+// directory itself), and reused while none of the files it came from (nor the
 // repository's config files and include targets that did not exist)
 // changed: inode, size, modification and change time.
 
@@ -69,6 +71,7 @@ type configEntry struct {
 	origin string // the file it was read from (absolute), or ""
 	key    string // section and variable lower case, subsection as written
 	value  string
+	bare   bool // set without a value ("[core] bare"): true for a boolean
 }
 
 // trusted reports whether e comes from where the factory's operator
@@ -98,7 +101,9 @@ func parseConfigList(out []byte, withScope bool, relTo string) []configEntry {
 		}
 		kv := fields[i]
 		i++
-		e.key, e.value, _ = strings.Cut(kv, "\n")
+		var hasValue bool
+		e.key, e.value, hasValue = strings.Cut(kv, "\n")
+		e.bare = !hasValue
 		if p, ok := strings.CutPrefix(e.origin, "file:"); ok {
 			if !filepath.IsAbs(p) && relTo != "" {
 				p = filepath.Join(relTo, p)
@@ -431,7 +436,15 @@ type hardenEntry struct {
 	// their stamp to tell a later change apart: those are compared byte
 	// for byte (configuration files are small).
 	racy map[string][]byte
-	env  []string
+	// entries is what readConfig found; the first listed are git's own
+	// listing (what `git config` itself answers), the rest what the
+	// repository's conditional includes would bring whatever their
+	// condition (for the pins only).
+	entries []configEntry
+	listed  int
+
+	mu  sync.Mutex
+	env map[string][]string // the pins of each directory (the worktree's own path is pinned)
 }
 
 // configStamp tells whether a file changed; zero: the file did not exist.
@@ -469,27 +482,84 @@ func (g Git) HardenedEnv(ctx context.Context, dir string, env []string) ([]strin
 // hardenEnv is what hardening adds to the environment of a git run in
 // dir whose environment is otherwise env.
 func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string, error) {
+	entry, h, err := g.configOf(ctx, dir, env)
+	if err != nil {
+		return nil, err
+	}
+	entry.mu.Lock()
+	out, ok := entry.env[h.abs]
+	entry.mu.Unlock()
+	if ok {
+		return out, nil
+	}
+	bin, err := g.absBin(h.lookup)
+	if err != nil {
+		return nil, err
+	}
+	noHooks, err := g.noHooksDir()
+	if err != nil {
+		return nil, err
+	}
+	in := hardenInput{entries: entry.entries, lookup: h.lookup, dir: h.abs, worktree: h.isWorktree, gitBin: bin, noHooks: noHooks, globals: h.globals}
+	if h.pinned {
+		in.gitDir, in.commonDir = h.gitDir, h.commonDir
+	}
+	out, err = g.materialize(planHarden(in), env)
+	if err != nil {
+		return nil, err
+	}
+	entry.mu.Lock()
+	if len(entry.env) < maxHardenCache {
+		entry.env[h.abs] = out
+	}
+	entry.mu.Unlock()
+	return out, nil
+}
+
+// gitWhere is what configOf found out about a directory.
+type gitWhere struct {
+	abs                string
+	gitDir, commonDir  string
+	isWorktree, pinned bool
+	lookup             func(string) (string, bool)
+	globals            []string
+}
+
+// configOf is the repository's configuration as git run in dir with env
+// reads it: from the cache while none of the files it came from changed,
+// else read again (one `git config --list`). The cache is keyed by the
+// git directories, not the directory: a worktree moved in or out of the
+// pool keeps its configuration, and so its cache entry.
+func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEntry, gitWhere, error) {
 	abs := dir
 	if abs == "" {
 		abs = "."
 	}
 	abs, err := filepath.Abs(abs)
 	if err != nil {
-		return nil, err
+		return nil, gitWhere{}, err
 	}
-	lookup := envLookup(env)
 	gitDir, commonDir, isWorktree := gitDirs(abs)
 	pinned := false
 	if x, c, ok := recordedGitDir(abs); ok {
 		// aq's record, not the worktree's .git file (record.go).
 		gitDir, commonDir, isWorktree, pinned = x, c, true, true
 	}
-	key := abs + "\x00" + gitDir + "\x00" + relevantEnv(env)
+	lookup := envLookup(env)
+	h := gitWhere{abs: abs, gitDir: gitDir, commonDir: commonDir, isWorktree: isWorktree, pinned: pinned, lookup: lookup}
+	h.globals = globalConfigFiles(lookup)
+	// The configuration git reads depends on the git directories and the
+	// environment, not on where the worktree sits; where no repository is
+	// found at dir itself, git searches upwards from it: then dir counts.
+	key := gitDir + "\x00" + commonDir + "\x00" + strconv.FormatBool(isWorktree) + strconv.FormatBool(pinned) + "\x00" + relevantEnv(env, gitDir != "")
+	if gitDir == "" {
+		key = abs + "\x00" + key
+	}
 	hardenCache.Lock()
 	old, ok := hardenCache.m[key]
 	hardenCache.Unlock()
 	if ok && old.unchanged() {
-		return old.env, nil
+		return old, h, nil
 	}
 
 	// The files the result depends on are looked at before git reads
@@ -519,8 +589,7 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 	if gitDir != "" {
 		look(filepath.Join(gitDir, "config.worktree"), true)
 	}
-	globals := globalConfigFiles(lookup)
-	for _, f := range globals {
+	for _, f := range h.globals {
 		look(f, true)
 	}
 	if v, ok := lookup("GIT_CONFIG_SYSTEM"); ok && v != "" {
@@ -537,31 +606,14 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 	if pinned {
 		readEnv = append(slices.Clip(env), "GIT_DIR="+gitDir, "GIT_COMMON_DIR="+commonDir, "GIT_WORK_TREE="+abs)
 	}
-	entries, files, err := g.readConfig(ctx, abs, readEnv)
+	entries, listed, files, err := g.readConfig(ctx, abs, readEnv)
 	if err != nil {
-		return nil, err
+		return nil, gitWhere{}, err
 	}
 	for _, f := range files {
 		look(f, false)
 	}
-	bin, err := g.absBin(lookup)
-	if err != nil {
-		return nil, err
-	}
-	noHooks, err := g.noHooksDir()
-	if err != nil {
-		return nil, err
-	}
-	in := hardenInput{entries: entries, lookup: lookup, dir: abs, worktree: isWorktree, gitBin: bin, noHooks: noHooks, globals: globals}
-	if pinned {
-		in.gitDir, in.commonDir = gitDir, commonDir
-	}
-	plan := planHarden(in)
-	out, err := g.materialize(plan, env)
-	if err != nil {
-		return nil, err
-	}
-	entry.env = out
+	entry.entries, entry.listed, entry.env = entries, listed, map[string][]string{}
 	if cacheable {
 		hardenCache.Lock()
 		if len(hardenCache.m) >= maxHardenCache {
@@ -570,7 +622,7 @@ func (g Git) hardenEnv(ctx context.Context, dir string, env []string) ([]string,
 		hardenCache.m[key] = entry
 		hardenCache.Unlock()
 	}
-	return out, nil
+	return entry, h, nil
 }
 
 // unchanged reports whether every file e was worked out from is as it was.
@@ -592,14 +644,34 @@ func (e *hardenEntry) unchanged() bool {
 // relevantEnv is the part of env that hardening's result depends on: what
 // decides which configuration git reads and what it would run. (Not, say,
 // GIT_INDEX_FILE, which a checkpoint sets to a fresh file each time.)
-func relevantEnv(env []string) string {
-	var b strings.Builder
+//
+// Each variable counts once, with its last value (as exec passes it on).
+// found says the repository is found where git starts (dir is a
+// repository's root or git directory, or aq names the git directory):
+// then GIT_CEILING_DIRECTORIES, which only bounds the search upwards,
+// cannot change what git reads, and is left out — `git -C repo` and the
+// same git with a ceiling above repo read the same configuration (#35:
+// the two read it twice).
+func relevantEnv(env []string, found bool) string {
+	last := map[string]string{}
 	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "GIT_CONFIG") || relevantVars[k] || strings.HasSuffix(strings.ToLower(k), "_proxy") {
-			b.WriteString(kv)
-			b.WriteByte(0)
+		k, v, _ := strings.Cut(kv, "=")
+		if found && k == "GIT_CEILING_DIRECTORIES" {
+			continue
 		}
+		if strings.HasPrefix(k, "GIT_CONFIG") || relevantVars[k] || strings.HasSuffix(strings.ToLower(k), "_proxy") {
+			last[k] = v
+		}
+	}
+	keys := make([]string, 0, len(last))
+	for k := range last {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k + "=" + last[k])
+		b.WriteByte(0)
 	}
 	return b.String()
 }
@@ -628,14 +700,14 @@ var configReads atomic.Int64
 
 // readConfig lists dir's configuration and what its conditional includes
 // bring, and names every file read.
-func (g Git) readConfig(ctx context.Context, dir string, env []string) ([]configEntry, []string, error) {
+func (g Git) readConfig(ctx context.Context, dir string, env []string) (entries []configEntry, listed int, files []string, err error) {
 	configReads.Add(1)
 	out, err := g.rawConfig(ctx, dir, env, "config", "--list", "--show-scope", "--show-origin", "-z")
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
-	entries := parseConfigList(out, true, dir)
-	var files []string
+	entries = parseConfigList(out, true, dir)
+	listed = len(entries)
 	for _, e := range entries {
 		if e.origin != "" && !slices.Contains(files, e.origin) {
 			files = append(files, e.origin)
@@ -683,7 +755,7 @@ func (g Git) readConfig(ctx context.Context, dir string, env []string) ([]config
 		entries = append(entries, more...)
 		enqueue(more, t.depth+1)
 	}
-	return entries, files, nil
+	return entries, listed, files, nil
 }
 
 // includeTarget resolves an include's path as git does: ~ is the home
@@ -876,3 +948,57 @@ func (g Git) writeEarly(content []byte) (string, error) {
 	}
 	return path, nil
 }
+
+// listing is git's own listing of dir's configuration (what `git config
+// --list` run there answers, all scopes), from the cache hardening keeps
+// (hardenEnv: read once while none of the files changed). ok is false when
+// g runs git unhardened (no cache): the caller asks git.
+func (g Git) listing(ctx context.Context, dir string) (entries []configEntry, ok bool, err error) {
+	if g.unhardened {
+		return nil, false, nil
+	}
+	gd := g.at(dir)
+	entry, _, err := gd.configOf(ctx, dir, gd.environ(nil))
+	if err != nil {
+		return nil, false, err
+	}
+	return entry.entries[:entry.listed], true, nil
+}
+
+// ConfigGet answers as `git config --get-regexp '^(k1|k2|…)$'` run in dir
+// would, for the keys named (lower case, as git names them: "user.name"):
+// one "key value" line per value, in git's order, "key" alone for a key
+// set without a value; "" when none is set. It reads the cached listing
+// (listing), not a git of its own: a job's commits ask for their identity
+// without a process each (#35).
+func (g Git) ConfigGet(ctx context.Context, dir string, keys ...string) (string, error) {
+	entries, ok, err := g.listing(ctx, dir)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		quoted := make([]string, len(keys))
+		for i, k := range keys {
+			quoted[i] = regexpQuote(k)
+		}
+		out, err := g.at(dir).Run(ctx, dir, "config", "--get-regexp", "^("+strings.Join(quoted, "|")+")$")
+		if exitCode(err) == 1 {
+			return "", nil
+		}
+		return out, err
+	}
+	var lines []string
+	for _, e := range entries {
+		if slices.Contains(keys, e.key) {
+			if e.bare {
+				lines = append(lines, e.key)
+			} else {
+				lines = append(lines, e.key+" "+e.value)
+			}
+		}
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// regexpQuote escapes the dots of a configuration key for a git regexp.
+func regexpQuote(k string) string { return strings.ReplaceAll(k, ".", `\.`) }

@@ -18,18 +18,18 @@ func TestParseConfigList(t *testing.T) {
 		"command\x00command line:\x00user.name\naq\x00"
 	got := parseConfigList([]byte(out), true, "/r")
 	want := []configEntry{
-		{"system", "/etc/gitconfig", "credential.https://h.example.com.helper", "gcloud.sh"},
-		{"local", "/r/.git/config", "core.bare", "false"},
-		{"local", "/r/.git/config", "core.quiet", ""},
-		{"worktree", "/r/.git/worktrees/w/config.worktree", "filter.X.clean", "sed -e 's/a/b/'\nline two"},
-		{"command", "", "user.name", "aq"},
+		{"system", "/etc/gitconfig", "credential.https://h.example.com.helper", "gcloud.sh", false},
+		{"local", "/r/.git/config", "core.bare", "false", false},
+		{"local", "/r/.git/config", "core.quiet", "", true},
+		{"worktree", "/r/.git/worktrees/w/config.worktree", "filter.X.clean", "sed -e 's/a/b/'\nline two", false},
+		{"command", "", "user.name", "aq", false},
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("parse:\n got %q\nwant %q", got, want)
+		t.Errorf("parse:\n got %+v\nwant %+v", got, want)
 	}
 	plain := parseConfigList([]byte("include.path\ninc.cfg\x00core.fsmonitor\n/x\x00"), false, "")
 	if len(plain) != 2 || plain[1].key != "core.fsmonitor" || plain[1].value != "/x" {
-		t.Errorf("parse without scope: %q", plain)
+		t.Errorf("parse without scope: %+v", plain)
 	}
 	for _, tc := range []struct{ key, sec, sub, v string }{
 		{"core.fsmonitor", "core", "", "fsmonitor"},
@@ -46,8 +46,8 @@ func TestParseConfigList(t *testing.T) {
 // TestPlanHarden: what is pinned, to what, for a repository's planted
 // keys, with and without trusted values for them.
 func TestPlanHarden(t *testing.T) {
-	local := func(k, v string) configEntry { return configEntry{"local", "/r/.git/config", k, v} }
-	global := func(k, v string) configEntry { return configEntry{"global", "/h/.gitconfig", k, v} }
+	local := func(k, v string) configEntry { return configEntry{"local", "/r/.git/config", k, v, false} }
+	global := func(k, v string) configEntry { return configEntry{"global", "/h/.gitconfig", k, v, false} }
 	env := map[string]string{}
 	in := func(entries ...configEntry) hardenInput {
 		return hardenInput{entries: entries, lookup: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
@@ -231,5 +231,61 @@ func TestHardenCache(t *testing.T) {
 	testenv.Git(t, "", "config", "-f", filepath.Join(repo, ".git", "later.cfg"), "merge.later.driver", "/evil")
 	if got := pins(); !strings.Contains(got, "=merge.later.driver") {
 		t.Fatalf("a file an include names, created later, was not read:\n%s", got)
+	}
+}
+
+// TestHardenCacheOnePerGitDir: a repository's configuration is read once
+// whatever ceiling git is given (none, its parent, the same twice) and a
+// worktree's once wherever it is moved (the pool and back, #35) — its pins
+// still name its own path — while ConfigGet, which answers from the same
+// cache, still sees a change at once.
+func TestHardenCacheOnePerGitDir(t *testing.T) {
+	repo := newRepo(t)
+	g := Git{ConfigDir: t.TempDir()}
+	ctx := ctxT(t)
+	reads := configReads.Load()
+	base := g.environ(nil)
+	for _, env := range [][]string{
+		base,
+		append(slices.Clone(base), "GIT_CEILING_DIRECTORIES="+filepath.Dir(repo)),
+		append(slices.Clone(base), "GIT_CEILING_DIRECTORIES="+filepath.Dir(repo), "GIT_CEILING_DIRECTORIES="+filepath.Dir(repo)),
+	} {
+		if _, err := g.hardenEnv(ctx, repo, env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("the repository's configuration was read %d times for three ceilings, want 1", n)
+	}
+
+	wt := addWorktree(t, repo, "cache", "main")
+	reads = configReads.Load()
+	pins := func(dir string) string {
+		t.Helper()
+		out, err := g.at(dir).hardenEnv(ctx, dir, g.at(dir).environ(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(out, "\n")
+	}
+	if !strings.Contains(pins(wt), "GIT_WORK_TREE="+wt) {
+		t.Fatalf("the worktree's pins do not name it")
+	}
+	moved := filepath.Join(filepath.Dir(wt), "pooled")
+	testenv.Git(t, repo, "worktree", "move", wt, moved)
+	if got := pins(moved); !strings.Contains(got, "GIT_WORK_TREE="+moved) || strings.Contains(got, "GIT_WORK_TREE="+wt+"\n") {
+		t.Fatalf("the moved worktree's pins do not name its new path:\n%s", got)
+	}
+	if n := configReads.Load() - reads; n != 1 {
+		t.Fatalf("the worktree's configuration was read %d times before and after a move, want 1", n)
+	}
+
+	testenv.Git(t, repo, "config", "user.name", "Ada")
+	if got, err := g.ConfigGet(ctx, moved, "user.name", "user.email"); err != nil || !strings.Contains(got, "user.name Ada") {
+		t.Fatalf("ConfigGet after a change = %q, %v; want user.name Ada", got, err)
+	}
+	testenv.Git(t, repo, "config", "user.name", "Grace")
+	if got, _ := g.ConfigGet(ctx, moved, "user.name"); !strings.HasSuffix(got, "user.name Grace") { // the last value wins
+		t.Fatalf("ConfigGet after a second change = %q, want user.name Grace", got)
 	}
 }

@@ -66,3 +66,74 @@ func TestPushWithLease(t *testing.T) {
 		t.Fatal("force-pushed outside aq/")
 	}
 }
+
+// TestPushAtomicWithLease: the WIP checkpoint and the job branch go in one
+// push (#35); a stale lease on either refuses both — nothing of the push
+// lands, and the refusal is a *PushError naming the stale ref.
+func TestPushAtomicWithLease(t *testing.T) {
+	ctx := context.Background()
+	g := Git{}
+	dir := t.TempDir()
+	origin := filepath.Join(dir, "origin.git")
+	repo := filepath.Join(dir, "repo")
+	run := func(d string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = d
+		cmd.Env = append(cmd.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	run(dir, "init", "-q", "--bare", origin)
+	run(dir, "init", "-q", "-b", "main", repo)
+	run(repo, "commit", "-q", "--allow-empty", "-m", "one")
+	a := run(repo, "rev-parse", "HEAD")
+	run(repo, "commit", "-q", "--allow-empty", "-m", "two")
+	b := run(repo, "rev-parse", "HEAD")
+	run(repo, "remote", "add", "origin", origin)
+	wip, jb := "refs/heads/aq/wip/j1", "refs/heads/aq/job/j1"
+	remote := func(ref string) string {
+		out, _ := exec.Command("git", "-C", origin, "rev-parse", "-q", "--verify", ref).Output()
+		return strings.TrimSpace(string(out))
+	}
+
+	run(repo, "update-ref", wip, a)
+	run(repo, "update-ref", jb, a)
+	if err := PushAtomicWithLease(ctx, g, repo, "origin", Lease{wip, wip, ""}, Lease{jb, jb, ""}); err != nil {
+		t.Fatalf("first push (both absent): %v", err)
+	}
+	if remote(wip) != a || remote(jb) != a {
+		t.Fatalf("origin has wip %q, job %q; want both %s", remote(wip), remote(jb), a)
+	}
+	// The job branch's lease is stale (origin has a, not absent): neither
+	// ref moves.
+	run(repo, "update-ref", wip, b)
+	run(repo, "update-ref", jb, b)
+	err := PushAtomicWithLease(ctx, g, repo, "origin", Lease{wip, wip, a}, Lease{jb, jb, ""})
+	var pe *PushError
+	if !errors.As(err, &pe) {
+		t.Fatalf("stale lease on one ref: err %v, want a *PushError", err)
+	}
+	if remote(wip) != a || remote(jb) != a {
+		t.Fatalf("a refused atomic push moved a ref: wip %q, job %q", remote(wip), remote(jb))
+	}
+	stale := false
+	for _, r := range pe.Rejected {
+		stale = stale || (r.Dst == jb && strings.Contains(r.Summary, "stale info"))
+	}
+	if !stale {
+		t.Fatalf("the refusal does not name the stale job branch: %+v", pe.Rejected)
+	}
+	if err := PushAtomicWithLease(ctx, g, repo, "origin", Lease{wip, wip, a}, Lease{jb, jb, a}); err != nil {
+		t.Fatalf("push with both leases right: %v", err)
+	}
+	if remote(wip) != b || remote(jb) != b {
+		t.Fatalf("origin has wip %q, job %q; want both %s", remote(wip), remote(jb), b)
+	}
+	if err := PushAtomicWithLease(ctx, g, repo, "origin", Lease{"main", "refs/heads/main", ""}); err == nil {
+		t.Fatal("an atomic push outside aq/ was not refused")
+	}
+}

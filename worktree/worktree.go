@@ -99,7 +99,19 @@ func BranchExists(ctx context.Context, g Git, dir, branch string) (bool, error) 
 
 // HasRemote reports whether dir has a remote called name. Any failure
 // (dir is not a repository, ...) reads as "no".
+//
+// A remote is any remote.<name>.* key of the configuration, as `git
+// remote` lists it: read from the cached configuration (no git of its own,
+// #35) when it names one; else `git remote` answers (a remote git also
+// finds in the legacy .git/remotes/ files).
 func HasRemote(ctx context.Context, g Git, dir, name string) bool {
+	if entries, ok, err := g.listing(ctx, dir); err == nil && ok {
+		for _, e := range entries {
+			if sec, sub, _ := splitKey(e.key); sec == "remote" && sub == name {
+				return true
+			}
+		}
+	}
 	out, err := g.at(dir).Run(ctx, dir, "remote")
 	if err != nil {
 		return false
@@ -277,4 +289,33 @@ func parseWorktreeList(out []byte) []Entry {
 		}
 	}
 	return entries
+}
+
+// ResolveRefs resolves each of refs (full ref names) in dir to the commit it
+// names, in one git (`git cat-file --batch-check`, as ResolveRef's
+// `rev-parse --verify` of each would, #35): what does not exist, or names
+// no commit, is left out of the map. An error means git itself failed.
+func ResolveRefs(ctx context.Context, g Git, dir string, refs ...string) (map[string]string, error) {
+	var in strings.Builder
+	for _, r := range refs {
+		if r == "" || strings.ContainsAny(r, "\n\x00") || strings.HasPrefix(r, "-") {
+			return nil, fmt.Errorf("resolve refs: invalid ref %q", r)
+		}
+		in.WriteString(r + "^{commit}\n")
+	}
+	out, err := g.runStdin(ctx, dir, strings.NewReader(in.String()), "cat-file", "--batch-check=%(objectname) %(objecttype)")
+	if err != nil {
+		return nil, notRepo(ctx, dir, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(lines) != len(refs) {
+		return nil, fmt.Errorf("resolve refs: git cat-file answered %d lines for %d refs", len(lines), len(refs))
+	}
+	shas := map[string]string{}
+	for i, l := range lines {
+		if f := strings.Fields(l); len(f) == 2 && f[1] == "commit" {
+			shas[refs[i]] = f[0]
+		}
+	}
+	return shas, nil
 }

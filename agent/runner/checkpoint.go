@@ -30,8 +30,10 @@ func (ru *run) checkpointMessage(why string) string {
 
 // checkpoint commits everything in the worktree to aq/wip/<id> — once per
 // engine run, after the engine is dead (the attempt's first run and each
-// repair round) — and pushes it to origin unless the job is fenced. It runs
-// on a context that cannot be cancelled, with its own time limit.
+// repair round) — and pushes it to origin unless the job is fenced (a job
+// without a verify command pushes it with its result instead, or alone
+// before the run reports: pushWithResult, flushWIP). It runs on a context
+// that cannot be cancelled, with its own time limit.
 func (ru *run) checkpoint(parent context.Context) {
 	if ru.wtPath == "" {
 		return
@@ -85,6 +87,13 @@ func (ru *run) checkpoint(parent context.Context) {
 	if ru.fencedNow(parent) || !ru.hasOrigin(ctx) {
 		return
 	}
+	if ru.pushWithResult && ru.round == 0 {
+		// Pushed with the result, in one atomic push (deliver.go), or
+		// alone before the run reports (flushWIP): nothing runs between
+		// here and the result's push but its commit.
+		ru.wipPending = sha
+		return
+	}
 	// A fleet job pushes its WIP only while it still holds the lease:
 	// after a fence (or a lease it cannot confirm) another factory may be
 	// working from origin's checkpoint, which must not move under it. As
@@ -102,6 +111,39 @@ func (ru *run) checkpoint(parent context.Context) {
 		return
 	}
 	ru.out.WIPPushed, pushed = true, true
+}
+
+// flushWIP pushes the checkpoint after the engine that waited to go with
+// the result (pushWithResult) when the result's push did not take it: on
+// every way out of the run — the engine failed, there was no change, the
+// result could not be committed or pushed, the run was stopped — before
+// the run reports, as checkpoint would have pushed it. It runs on a context
+// that cannot be cancelled, with its own time limit.
+func (ru *run) flushWIP(parent context.Context) {
+	ru.cpMu.Lock()
+	defer ru.cpMu.Unlock()
+	sha := ru.wipPending
+	if sha == "" {
+		return
+	}
+	ru.wipPending = ""
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Minute)
+	defer cancel()
+	if ru.fencedNow(parent) || !ru.hasOrigin(ctx) {
+		return
+	}
+	if ru.o.Lease != nil && !ru.leaseForPush(ctx) {
+		ru.log.Warn("not pushing the WIP checkpoint: this factory may no longer hold the job's lease; it is kept locally")
+		return
+	}
+	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
+	if err := ru.pushWIP(ctx, wip, sha); err != nil {
+		if !errors.Is(err, errPushRefused) {
+			ru.log.Warn("cannot push the WIP checkpoint to origin; it is kept locally", "err", err)
+		}
+		return
+	}
+	ru.out.WIPPushed = true
 }
 
 // fencedNow reports whether the job's context says another factory owns it.

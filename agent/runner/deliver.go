@@ -43,6 +43,14 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 	// used to be a forced '+', and a second factory's run could overwrite
 	// the first one's delivered branch).
 	ref := "refs/heads/" + ru.out.Branch
+	if ru.pushTogether(ctx, ref) {
+		ru.delivered(ctx, prBody)
+		return
+	}
+	// Not pushed together (no checkpoint waiting, or the atomic push was
+	// refused): the checkpoint alone, then the result alone, as each would
+	// have gone without the other — a refusal of either is said as it was.
+	ru.flushWIP(ctx)
 	if !ru.pushAllowed(ctx, "the job branch", ru.out.Commit, ru.jobOnOrigin, ru.wipOnOrigin) {
 		if reason, line := ru.shipRefused(); reason != "" {
 			ru.fail(reason, line)
@@ -57,11 +65,51 @@ func (ru *run) ship(ctx context.Context, prBody string) {
 		}
 		return
 	}
+	ru.delivered(ctx, prBody)
+}
+
+// delivered records that the result is on origin and ends delivery.
+func (ru *run) delivered(ctx context.Context, prBody string) {
 	ru.out.Pushed = true
 	// Recorded before anything else happens: a crash from here on must not
 	// run the engine again (the next attempt finds the result on origin).
 	ru.event(Delivered{Branch: ru.out.Branch, Commit: ru.out.Commit})
 	ru.openPR(ctx, prBody)
+}
+
+// pushTogether pushes the checkpoint after the engine that waited for the
+// result (pushWithResult) and the result, ref, in one `git push --atomic`:
+// each ref a compare-and-swap against what origin had when this run looked,
+// after the lease confirmation ship made and one change check of both. It
+// reports whether both are on origin. A refused atomic push moved nothing:
+// the caller pushes each alone, as without it, and says a refusal as then
+// (a lease conflict on the job branch, a stale WIP ref).
+func (ru *run) pushTogether(ctx context.Context, ref string) bool {
+	ru.cpMu.Lock()
+	defer ru.cpMu.Unlock()
+	sha := ru.wipPending
+	if sha == "" || ru.fencedNow(ctx) {
+		return false
+	}
+	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
+	if doubt := ru.wipInDoubt; doubt != "" || sha == ru.wipOnOrigin {
+		return false // pushWIP's own way: it asks origin first
+	}
+	if !ru.pushAllowedTips(ctx, "the WIP checkpoint and the job branch", []string{sha, ru.out.Commit}, ru.wipOnOrigin, ru.jobOnOrigin) {
+		return false
+	}
+	err := worktree.PushAtomicWithLease(ctx, ru.r.Git, ru.repoDir, "origin",
+		worktree.Lease{Src: wip, Ref: wip, Expect: ru.wipOnOrigin}, worktree.Lease{Src: ref, Ref: ref, Expect: ru.jobOnOrigin})
+	if err != nil {
+		// Pushed alone next; if this one landed after all (a failure
+		// reported after origin took it), pushWIP finds it there.
+		ru.log.Debug("the atomic push of the checkpoint and the result was refused; pushing each alone", "err", err)
+		ru.wipInDoubt = sha
+		return false
+	}
+	ru.wipPending, ru.wipOnOrigin = "", sha
+	ru.out.WIPPushed = true
+	return true
 }
 
 // openPR ends delivery of a result that is on origin: ship: branch is then
@@ -202,7 +250,7 @@ func (ru *run) deliveredOnOrigin(ctx context.Context) (sha string, ok bool) {
 		return "", false
 	}
 	g, branch := ru.r.Git, job.JobBranch(ru.j.ID)
-	tip, found, err := worktree.RemoteRef(ctx, g, ru.repoDir, "origin", "refs/heads/"+branch)
+	tip, found, err := ru.lookOnOrigin(ctx, "refs/heads/"+branch)
 	if err != nil || !found {
 		if err != nil {
 			ru.log.Warn("cannot look for the job's branch on origin", "err", err)
@@ -236,4 +284,29 @@ func (ru *run) redeliver(ctx context.Context, sha string) {
 		return
 	}
 	ru.openPR(ctx, "")
+}
+
+// lookOnOrigin says where origin's ref is (found false: origin has no such
+// ref). The job's two refs on origin, aq/job/<id> and aq/wip/<id>, are
+// asked in one `git ls-remote` the first time either is (#35): what origin
+// said is what the run's first push of each swaps from.
+func (ru *run) lookOnOrigin(ctx context.Context, ref string) (sha string, found bool, err error) {
+	jobRef, wipRef := "refs/heads/"+job.JobBranch(ru.j.ID), "refs/heads/"+job.WIPBranch(ru.j.ID)
+	if ref != jobRef && ref != wipRef {
+		return worktree.RemoteRef(ctx, ru.r.Git, ru.repoDir, "origin", ref)
+	}
+	if ru.originSaw == nil {
+		refs, err := worktree.ListRemoteRefs(ctx, ru.r.Git, ru.repoDir, "origin", jobRef, wipRef)
+		if err != nil {
+			return "", false, err
+		}
+		ru.originSaw = map[string]string{}
+		for _, r := range refs {
+			if r.Name == jobRef || r.Name == wipRef {
+				ru.originSaw[r.Name] = r.SHA
+			}
+		}
+	}
+	sha, found = ru.originSaw[ref]
+	return sha, found, nil
 }

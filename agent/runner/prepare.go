@@ -152,12 +152,13 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 	wip := "refs/heads/" + job.WIPBranch(j.ID)
 
 	remoteWIP := "refs/remotes/origin/" + job.WIPBranch(j.ID)
+	forgetRemoteWIP := false
 	if ru.hasOrigin(ctx) {
 		// Another host may have checkpointed this job: fetch its WIP ref
 		// beside ours (never over it).
 		// ls-remote first: it tells "none" from "cannot tell", and what it
 		// says is the value a later WIP push must still find there.
-		sha, ok, err := worktree.RemoteRef(ctx, g, ru.repoDir, "origin", wip)
+		sha, ok, err := ru.lookOnOrigin(ctx, wip)
 		switch {
 		case err != nil:
 			ru.log.Warn("cannot look for a WIP checkpoint on origin", "err", err)
@@ -167,8 +168,9 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 				ru.log.Warn("cannot fetch the WIP checkpoint from origin", "err", err)
 			}
 		default:
-			// None on origin: forget a stale copy from an earlier run.
-			_, _ = g.Run(ctx, ru.repoDir, "update-ref", "-d", remoteWIP)
+			// None on origin: forget a stale copy from an earlier run —
+			// once the refs are read below, and only when there is one.
+			forgetRemoteWIP = true
 		}
 		if ru.r.Cfg.FetchBase {
 			if err := worktree.Fetch(ctx, g, ru.repoDir, "origin", "+refs/heads/"+j.Base+":refs/remotes/origin/"+j.Base); err != nil && ctx.Err() == nil {
@@ -179,6 +181,21 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		ru.stopped(ctx, "preparing the worktree")
 		return false
+	}
+	// The base's candidates and the WIP refs, in one git (#35); a stale
+	// remote-tracking WIP ref is deleted only when there is one.
+	refs := append(ru.baseCandidates(ctx), wip, remoteWIP)
+	if at, err := worktree.ResolveRefs(ctx, g, ru.repoDir, refs...); err == nil {
+		ru.refsAt = map[string]string{}
+		for _, r := range refs {
+			ru.refsAt[r] = at[r] // "": not there
+		}
+	}
+	if sha, asked := ru.refsAt[remoteWIP]; forgetRemoteWIP && (sha != "" || !asked) {
+		_, _ = g.Run(ctx, ru.repoDir, "update-ref", "-d", remoteWIP)
+		if asked {
+			ru.refsAt[remoteWIP] = ""
+		}
 	}
 	baseRef, ok := ru.resolveBase(ctx)
 	if !ok {
@@ -196,6 +213,7 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 		} else if n > 0 {
 			ru.log.Warn("stopped processes left running by an earlier run of this job", "count", n)
 		}
+		ru.refsAt = nil // the checkpoint below moves the local WIP ref
 		sha, err := worktree.Checkpoint(ctx, g, ru.wtPath, wip, ru.checkpointMessage("stale worktree"))
 		var partial *worktree.PartialError
 		switch {
@@ -315,11 +333,11 @@ func (ru *run) resumePoint(ctx context.Context, localRef, remoteRef string) stri
 		}
 		ru.log.Warn("the recorded checkpoint is not in this repository; using the WIP refs", "checkpoint", h)
 	}
-	local, lok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, localRef)
+	local, lok, _ := ru.resolve(ctx, localRef)
 	var remote string
 	var rok bool
 	if ru.hasOrigin(ctx) {
-		remote, rok, _ = worktree.ResolveRef(ctx, g, ru.repoDir, remoteRef)
+		remote, rok, _ = ru.resolve(ctx, remoteRef)
 	}
 	switch {
 	case !lok && !rok:
@@ -337,7 +355,19 @@ func (ru *run) resumePoint(ctx context.Context, localRef, remoteRef string) stri
 
 // resolveBase finds the commit of the job's base branch.
 func (ru *run) resolveBase(ctx context.Context) (string, bool) {
-	g, base := ru.r.Git, ru.j.Base
+	base := ru.j.Base
+	for _, ref := range ru.baseCandidates(ctx) {
+		if sha, ok, _ := ru.resolve(ctx, ref); ok {
+			return sha, true
+		}
+	}
+	ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("base branch %q does not exist in %s (create it or fix base:)", base, ru.repoDir))
+	return "", false
+}
+
+// baseCandidates are the refs the job's base may be, the first found wins.
+func (ru *run) baseCandidates(ctx context.Context) []string {
+	base := ru.j.Base
 	cands := []string{"refs/heads/" + base}
 	if ru.hasOrigin(ctx) {
 		cands = append(cands, "refs/remotes/origin/"+base)
@@ -345,13 +375,16 @@ func (ru *run) resolveBase(ctx context.Context) (string, bool) {
 			cands[0], cands[1] = cands[1], cands[0]
 		}
 	}
-	for _, ref := range cands {
-		if sha, ok, _ := worktree.ResolveRef(ctx, g, ru.repoDir, ref); ok {
-			return sha, true
-		}
+	return cands
+}
+
+// resolve is worktree.ResolveRef of a full ref in the repository, from
+// what prepareWorktree read of it in one git when it did.
+func (ru *run) resolve(ctx context.Context, ref string) (string, bool, error) {
+	if sha, asked := ru.refsAt[ref]; asked {
+		return sha, sha != "", nil
 	}
-	ru.fail(job.ReasonRepoUnavailable, fmt.Sprintf("base branch %q does not exist in %s (create it or fix base:)", base, ru.repoDir))
-	return "", false
+	return worktree.ResolveRef(ctx, ru.r.Git, ru.repoDir, ref)
 }
 
 // hasOrigin reports whether the repository has an origin remote; asked once

@@ -5,7 +5,6 @@ package runner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -140,8 +139,10 @@ func (ru *run) commitFromCheckpoint(ctx context.Context, msg string, dropPR bool
 			return "", false, false, nil
 		}
 	}
-	cfg, err := wg.Run(ctx, ru.wtPath, "config", "--get-regexp", `^(user\.(name|email)|commit\.gpgsign)$`)
-	if err != nil && !isExit(err, 1) {
+	// As `git config --get-regexp` answers, from the configuration aq
+	// already read for this worktree (no git of its own: #35).
+	cfg, err := wg.ConfigGet(ctx, ru.wtPath, "user.name", "user.email", "commit.gpgsign")
+	if err != nil {
 		return "", false, false, nil
 	}
 	ident, sign := identityArgs(cfg)
@@ -221,12 +222,6 @@ func identityArgs(cfg string) (args []string, sign bool) {
 		args = append(args, "-c", "user.email="+worktree.DefaultUserEmail)
 	}
 	return args, sign
-}
-
-// isExit reports whether err is a git run that exited with code.
-func isExit(err error, code int) bool {
-	var ge *worktree.GitError
-	return errors.As(err, &ge) && ge.ExitCode == code
 }
 
 // verify runs the manifest's verify: command in the worktree. passed: it

@@ -284,6 +284,18 @@ type run struct {
 	// jobOnOrigin is origin's aq/job/<id> when the run started ("" = none):
 	// the result push is a compare-and-swap against it.
 	jobOnOrigin string
+	// pushWithResult: the checkpoint after the engine is pushed with the
+	// result, in one atomic push, not alone before it (a job without a
+	// verify command: nothing long runs between the two). wipPending is
+	// that checkpoint until it is pushed (guarded by cpMu).
+	pushWithResult bool
+	wipPending     string
+	// originSaw is what one ls-remote said of the job's two refs on origin
+	// when the run started (lookOnOrigin); nil until asked.
+	originSaw map[string]string
+	// refsAt are the refs prepareWorktree resolved in one git (ref →
+	// commit, "" for one that is not there), while none of them moved.
+	refsAt map[string]string
 
 	// cpMu serialises checkpoints (periodic ones while the engine runs, the
 	// final one after) and guards wipOnOrigin and lastPeriodic.
@@ -343,6 +355,7 @@ func (r *Runner) Run(ctx context.Context, j *job.Job, o Options) (out Outcome) {
 		if p := recover(); p != nil {
 			ru.log.Error("panic while running job", "panic", fmt.Sprint(p))
 			ru.checkpoint(ctx)
+			ru.flushWIP(ctx)
 			ru.fail(job.ReasonCrash, fmt.Sprintf("aq panicked: %v", p))
 		}
 		ru.out.Insights.WallMS = r.now().Sub(start).Milliseconds()
@@ -491,6 +504,19 @@ func (ru *run) do(ctx context.Context) {
 	ru.event(EngineStarted{Engine: ru.eng.Name()})
 
 	// 4. The engine; then the checkpoint, whatever happened.
+	//
+	// Its push: a job with a verify command pushes the checkpoint as soon
+	// as it is taken, alone — verify (and repair rounds) may run for long,
+	// and a host lost meanwhile must not take the engine's work with it.
+	// A job without one has nothing between the checkpoint and the
+	// result's push but the result's commit: the two refs go in one
+	// atomic push (deliver.go), after the same lease confirmation and
+	// change check; on any other way out the checkpoint is pushed alone
+	// before the run reports (flushWIP, deferred before the checkpoint so
+	// it runs after it). Either way origin has the checkpoint before the
+	// job's report, as before (#35).
+	ru.pushWithResult = j.Verify == "" && j.Ship != "none"
+	defer ru.flushWIP(ctx)
 	defer ru.checkpoint(ctx)
 	if !ru.engineRun(ctx) {
 		return

@@ -144,9 +144,19 @@ func readLogin(path string) ([]byte, error) {
 // have failed too — and the next one tries again. Call it with cpMu held
 // or from the run's own goroutine.
 func (ru *run) pushAllowed(ctx context.Context, what, tip string, known ...string) bool {
+	return ru.pushAllowedTips(ctx, what, []string{tip}, known...)
+}
+
+// pushAllowedTips is pushAllowed for a push of several tips at once (the
+// atomic push of the WIP checkpoint with the result): what any of them
+// adds, checked in one pass.
+func (ru *run) pushAllowedTips(ctx context.Context, what string, tips []string, known ...string) bool {
 	g := &ru.gate
 	g.mu.Lock()
-	refused, passed := g.refused, g.passed[tip]
+	refused, passed := g.refused, true
+	for _, t := range tips {
+		passed = passed && g.passed[t]
+	}
 	g.mu.Unlock()
 	if refused != "" {
 		ru.log.Info("not pushing "+what+": an earlier push of this run was refused", "reason", refused)
@@ -165,7 +175,7 @@ func (ru *run) pushAllowed(ctx context.Context, what, tip string, known ...strin
 			have = append(have, k)
 		}
 	}
-	res, err := shipcheck.CheckRange(ctx, ru.r.Git, ru.repoDir, shipcheck.Range{Tip: tip, Have: have, Remote: "origin"}, shipcheck.Policy{
+	res, err := shipcheck.CheckRange(ctx, ru.r.Git, ru.repoDir, shipcheck.Range{Tip: tips[0], More: tips[1:], Have: have, Remote: "origin"}, shipcheck.Policy{
 		Secrets: ru.heldSecrets(ctx), Protected: ru.r.Cfg.ProtectedPaths, MayChange: ru.j.MayChange,
 	})
 	if err != nil {
@@ -184,7 +194,9 @@ func (ru *run) pushAllowed(ctx context.Context, what, tip string, known ...strin
 			if g.passed == nil {
 				g.passed = map[string]bool{}
 			}
-			g.passed[tip] = true
+			for _, t := range tips {
+				g.passed[t] = true
+			}
 		}
 		return g.refused == ""
 	}
@@ -200,7 +212,7 @@ func (ru *run) pushAllowed(ctx context.Context, what, tip string, known ...strin
 			" (AQ_PROTECTED_PATHS; pushing the branch alone would run on: push workflows); nothing of it was pushed, the worktree " + ru.wtPath +
 			" stays on this host: to allow them, add may_change: [" + strings.Join(res.Protected, ", ") + "] to the manifest and submit it again; else " + again
 	}
-	ru.log.Error("not pushing "+what+": "+g.line, "reason", g.refused, "commit", tip)
+	ru.log.Error("not pushing "+what+": "+g.line, "reason", g.refused, "commit", strings.Join(tips, " "))
 	return false
 }
 

@@ -143,7 +143,10 @@ func Check(ctx context.Context, g Git, repoDir, tip string, have []string, p Pol
 // from Have, nor from Remote's remote-tracking branches when Remote is set
 // (what this repository last saw of origin: no network call).
 type Range struct {
-	Tip    string
+	Tip string
+	// More are further tips pushed with Tip (an atomic push of several
+	// refs): the range is what any of them adds, checked in one pass.
+	More   []string
 	Have   []string
 	Remote string
 }
@@ -260,7 +263,11 @@ type commit struct {
 // oldest first, each with its parents.
 func newCommits(ctx context.Context, g Git, repoDir string, r Range) ([]commit, error) {
 	var in bytes.Buffer
-	in.WriteString(r.Tip + "\n")
+	for _, t := range append([]string{r.Tip}, r.More...) {
+		if t != "" {
+			in.WriteString(t + "\n")
+		}
+	}
 	for _, h := range r.Have {
 		if h != "" {
 			in.WriteString("^" + h + "\n")
