@@ -12,27 +12,7 @@ import (
 func TestPushWithLease(t *testing.T) {
 	ctx := context.Background()
 	g := Git{}
-	dir := t.TempDir()
-	origin := filepath.Join(dir, "origin.git")
-	repo := filepath.Join(dir, "repo")
-	run := func(d string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir = d
-		cmd.Env = append(cmd.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	run(dir, "init", "-q", "--bare", origin)
-	run(dir, "init", "-q", "-b", "main", repo)
-	run(repo, "commit", "-q", "--allow-empty", "-m", "one")
-	a := run(repo, "rev-parse", "HEAD")
-	run(repo, "commit", "-q", "--allow-empty", "-m", "two")
-	b := run(repo, "rev-parse", "HEAD")
-	run(repo, "remote", "add", "origin", origin)
+	origin, repo, run, a, b := leaseFixture(t)
 	wip := "refs/heads/aq/wip/j1"
 
 	run(repo, "update-ref", wip, a)
@@ -73,27 +53,7 @@ func TestPushWithLease(t *testing.T) {
 func TestPushAtomicWithLease(t *testing.T) {
 	ctx := context.Background()
 	g := Git{}
-	dir := t.TempDir()
-	origin := filepath.Join(dir, "origin.git")
-	repo := filepath.Join(dir, "repo")
-	run := func(d string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir = d
-		cmd.Env = append(cmd.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	run(dir, "init", "-q", "--bare", origin)
-	run(dir, "init", "-q", "-b", "main", repo)
-	run(repo, "commit", "-q", "--allow-empty", "-m", "one")
-	a := run(repo, "rev-parse", "HEAD")
-	run(repo, "commit", "-q", "--allow-empty", "-m", "two")
-	b := run(repo, "rev-parse", "HEAD")
-	run(repo, "remote", "add", "origin", origin)
+	origin, repo, run, a, b := leaseFixture(t)
 	wip, jb := "refs/heads/aq/wip/j1", "refs/heads/aq/job/j1"
 	remote := func(ref string) string {
 		out, _ := exec.Command("git", "-C", origin, "rev-parse", "-q", "--verify", ref).Output()
@@ -136,4 +96,32 @@ func TestPushAtomicWithLease(t *testing.T) {
 	if err := PushAtomicWithLease(ctx, g, repo, "origin", Lease{"main", "refs/heads/main", ""}); err == nil {
 		t.Fatal("an atomic push outside aq/ was not refused")
 	}
+}
+
+// leaseFixture is a repository (two commits on main, a then b) with a
+// bare origin that has none of them, and run, which runs git in a folder.
+func leaseFixture(t *testing.T) (origin, repo string, run func(dir string, args ...string) string, a, b string) {
+	t.Helper()
+	dir := t.TempDir()
+	origin = filepath.Join(dir, "origin.git")
+	repo = filepath.Join(dir, "repo")
+	run = func(d string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = d
+		cmd.Env = append(cmd.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	run(dir, "init", "-q", "--bare", origin)
+	run(dir, "init", "-q", "-b", "main", repo)
+	run(repo, "commit", "-q", "--allow-empty", "-m", "one")
+	a = run(repo, "rev-parse", "HEAD")
+	run(repo, "commit", "-q", "--allow-empty", "-m", "two")
+	b = run(repo, "rev-parse", "HEAD")
+	run(repo, "remote", "add", "origin", origin)
+	return origin, repo, run, a, b
 }
