@@ -188,6 +188,18 @@ func CheckBaseURLs(env []string) error {
 // readSmall reads a regular file of at most maxSettingsBytes through the
 // safe helper (the engine's home is its to write: no symbolic link at any
 // component, no FIFO, no device); nil for anything else.
+// loginPresent reports whether path is a regular file of at most
+// safefs.MaxLogin bytes, checked through the safe helper: a symbolic link,
+// FIFO or device there is refused, never followed.
+func loginPresent(path string) bool {
+	r, err := safefs.OpenRoot("home", filepath.Dir(path))
+	if err != nil {
+		return false
+	}
+	defer r.Close()
+	return r.Check(filepath.Base(path), safefs.MaxLogin) == nil
+}
+
 func readSmall(path string) []byte {
 	b, err := safefs.ReadFile("home", filepath.Dir(path), filepath.Base(path), maxSettingsBytes)
 	if err != nil {

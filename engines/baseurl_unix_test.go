@@ -65,3 +65,47 @@ func TestEngineSettingsNeverFollowALink(t *testing.T) {
 		t.Error("codex's login check took a FIFO config.toml for a credential")
 	}
 }
+
+// TestLoginFilesNeverFollowALink: the login check takes a login file in
+// the engine's home for present only as a regular file — a symbolic link
+// to one elsewhere, a FIFO or a directory in its place is no login (the
+// check followed links with os.Stat).
+func TestLoginFilesNeverFollowALink(t *testing.T) {
+	for _, c := range []struct {
+		engine, rel string
+		missing     func([]string) string
+	}{
+		{"claude", ".claude/.credentials.json", claudeAuthMissing},
+		{"codex", ".codex/auth.json", codexAuthMissing},
+	} {
+		for _, kind := range []string{"file", "link", "fifo", "dir"} {
+			t.Run(c.engine+"/"+kind, func(t *testing.T) {
+				home := t.TempDir()
+				p := filepath.Join(home, c.rel)
+				if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				var err error
+				switch kind {
+				case "file":
+					err = os.WriteFile(p, []byte(`{}`), 0o600)
+				case "link":
+					target := filepath.Join(t.TempDir(), "login.json")
+					if err = os.WriteFile(target, []byte(`{}`), 0o600); err == nil {
+						err = os.Symlink(target, p)
+					}
+				case "fifo":
+					err = syscall.Mkfifo(p, 0o600)
+				case "dir":
+					err = os.Mkdir(p, 0o700)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := c.missing([]string{"HOME=" + home}) == ""; got != (kind == "file") {
+					t.Errorf("a %s as %s: login present %v, want %v", kind, c.rel, got, kind == "file")
+				}
+			})
+		}
+	}
+}

@@ -132,7 +132,7 @@ func claudeAuthMissing(env []string) string {
 		cands = append(cands, filepath.Join(home, ".claude.json"))
 	}
 	for _, p := range cands {
-		if _, err := os.Stat(p); err == nil {
+		if loginPresent(p) {
 			return ""
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -130,7 +129,7 @@ func codexAuthMissing(env []string) string {
 		}
 		home = filepath.Join(h, ".codex")
 	}
-	if _, err := os.Stat(filepath.Join(home, "auth.json")); err == nil {
+	if loginPresent(filepath.Join(home, "auth.json")) {
 		return ""
 	}
 	if b := readSmall(filepath.Join(home, "config.toml")); b != nil {
