@@ -17,6 +17,7 @@ import (
 	"github.com/aqfleet/aq/agent/fleet"
 	"github.com/aqfleet/aq/internal/atomicfile"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/safefs"
 	"github.com/aqfleet/aq/internal/version"
 )
 
@@ -118,10 +119,16 @@ func (s *Status) Alive() bool {
 	return process.Alive(s.PID) && !before(s.StartedAt, bootTime())
 }
 
+// maxStatusBytes bounds the status file's read: what writeStatus writes is
+// a few KiB.
+const maxStatusBytes = 1 << 20
+
 // ReadStatus reads stateDir/daemon.json; fs.ErrNotExist when no daemon ever
 // ran on this home.
 func ReadStatus(stateDir string) (*Status, error) {
-	b, err := os.ReadFile(filepath.Join(stateDir, StatusFile))
+	// Through the safe helper: a link, FIFO or device in its place is
+	// refused, not followed, and a read never blocks (docs/sandbox.md).
+	b, err := safefs.ReadFile("state", stateDir, StatusFile, maxStatusBytes)
 	if err != nil {
 		return nil, err
 	}
