@@ -203,7 +203,7 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 	}
 	pool := ru.r.Cfg.pool(j.Repo)
 
-	if _, err := os.Stat(ru.wtPath); err == nil {
+	if st, err := os.Lstat(ru.wtPath); err == nil && st.IsDir() { // aq's own folder: never a link it would follow
 		// A run of this job died here (its aq was killed): its engine may
 		// still be running and writing. Stop whatever carries the job's tag
 		// first, so the checkpoint below is final and nothing keeps writing
