@@ -78,10 +78,12 @@ tidycheck:
 ## aq is built once, with -race, for every test package that runs the binary
 ## (internal/testenv.PrebuiltEnv); a package run alone builds its own. Its own
 ## folder: a test puts the binary's folder on PATH to run `aq` by name.
+## GORACE: a race-enabled process sleeps a second at exit by default; the
+## test binaries, and every aq and helper they start, need not.
 RACE_AQ := $(CURDIR)/bin/race/aq
 race: sbpeer realcli
 	$(GO) build -race -o $(RACE_AQ) ./cmd/aq
-	TESTENV_AQ_RACE_BINARY=$(RACE_AQ) $(GO) test -race -count=1 -timeout 20m ./...
+	TESTENV_AQ_RACE_BINARY=$(RACE_AQ) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
 selftest: build sbpeer

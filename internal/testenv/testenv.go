@@ -73,6 +73,14 @@ func Main(m *testing.M) int {
 			os.Unsetenv(k)
 		}
 	}
+	// A race-enabled process sleeps a second at exit by default (GORACE
+	// atexit_sleep_ms), so a test that runs the race-built aq, or this
+	// binary again as a helper or a sandbox's init, waits a second for each
+	// one that ends. The children inherit this; Home.Environ keeps 50 ms for
+	// aq itself.
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+	}
 	gitEnv, err := fixture.IsolatedGit(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testenv:", err)
