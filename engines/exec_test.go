@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // TestExecLogs: stdout and stderr go to their own log files, each run
@@ -51,6 +52,7 @@ func TestExecLogs(t *testing.T) {
 // output beyond it is gone from the disk; without the bound (before #32)
 // the whole 6 MiB were stored.
 func TestExecLogsBounded(t *testing.T) {
+	testenv.Slow(t, "runs engine processes through their timeouts")
 	spec := scriptSpec(t, "")
 	spec.LogMax = 1 << 20
 	burst := `i=0; while [ $i -lt 6 ]; do head -c 1048576 /dev/zero | tr '\0' x; i=$((i+1)); done; echo; echo last-line`
@@ -145,6 +147,7 @@ func TestExecCannotStart(t *testing.T) {
 // truncated once; the rest of that line is dropped, not handed over as if it
 // were a line of its own.
 func TestLineWriterLongLine(t *testing.T) {
+	testenv.Slow(t, "runs engine processes through their timeouts")
 	var lines []string
 	w := &lineWriter{fn: func(l []byte) { lines = append(lines, string(l)) }}
 	long := bytes.Repeat([]byte("a"), maxLine+100)

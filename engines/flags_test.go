@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func readTestdata(t *testing.T, rel string) string {
@@ -113,6 +115,7 @@ func TestHelpSpecsCoverArgs(t *testing.T) {
 // --help texts: found, dropped, the hidden flag confirmed by the
 // unknown-option probe, and a refusal naming what is missing.
 func TestProbeFlags(t *testing.T) {
+	testenv.Slow(t, "runs engine processes through their timeouts")
 	h := newFakeHost(t)
 	r := h.run(t, fixture{})
 	path := filepath.Join(h.bin, "claude")

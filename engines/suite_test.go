@@ -29,6 +29,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/secrets"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the testdata/*/*.golden files from the adapters' current output")
@@ -447,6 +448,7 @@ func suiteAdapters() []suiteAdapter {
 
 // TestSuite runs every scenario against every adapter.
 func TestSuite(t *testing.T) {
+	testenv.Slow(t, "runs engine processes through their timeouts")
 	for _, a := range suiteAdapters() {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()

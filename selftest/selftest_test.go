@@ -373,6 +373,7 @@ func TestServiceBusSettings(t *testing.T) {
 // it imports may pull the testing package (or the test helpers) into the
 // binary.
 func TestNoTestingInBinary(t *testing.T) {
+	testenv.Slow(t, "reads the whole binary")
 	out, err := exec.Command("go", "list", "-deps", "github.com/aqfleet/aq/cmd/aq").Output()
 	if err != nil {
 		t.Skipf("go list: %v", err)

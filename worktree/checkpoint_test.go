@@ -32,6 +32,7 @@ func engineEdits(tb testing.TB, wt string) {
 // ones) on the WIP ref, and leaves the worktree exactly as it was: HEAD,
 // branch, index bytes, status and every file.
 func TestCheckpointCapturesEverythingTouchesNothing(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -82,6 +83,7 @@ func TestCheckpointCapturesEverythingTouchesNothing(t *testing.T) {
 // Nothing changed: no commit. A clean worktree's checkpoint is HEAD itself,
 // and checkpointing an unchanged state twice returns the same commit.
 func TestCheckpointNothingChanged(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -117,6 +119,7 @@ func TestCheckpointNothingChanged(t *testing.T) {
 // there, but not Checkpoint (it never uses the real index), and the lock is
 // left alone.
 func TestCheckpointWithStaleIndexLock(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -145,6 +148,7 @@ func TestCheckpointWithStaleIndexLock(t *testing.T) {
 // The parent rule: first parent HEAD; an existing ref that HEAD does not
 // contain becomes the second parent, so no checkpoint is ever unreachable.
 func TestCheckpointParentRule(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -217,6 +221,7 @@ func TestCheckpointParentRule(t *testing.T) {
 }
 
 func TestCheckpointDetachedAndUnborn(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -260,6 +265,7 @@ func TestCheckpointDetachedAndUnborn(t *testing.T) {
 // An engine that ran `git init` in a subfolder makes `git add -A` fail; the
 // checkpoint still records every other file and says what it left out.
 func TestCheckpointPartial(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "part", "main")
@@ -283,6 +289,7 @@ func TestCheckpointPartial(t *testing.T) {
 // A tracked file that matches .gitignore is still recorded, not dropped as if
 // deleted (a temporary index built from nothing would drop it).
 func TestCheckpointKeepsTrackedIgnoredFiles(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	repo := newRepo(t)
 	testenv.WriteFile(t, filepath.Join(repo, "keep.log"), "tracked despite *.log\n")
@@ -309,6 +316,7 @@ func TestCheckpointKeepsTrackedIgnoredFiles(t *testing.T) {
 // disk but not deleted: the checkpoint keeps them (git add leaves paths
 // outside the patterns alone, and the copied index keeps their entries).
 func TestCheckpointSparseCheckout(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "sp", "main")
@@ -334,6 +342,7 @@ func TestCheckpointSparseCheckout(t *testing.T) {
 // racy-entry check (file mtime not older than the index's). The temporary
 // index keeps the real index's mtime, so the checkpoint still sees the change.
 func TestCheckpointRacilyCleanFile(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "racy", "main")

@@ -105,6 +105,7 @@ var engineSteps = []step{
 // checkpoints, the Checkpointer's tree is Checkpoint's, with the watcher and
 // without it.
 func TestCheckpointerMatchesCheckpoint(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	for _, c := range []struct {
 		watch bool
 		small int64
@@ -161,6 +162,7 @@ func TestCheckpointerMatchesCheckpoint(t *testing.T) {
 // unchanged worktree is the last one, found without git status; a change of
 // one file is seen; so is one made right before the call.
 func TestCheckpointerUnchangedRunsNoStatus(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	if runtime.GOOS != "linux" {
 		t.Skip("the watcher is Linux's (inotify)")
 	}
@@ -201,6 +203,7 @@ func TestCheckpointerUnchangedRunsNoStatus(t *testing.T) {
 // TestCheckpointerPartial: a file git cannot index (a nested repository with
 // no commit) makes a partial checkpoint, as Checkpoint does.
 func TestCheckpointerPartial(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "p", "main")
@@ -225,6 +228,7 @@ func TestCheckpointerPartial(t *testing.T) {
 // the worktree's HEAD, index or files, and works while the worktree's
 // index.lock is held.
 func TestCheckpointerLeavesTheWorktreeAlone(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "alone", "main")
@@ -249,6 +253,7 @@ func TestCheckpointerLeavesTheWorktreeAlone(t *testing.T) {
 // recorded that becomes ignored is left out, and an ignored file the engine
 // force-adds to its index is recorded — as Checkpoint does.
 func TestCheckpointerFollowsIgnoreRulesAndIndex(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	for _, watch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("watch=%v", watch), func(t *testing.T) {
 			ctx := ctxT(t)

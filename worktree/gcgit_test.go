@@ -52,6 +52,7 @@ func writePackedRefs(tb testing.TB, repo string, refs []Ref) {
 }
 
 func TestListRefInfoAndMergedInto(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -83,6 +84,7 @@ func TestListRefInfoAndMergedInto(t *testing.T) {
 // Local deletes are compare-and-swap, refuse checked-out branches and refs
 // outside aq/, tell moved and vanished refs apart, and batch.
 func TestDeleteRefs(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -141,6 +143,7 @@ func TestDeleteRefs(t *testing.T) {
 // Remote deletes use one lease per ref: a ref another clone moved is kept,
 // one already gone is reported gone, a ref outside aq/ is never sent.
 func TestDeleteRemoteRefs(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo, origin := newRepoWithOrigin(t)
@@ -198,6 +201,7 @@ func TestDeleteRemoteRefs(t *testing.T) {
 
 // Which job branches SquashMerged finds merged by content, and how.
 func TestSquashMerged(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)

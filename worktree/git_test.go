@@ -160,6 +160,7 @@ func TestRunEnvironment(t *testing.T) {
 // Commits aq makes carry the repository's identity when it has one, and
 // "aq <aq@localhost>" otherwise.
 func TestCommitIdentity(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 

@@ -168,6 +168,7 @@ func goGitMerged(b *testing.B, dir string) int {
 // would stop cleaning that repository. If a go-git release learns the
 // extension, this test fails: revisit the package doc then.
 func TestGoGitRefusesWhatJobsDo(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	repo := newRepo(t)
 	if _, err := gogit.PlainOpen(repo); err != nil {
 		t.Fatalf("go-git cannot open a plain repository: %v", err)

@@ -205,6 +205,7 @@ func (f *plantFixture) lifecycle(t *testing.T, files map[string]string) {
 // --no-textconv, its environment sets GIT_EDITOR=: — and are pinned as
 // well.)
 func TestAqGitRunsNothingPlanted(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	// What each plant needs the engine to have written in the worktree:
 	// attributes that name the drivers.
 	drivers := map[string]string{".gitattributes": "* filter=planted diff=planted merge=planted\n"}
@@ -372,6 +373,7 @@ func alternates(t *testing.T, f *plantFixture) {
 // hooks folder (what `git lfs install` or a person would put there, and
 // what an engine could) do not run for aq; a plain git runs them.
 func TestAqGitRunsNoPlantedHook(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	f := newPlantFixture(t)
 	for _, h := range hookNames {
 		p := filepath.Join(f.repo, ".git", "hooks", h)
@@ -393,6 +395,7 @@ func TestAqGitRunsNoPlantedHook(t *testing.T) {
 // repository, and core.worktree, which would make aq checkpoint another
 // folder, change nothing for aq.
 func TestAqGitRedirectsNothing(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	for _, variable := range []string{"insteadOf", "pushInsteadOf"} {
 		for _, w := range []where{inCommon, inInclude} {
 			t.Run(variable+" in "+string(w), func(t *testing.T) {
@@ -448,6 +451,7 @@ func TestAqGitRedirectsNothing(t *testing.T) {
 // attempt fails without it. A credential helper the operator configured
 // (global) still runs.
 func TestAqGitNetworkPlants(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	var unauthorized, proxied atomic.Int32
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		unauthorized.Add(1)

@@ -314,6 +314,7 @@ func TestPoolHandsNothingOn(t *testing.T) {
 // rewrites the files that differ and leaves the others' inodes and mtimes
 // alone (git worked from the index's stat data).
 func TestPoolTouchesOnlyWhatDiffers(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo, _ := poolRepo(t)
 	pool, wts := testPool(t, repo)
@@ -371,6 +372,7 @@ func inodes(t *testing.T, dir string) map[string]string {
 // is broken — is discarded, and the job gets a new worktree that is, again,
 // exactly a fresh one.
 func TestPoolDiscardsWhatCannotBeMadeClean(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	cases := []struct {
 		name    string
 		breakIt func(t *testing.T, pooled string) (undo func())
@@ -442,6 +444,7 @@ func TestPoolDiscardsWhatCannotBeMadeClean(t *testing.T) {
 // populated submodule, so it never enters the pool: it stays where it is,
 // and the next job gets a new worktree.
 func TestPoolRefusesPopulatedSubmodule(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo, _ := poolRepo(t)
 	pool, wts := testPool(t, repo)
@@ -468,6 +471,7 @@ func TestPoolRefusesPopulatedSubmodule(t *testing.T) {
 // TestPoolSize: the pool keeps at most Size worktrees (Put says "" beyond),
 // none with Size 0, and Take hands out the newest.
 func TestPoolSize(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo, _ := poolRepo(t)
 	pool, wts := testPool(t, repo)
@@ -506,6 +510,7 @@ func TestPoolSize(t *testing.T) {
 // that differ between the two starting points, in one fetch, and a
 // checkpoint fetches nothing.
 func TestPoolOnABloblessClone(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	origin, _ := poolRepo(t)
 	testenv.Git(t, origin, "config", "uploadpack.allowFilter", "true")

@@ -7,9 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func TestPushWithLease(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := context.Background()
 	g := Git{}
 	origin, repo, run, a, b := leaseFixture(t)
@@ -51,6 +54,7 @@ func TestPushWithLease(t *testing.T) {
 // push (#35); a stale lease on either refuses both — nothing of the push
 // lands, and the refusal is a *PushError naming the stale ref.
 func TestPushAtomicWithLease(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := context.Background()
 	g := Git{}
 	origin, repo, run, a, b := leaseFixture(t)

@@ -12,6 +12,7 @@ import (
 )
 
 func TestCommitAll(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -55,6 +56,7 @@ func TestCommitAll(t *testing.T) {
 // A job resumed from WIP checkpoints, with commits of its own, ships as
 // base + exactly one commit holding the worktree's final state.
 func TestSquashOnto(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -130,6 +132,7 @@ func TestSquashOnto(t *testing.T) {
 }
 
 func TestDiffStat(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -160,6 +163,7 @@ func TestDiffStat(t *testing.T) {
 }
 
 func TestDirty(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -184,6 +188,7 @@ func TestDirty(t *testing.T) {
 }
 
 func TestPushAndRemoteRefs(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo, origin := newRepoWithOrigin(t)

@@ -19,6 +19,7 @@ import (
 // gets nothing. Before record.go both went to the other repository: only
 // GIT_WORK_TREE was pinned, and git found its repository from .git.
 func TestRewrittenDotGitDoesNotRedirectGit(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	other := testenv.NewRepo(t, t.TempDir(), "other", map[string]string{"x.txt": "x\n"})
@@ -74,6 +75,7 @@ func TestRewrittenDotGitDoesNotRedirectGit(t *testing.T) {
 // return, and what was removed is said. Without special.go the checkpoint's
 // git add blocked until its context ended.
 func TestFIFOsDoNotWedgeGit(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "j1", "main")
@@ -113,6 +115,7 @@ func TestFIFOsDoNotWedgeGit(t *testing.T) {
 // carried into the pool with its worktree (without special.go, the next
 // job that took the worktree got it).
 func TestPoolNeverKeepsAFIFO(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	ctx := ctxT(t)
 	repo := newRepo(t)
 	wt := addWorktree(t, repo, "j1", "main")

@@ -14,6 +14,7 @@ import (
 // Add makes a real linked worktree: `git worktree list` shows it on the job
 // branch, at the base commit, with the base's files.
 func TestAddCreatesListedWorktree(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -49,6 +50,7 @@ func TestAddCreatesListedWorktree(t *testing.T) {
 
 // A resumed job starts from its WIP checkpoint, untracked files included.
 func TestAddFromWIPRef(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -79,6 +81,7 @@ func TestAddFromWIPRef(t *testing.T) {
 }
 
 func TestAddMissingBaseNamesTheBranch(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	repo := newRepo(t)
 	wt := filepath.Join(t.TempDir(), "wt")
@@ -102,6 +105,7 @@ func TestAddMissingBaseNamesTheBranch(t *testing.T) {
 // repository are all "not a repository" — the last must never be taken for
 // the enclosing repository.
 func TestAddRepoUnavailable(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	outer := newRepo(t)
@@ -158,6 +162,7 @@ func TestAddRefusesExistingPath(t *testing.T) {
 // (modified, staged, untracked), its index, HEAD and branch survive a whole
 // job — Add, Checkpoint, CommitAll, SquashOnto, Remove.
 func TestMainCheckoutLeftUntouched(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -186,6 +191,7 @@ func TestMainCheckoutLeftUntouched(t *testing.T) {
 }
 
 func TestRemove(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo := newRepo(t)
@@ -244,6 +250,7 @@ func TestRemove(t *testing.T) {
 }
 
 func TestListDetachedAndLocked(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	repo := newRepo(t)
 	dir := t.TempDir()
@@ -286,6 +293,7 @@ func TestParseWorktreeList(t *testing.T) {
 }
 
 func TestResolveRefAndFriends(t *testing.T) {
+	testenv.Slow(t, "many real git repositories, worktrees and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	repo, _ := newRepoWithOrigin(t)

@@ -18,6 +18,7 @@ import (
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/aqerr"
 	"github.com/aqfleet/aq/internal/process"
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -212,6 +213,7 @@ func TestDetectProbeEnvironment(t *testing.T) {
 }
 
 func TestDetectProbeFailures(t *testing.T) {
+	testenv.Slow(t, "probes through timeouts and real repositories")
 	bin := t.TempDir()
 	pidFile := filepath.Join(t.TempDir(), "sleep.pid")
 	// claude hangs in a child that holds stdout open for an hour: the timeout
@@ -435,6 +437,7 @@ func TestDetectCancelled(t *testing.T) {
 }
 
 func TestDetectRepos(t *testing.T) {
+	testenv.Slow(t, "probes through timeouts and real repositories")
 	git := gitBin(t)
 	base := t.TempDir()
 	in := func(name string) string { return filepath.Join(base, name) }

@@ -24,6 +24,7 @@ var (
 // uploads its engine output and stderr as artifacts — after the report,
 // never before it — and the stub serves them back.
 func TestArtifactsAfterFinalReport(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")

@@ -13,6 +13,7 @@ import (
 // out the busy ones): the coordinator then hands out only jobs it can start;
 // a repo coming back into the list counts as a change for the gate.
 func TestClaimReposAndPollerRepos(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app", "lib")

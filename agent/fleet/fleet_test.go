@@ -51,6 +51,7 @@ var (
 // real pipeline (real git, a script engine), push the job branch, report the
 // success stage; one job, one claim.
 func TestRunOnceEndToEnd(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
@@ -112,6 +113,7 @@ func TestRunOnceEndToEnd(t *testing.T) {
 // TestClaimRaceExactlyOneWins: factories claiming at once never get the
 // same job; every job goes to exactly one of them.
 func TestClaimRaceExactlyOneWins(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{Latency: 2 * time.Millisecond})
 	const jobs = 12
@@ -313,6 +315,7 @@ func TestLeaseExpiryWhilePartitioned(t *testing.T) {
 // none) followed by lease/release: the lease is just as free, nothing is
 // parked in spool/dead, and each factory tried /fleet/fail once.
 func TestFailFreesLeaseImmediately(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond}))
@@ -376,6 +379,7 @@ func TestFailFreesLeaseImmediately(t *testing.T) {
 // failure whose fallback PATCH is refused (409: an operator requeued the job
 // meanwhile) is fenced — no lease/release follows, nothing is parked.
 func TestLegacyFencedFailPatchSendsNothingMore(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{Routes: coord.RoutesLegacy, LeaseTTL: time.Hour})
 	w := newWorld(t, "app")
@@ -416,6 +420,7 @@ func TestLegacyFencedFailPatchSendsNothingMore(t *testing.T) {
 // once, learns it is absent, and claims on every tick from then on (the
 // plain poll with backoff), saying so once.
 func TestGateOffWithoutQueueState(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{Routes: coord.RoutesLegacy, Without: []string{coord.RouteQueueState}})
 	w := newWorld(t, "app")
@@ -460,6 +465,7 @@ func statsText(st coord.Stats) string {
 // locally like a local manifest; an invalid one fails as invalid_manifest,
 // not retryable.
 func TestInvalidManifestFailsWithoutRetry(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
@@ -599,6 +605,7 @@ func Test503Storm(t *testing.T) {
 // a while (503s), then succeed again, all before the expiry is near: the job
 // is not stopped and completes.
 func TestRenewalFailingAfterSuccessesIsRetried(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{LeaseTTL: 4 * time.Second})
 	w := newWorld(t, "app")
@@ -627,6 +634,7 @@ func TestRenewalFailingAfterSuccessesIsRetried(t *testing.T) {
 // TestHeartbeat401Stops: a factory whose token is revoked is stopped by its
 // heartbeat with a clear *AuthError, at start and while idle.
 func TestHeartbeat401Stops(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
@@ -659,6 +667,7 @@ func TestHeartbeat401Stops(t *testing.T) {
 // TestGateMakesNoClaimWhileVersionUnchanged: with the gate, an idle factory
 // reads the queue-state and makes no claim until the version moves.
 func TestGateMakesNoClaimWhileVersionUnchanged(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
@@ -707,6 +716,7 @@ func TestGateMakesNoClaimWhileVersionUnchanged(t *testing.T) {
 // AQ_FLEET_TOKEN is no longer valid; a credentials file others can read is
 // refused.
 func TestEnrollmentCredentials(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
@@ -759,6 +769,7 @@ func TestEnrollmentCredentials(t *testing.T) {
 // reaches aq's logs (captured raw, without a redactor), the engine's
 // environment, its argv, the job log, the records or the spool.
 func TestSecretsNeverLeak(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	s := startStub(t, coord.Options{FailRate: 0.2, Seed: 7})
 	w := newWorld(t, "app")
 	dump := filepath.Join(w.dir, "engine-env.txt")
@@ -809,6 +820,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 // TestShadowAgreeAndDiverge: shadow mode asks with dryRun (nothing is
 // leased) and counts AGREE and DIVERGE.
 func TestShadowAgreeAndDiverge(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
@@ -847,6 +859,7 @@ func TestShadowAgreeAndDiverge(t *testing.T) {
 // context is already cancelled is released (not failed): the job goes back
 // to queued at once, no attempt counted.
 func TestStoppedBeforeStartReleasesLease(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour}))
@@ -927,6 +940,7 @@ func TestLeaseHeldWhileTheFinalReportIsRetried(t *testing.T) {
 // same AQ_HOME sees the job as in flight (not an orphan), and gc leaves its
 // worktree alone; the lock is free again when the job is done.
 func TestRunOnceHoldsTheJobLock(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/demo/coord"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // virtualClock is a scaled clock: Sleep advances virtual time at once, and
@@ -94,6 +95,7 @@ func idleClient(tb testing.TB, s *stub) *Client {
 // at all while the queue's version does not move; the plain path's claims
 // are bounded by the idle backoff (at most one per 8×POLL_SECONDS, jittered).
 func TestIdleRequestBudget(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	c := idleClient(t, s)

@@ -499,6 +499,7 @@ func TestLiveLogMasks(t *testing.T) {
 // A coordinator without the route: one warning, the job ships, its
 // artifact has the output.
 func TestJobStreamsItsLog(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{}))
@@ -567,6 +568,7 @@ echo done > done.txt
 // away here): the engine is stopped, nothing is reported, and no chunk of
 // the fenced run is taken after the requeue.
 func TestLiveLogFencesTheRun(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")
@@ -616,6 +618,7 @@ while [ $i -lt 6000 ]; do echo "still working $i"; sleep 0.05; i=$((i+1)); done
 // stream with one warning; the job goes on and ships, and its final
 // artifact is the whole log.
 func TestGarbageLogRouteJobGoesOn(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	via := &stub{coordtest.StartBehind(t, coord.Options{}, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
@@ -738,6 +741,7 @@ func TestLiveLogAndRenewalTakeTurns(t *testing.T) {
 // behind its "repair N/M" header, the coordinator's copy the attempt's log
 // byte for byte.
 func TestLiveLogCarriesRepairRounds(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{})
 	w := newWorld(t, "app")

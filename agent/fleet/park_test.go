@@ -63,6 +63,7 @@ func (s *stub) submitClaude(t *testing.T, id string) {
 // queued), no factory gets it before then, and this factory withholds
 // engine:claude from its claims and heartbeats until then.
 func TestParkedRunReleasesTheLease(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	reset := time.Now().Add(2 * time.Hour).Truncate(time.Second)
 	limitedClaude(t, reset)
 	s := startStub(t, coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour})

@@ -42,6 +42,7 @@ const answerVerify = `verify: 'a=$(cat answer.txt); [ "$a" = 42 ] || { echo "FAI
 // output and the job ships. Today's coordinator (legacy) sends no
 // previous: a factory that ran the attempt before uses its own record.
 func TestRetryIsToldThePreviousAttempt(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: time.Hour, ReapEvery: time.Hour, MaxBackoff: time.Millisecond}))
@@ -84,6 +85,7 @@ func TestRetryIsToldThePreviousAttempt(t *testing.T) {
 // lease_lost (the reaper's word) and that it resumes from the checkpoint
 // that attempt pushed. A coordinator without previous: the generic note.
 func TestRetryAfterALostHost(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		s := startStub(t, rs.opts(coord.Options{LeaseTTL: 3 * time.Second, ReapEvery: 50 * time.Millisecond}))

@@ -22,6 +22,7 @@ import (
 // check with nothing changed runs no detection; a broken .git never makes
 // every check detect; a failing detection keeps the offer; Every 0 is off.
 func TestRefresherFollowsTheRepoBase(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	base := filepath.Join(t.TempDir(), "src")
 	testenv.NewRepo(t, base, "app", nil)

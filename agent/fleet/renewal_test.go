@@ -32,6 +32,7 @@ import (
 // run's end before it is sent: only the lifecycle's order decides whether it
 // lands before the report (allowed: the lease is still held) or after it.
 func TestNoRenewalRacesTheTerminalReport(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	eachRouteSet(t, func(t *testing.T, rs routeSet) {
 		r := &reportRace{released: make(chan struct{}), renewDone: make(chan struct{}), reportTaken: make(chan struct{}),

@@ -16,6 +16,7 @@ var idSpender = testenv.ID("spender")
 // /fleet/fail carries its insights, so the coordinator's record of the job
 // (its budgets) counts the spend of every attempt, failures included.
 func TestFailCarriesInsights(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	s := startStub(t, coord.Options{MaxBackoff: time.Millisecond})
 	w := newWorld(t, "app")

@@ -7,10 +7,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
 
 func TestSpoolOrderAcrossReopen(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "spool")
 	s, err := OpenSpool(dir)

@@ -82,6 +82,7 @@ func tracing(t *testing.T, rcv *otlptest.Receiver) *telemetry.Tracing {
 // report's retries as events on its span — and the engine ran with a
 // TRACEPARENT naming its span in that trace.
 func TestFleetJobTrace(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	rcv := otlptest.Start(t)
 	s := startStubBehind(t, coord.Options{}, failFinalPatches(2))
@@ -153,6 +154,7 @@ func TestFleetJobTrace(t *testing.T) {
 // for good (no retries left: the coordinator dead-letters it) each notify
 // once, after their reports, with the documented fields.
 func TestFleetNotifications(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	rcv := notifytest.Start(t)
 	s := startStub(t, coord.Options{})
@@ -195,6 +197,7 @@ func TestFleetNotifications(t *testing.T) {
 // answers does not hold the job: the final report reaches the coordinator
 // and the run returns while the notification is still in flight.
 func TestHangingReceiverDoesNotDelayReport(t *testing.T) {
+	testenv.Slow(t, "runs fleet jobs against a coordinator with real git")
 	t.Parallel()
 	rcv := notifytest.Start(t)
 	rcv.Hold()

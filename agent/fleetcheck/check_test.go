@@ -81,6 +81,7 @@ func golden(t *testing.T, name, got string) {
 // park's notBefore and counting the attempt — all with fallbacks, nothing
 // wrong. The check leaves its jobs terminal and holds nothing.
 func TestRouteSets(t *testing.T) {
+	testenv.Slow(t, "waits out unavailability and coordinator round trips")
 	t.Parallel()
 	for _, routes := range coord.RouteSets {
 		t.Run(routes, func(t *testing.T) {
@@ -115,6 +116,7 @@ func TestRouteSets(t *testing.T) {
 // the rows it breaks and nowhere else: the table is the full set's but for
 // those rows.
 func TestBreaksAreCaught(t *testing.T) {
+	testenv.Slow(t, "waits out unavailability and coordinator round trips")
 	t.Parallel()
 	for _, tc := range []struct {
 		brk  string
@@ -179,6 +181,7 @@ func TestEveryBreakTested(t *testing.T) {
 // A coordinator that answers a fifth of the requests 503: the check's
 // calls are retried as aq's are, and the table is the full set's.
 func TestRidesOutUnavailability(t *testing.T) {
+	testenv.Slow(t, "waits out unavailability")
 	t.Parallel()
 	rep, s := check(t, coord.Options{FailRate: 0.2, Seed: 7})
 	golden(t, "full.golden", render(t, rep))
@@ -215,6 +218,7 @@ func submitForeign(t *testing.T, s *coord.Server, api, id string) {
 // at once, unstarted (not an attempt), names it, and goes on by accept —
 // or, without accept, stops there, ending its own job.
 func TestGivesBackAJobNotItsOwn(t *testing.T) {
+	testenv.Slow(t, "waits out unavailability and coordinator round trips")
 	t.Parallel()
 	for _, routes := range coord.RouteSets {
 		t.Run(routes, func(t *testing.T) {

@@ -80,6 +80,7 @@ func (l *localJobs) run(id, repo string, end time.Time, stage job.Stage) {
 
 // The cases, in real repositories with a bare origin, run twice.
 func TestGCEveryCase(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	t.Parallel()
 	ctx := ctxT(t)
 	f := newFactory(t)
@@ -343,6 +344,7 @@ func equalMaps(a, b map[string]string) bool {
 // Between the plan and the act, a job starts, a ref moves and another job
 // takes a repository's lock: none of them is hurt.
 func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	t.Parallel()
 	ctx := ctxT(t)
 	f := newFactory(t)
@@ -433,6 +435,7 @@ func TestExecuteRechecksAtTheMomentOfDeletion(t *testing.T) {
 // reported and kept; a job whose repository was never cloned here is no
 // warning.
 func TestGCOfflineAndGoneRepository(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	t.Parallel()
 	ctx := ctxT(t)
 	f := newFactory(t)

@@ -46,6 +46,7 @@ func actionFor(t *testing.T, rep *Report, path string) Action {
 // folders set aside in the pool; it keeps the rest warm, and keeps all of
 // them while a job holds the repository's lock.
 func TestGCTrimsThePool(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	f := newFactory(t)
 	f.newRepo("app")
 	old := f.pooledAt("app", "j-old", 100*time.Hour)
@@ -111,6 +112,7 @@ func TestGCTrimsThePool(t *testing.T) {
 // TestGCDiskCeiling: over AQ_WORKTREE_DISK_MAX, pooled worktrees go, oldest
 // first, and a running job's worktree stays whatever it weighs.
 func TestGCDiskCeiling(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	f := newFactory(t)
 	f.newRepo("app")
 	f.newRepo("lib")
@@ -154,6 +156,7 @@ func TestGCDiskCeiling(t *testing.T) {
 // TestGCPooledTakenSincePlan: a pooled worktree a job took (or used)
 // between the plan and its removal is kept.
 func TestGCPooledTakenSincePlan(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	f := newFactory(t)
 	dir := f.newRepo("app")
 	taken := f.pooledAt("app", "t1", 100*time.Hour)

@@ -29,6 +29,7 @@ import (
 // (checked again here, independently). Uncommitted files of a removed
 // worktree must be in its WIP ref. A second run must delete nothing.
 func TestRandomHistoriesLoseNothing(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	t.Parallel()
 	iterations := 24
 	if testing.Short() {

@@ -23,6 +23,7 @@ import (
 // a job recorded building, and a directory not named after a job. A second
 // run deletes nothing.
 func TestGCSandboxDirs(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	f := newFactory(t)
 	f.newRepo("app")
 	clk := &clock{t: time.Now().Add(-time.Hour)}
@@ -119,6 +120,7 @@ func TestGCSandboxJobStartsAfterThePlan(t *testing.T) {
 // internal/sandbox), counts what it removed, and reports its error as
 // gc's; a dry run removes nothing.
 func TestGCStaleCgroups(t *testing.T) {
+	testenv.Slow(t, "builds and collects many real worktrees")
 	f := newFactory(t)
 	f.newRepo("app")
 	calls := 0

@@ -66,6 +66,7 @@ func markEnv(t *testing.T) string {
 // runs, then its success stage, with insights, branch and checkpoint in the
 // sidecar and one attempt counted.
 func TestRunOneRecordsOutcome(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	h := testenv.NewHome(t)
 	h.Repo(t, "app", nil)
 	a := newAgent(t, h)
@@ -91,6 +92,7 @@ func TestRunOneRecordsOutcome(t *testing.T) {
 // each after its backoff (NotBefore), then dead-lettered; infrastructure
 // failures get extra tries and at least 30s of backoff.
 func TestRetryBackoffThenDeadLetter(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	h := testenv.NewHome(t)
 	h.Repo(t, "app", nil)
 	a := newAgent(t, h)
@@ -162,6 +164,7 @@ func TestManifestEditedInQueue(t *testing.T) {
 // TestCorruptSidecar: a sidecar that is not JSON moves its job to failed with
 // invalid_manifest; the file is kept as .corrupt and the manifest as it was.
 func TestCorruptSidecar(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	h := testenv.NewHome(t)
 	h.Repo(t, "app", nil)
 	a := newAgent(t, h)
@@ -188,6 +191,7 @@ func TestCorruptSidecar(t *testing.T) {
 // running: Recover stops the engine first, then checkpoints its worktree (so
 // no write is lost), and requeues the job; the next run starts from there.
 func TestRecoverOrphan(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	h := testenv.NewHome(t)
 	h.Repo(t, "app", nil)
 	mark := markEnv(t)
@@ -255,6 +259,7 @@ func TestRecoverOrphan(t *testing.T) {
 // TestRunnableExplainsWhy: a job this host can never run stays queued, and
 // Runnable says why.
 func TestRunnableExplainsWhy(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	h := testenv.NewHome(t)
 	h.Repo(t, "app", nil)
 	a := newAgent(t, h)
@@ -304,6 +309,7 @@ func startTagged(t *testing.T, id, scope, dir, script string) int {
 // Recover fails it interrupted, saying what was abandoned, not crash; a
 // mark another process left is not taken for it.
 func TestRecoverAbandoned(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	for _, c := range []struct {
 		name   string
 		markBy int

@@ -33,6 +33,7 @@ func fakeClaudeOnPath(t *testing.T) {
 // are not taken (other engines' are); once the limit has reset the parked
 // job runs again.
 func TestRunOneParks(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	fakeClaudeOnPath(t)
 	markEnv(t)
 	h := testenv.NewHome(t)

@@ -23,6 +23,7 @@ import (
 // this host has instead. A host at the full level offers sandbox:full and
 // takes it.
 func TestSandboxRequiredWaits(t *testing.T) {
+	testenv.Slow(t, "runs whole local jobs")
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

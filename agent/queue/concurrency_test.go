@@ -197,6 +197,7 @@ func TestConcurrentNextProcesses(t *testing.T) {
 // hold the queue's lock so long on a loaded machine that the reads' locked
 // fallback waited a minute; the allowance bounds the work, not the overlap.
 func TestReadsDuringMoves(t *testing.T) {
+	testenv.Slow(t, "moves files under many concurrent reads")
 	const jobs = 30
 	q, _ := newQueue(t)
 	for i := range jobs {

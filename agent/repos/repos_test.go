@@ -86,6 +86,7 @@ func origin(t *testing.T) string {
 }
 
 func TestCloneIsBloblessAndLeavesNothingOnFailure(t *testing.T) {
+	testenv.Slow(t, "clones real repositories")
 	ctx := context.Background()
 	bare := origin(t)
 	base := t.TempDir()
@@ -126,6 +127,7 @@ func TestCloneIsBloblessAndLeavesNothingOnFailure(t *testing.T) {
 // With a mirror the clone borrows its objects (alternates) instead of
 // fetching them; a mirror without the repo is ignored.
 func TestCloneBorrowsFromAMirror(t *testing.T) {
+	testenv.Slow(t, "clones real repositories")
 	ctx := context.Background()
 	bare := origin(t)
 	mirror := t.TempDir()

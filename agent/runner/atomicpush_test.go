@@ -55,6 +55,7 @@ func pushes(t *testing.T, log string) []string {
 // another factory's WIP checkpoint is kept (the result still ships). A job
 // with a verify command pushes its checkpoint alone before verify runs.
 func TestResultAndCheckpointGoInOneAtomicPush(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, tc := range []struct {
 		name    string
 		verify  string

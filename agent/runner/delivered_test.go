@@ -18,6 +18,7 @@ import (
 // report the result already on origin, not run the engine again and replace
 // the delivered branch (it used to: the result push was a forced '+').
 func TestDeliveredResultIsNotMadeAgain(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, where := range []string{"same-host", "other-host"} {
 		t.Run(where, func(t *testing.T) {
 			t.Parallel()
@@ -67,6 +68,7 @@ func TestDeliveredResultIsNotMadeAgain(t *testing.T) {
 // The result push is a compare-and-swap: a branch that moved on origin since
 // the run looked (another run delivered meanwhile) is not overwritten.
 func TestResultPushDoesNotOverwriteAnotherDelivery(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
 	j := f.job("race", writeAll+"touch \"$MARK/started\"\nwhile [ ! -e \"$MARK/go\" ]; do sleep 0.05; done\n")

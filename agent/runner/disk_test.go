@@ -26,6 +26,7 @@ echo done > result.txt`
 // budget the same engine writes all 96 MiB and succeeds (what it would
 // have taken).
 func TestDiskBudgetStopsTheWriter(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, tc := range []struct {
 		name string
 		disk int64
@@ -68,6 +69,7 @@ func TestDiskBudgetStopsTheWriter(t *testing.T) {
 // writer's 96 MiB cross it (a host below the reserve without the job's
 // writes is the host's problem: TestWireFullDiskIsTheHosts).
 func TestDiskReserve(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(f.home.RepoBase, &st); err != nil {

@@ -30,6 +30,7 @@ import (
 // pass as they are) with the proxy's variables over it: both spellings,
 // NODE_USE_ENV_PROXY, Yarn's, the JVM's.
 func TestSandboxedRunEgress(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	sandboxed(t, f, sandbox.ModeAuto)
 	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
@@ -135,6 +136,7 @@ env | sort > env.txt`)
 // named is not. On main the engine's connections were refused inside the
 // sandbox's own loopback, and the proxy never asked.
 func TestSandboxedRunReachesLoopbackGateways(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	sandboxed(t, f, sandbox.ModeAuto)
 	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {

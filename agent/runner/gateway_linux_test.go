@@ -13,6 +13,7 @@ import (
 	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/job"
 )
 
@@ -40,6 +41,7 @@ func closedPort(t *testing.T) string {
 // factory, so the next job of it parks instead of failing the same way.
 // On main the engine ran and retried for minutes.
 func TestGatewayPreflight(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, mode := range []string{"unsandboxed", "sandboxed", "sandboxed-deep"} {
 		t.Run(mode, func(t *testing.T) {
 			f := newFixture(t, &gatewayEngine{})

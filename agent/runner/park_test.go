@@ -54,6 +54,7 @@ func (f *fixture) claudeRuns() int {
 // claude is held until then, so the next claude job parks at once, without
 // a worktree and without running claude.
 func TestParkOnEngineLimit(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	now := time.Date(2026, 5, 12, 3, 0, 0, 0, time.UTC)
 	reset := time.Unix(1778565600, 0).UTC() // the fixture's resetsAt: 06:00 UTC
 	f, hs := claudeFixture(t, "rate_limit_event.jsonl", now)
@@ -98,6 +99,7 @@ func TestParkOnEngineLimit(t *testing.T) {
 // and none at all (each through the real claude adapter and a fake claude
 // printing a recorded stream).
 func TestParkResetBadInput(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	reset := time.Unix(1778565600, 0).UTC()
 	for _, tc := range []struct {
 		name, fixture string
@@ -125,6 +127,7 @@ func TestParkResetBadInput(t *testing.T) {
 // TestUnauthenticatedIsNotParked: the real claude's unauthenticated output
 // (recorded) is engine_unavailable, never a park and never a hold.
 func TestUnauthenticatedIsNotParked(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f, hs := claudeFixture(t, "real_unauthenticated.jsonl", time.Date(2026, 5, 12, 3, 0, 0, 0, time.UTC))
 	out := f.run(context.Background(), f.claudeJob("unauth"), runner.Options{})
 	if out.Reason != job.ReasonEngineUnavailable || out.IsParked() || !strings.Contains(out.Detail, "Not logged in") {

@@ -67,6 +67,7 @@ func (l *eventLog) kinds(kind string) []string {
 // to origin's aq/wip/<id>, without touching the worktree's index.lock (the
 // engine holds it throughout and checks it is still its own).
 func TestPeriodicCheckpointsWhileTheEngineRuns(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 250 * time.Millisecond
@@ -154,6 +155,7 @@ func TestFinalPushAfterAStoppedPeriodicPush(t *testing.T) {
 // An engine that changes nothing between two intervals costs no commit and
 // no push.
 func TestPeriodicCheckpointUnchangedIsFree(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
@@ -186,6 +188,7 @@ func TestPeriodicCheckpointUnchangedIsFree(t *testing.T) {
 // against the clock of a whole run; a step count here would assume the
 // checkpoint keeps pace with the engine on a loaded machine.)
 func TestPreemptionLosesAtMostOneInterval(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	const interval, step = 300 * time.Millisecond, 100 * time.Millisecond
 	f := newFixture(t)
@@ -249,6 +252,7 @@ func (l *atomicLease) Held(time.Duration) bool { return l.held.Load() }
 // pushed it was lost before its PATCH went out). The next run resumes from
 // origin's, which descends from the recorded one.
 func TestResumeFromANewerPushedCheckpoint(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
@@ -289,6 +293,7 @@ func (l *flakyLease) Held(time.Duration) bool { return l.refusals.Add(-1) < 0 }
 // nothing since: found by the scale-to-zero act, where an engine that had
 // made its change and then waited never had its work on origin.
 func TestPeriodicCheckpointPushIsRetried(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
@@ -331,6 +336,7 @@ func (l *laggingLease) Held(time.Duration) bool { return l.confirms.Load() == 0 
 // alone could land after the job went to another factory (found by the
 // chaos run: a WIP push a few ms after the new owner took the job).
 func TestPeriodicPushConfirmsTheLease(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	f.r.Cfg.CheckpointInterval = 100 * time.Millisecond
@@ -357,6 +363,7 @@ func TestPeriodicPushConfirmsTheLease(t *testing.T) {
 // chaos run: a WIP push 0.9 s after the requeue, 0.7 s after the other
 // factory's claim).
 func TestFinalPushConfirmsTheLease(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Parallel() // its own fixture (home, repository, origin): it waits on intervals, not on the CPU
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)

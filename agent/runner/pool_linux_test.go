@@ -15,6 +15,7 @@ import (
 // tag but still has its working directory in the worktree keeps the
 // worktree out of the pool: the next job must not share files with it.
 func TestWorktreeWithAProcessInItIsNotPooled(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	out := f.run(context.Background(), f.job("linger", `env -u AQ_JOB_ID -u AQ_SCOPE setsid sh -c 'echo $$ > "$MARK/pid"; exec sleep 120' >/dev/null 2>&1 &
 while [ ! -s "$MARK/pid" ]; do sleep 0.01; done

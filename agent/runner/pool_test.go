@@ -16,6 +16,7 @@ import (
 // result holds only its own work; the first job's branch is checked out
 // nowhere.
 func TestNextJobStartsInAWarmWorktree(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	a := f.run(context.Background(), f.job("first", writeAll), runner.Options{})
 	if a.Failed() || !a.Pooled || a.WarmStart {
@@ -57,6 +58,7 @@ echo second > second.txt
 // TestPartialCheckpointIsNotPooled: a worktree whose checkpoint left files
 // out (a nested repository with no commit) stays where it ran, holding them.
 func TestPartialCheckpointIsNotPooled(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	out := f.run(context.Background(), f.job("partial", `mkdir nested && git -C nested init -q && echo only > nested/only.txt
 echo x > x.txt`), runner.Options{})

@@ -101,6 +101,7 @@ func (e *events) repairs() (out []runner.RepairStarted) {
 // the same attempt after two runs, the second told verify's command, exit
 // status and output.
 func TestRepairRoundsShipWhatABlindRunCannot(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	t.Run("without_rounds", func(t *testing.T) {
 		t.Parallel()
 		f := newRoundsFixture(t)
@@ -187,6 +188,7 @@ func TestRepairRoundsShipWhatABlindRunCannot(t *testing.T) {
 // TestRepairRoundsRunOut: an engine that never fixes the cause gets its
 // rounds and no more; the job fails verify_failed saying how many ran.
 func TestRepairRoundsRunOut(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newRoundsFixture(t)
 	j := f.roundsJob("stubborn", rounds(2))
 	j.Script = strings.Replace(needsFailure, `grep -q "want 42"`, `false`, 1)
@@ -212,6 +214,7 @@ func TestRepairRoundsRunOut(t *testing.T) {
 // spent) is not started; one that starts and spends past it is stopped by
 // the meter; the wall budget bounds the engine time of all the runs.
 func TestRepairRoundBudget(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	never := strings.Replace(needsFailure, `grep -q "want 42"`, `false`, 1)
 	cases := []struct {
 		name       string
@@ -270,6 +273,7 @@ if [ $n -gt 1 ]; then sleep 300; fi
 // the engine a bounded tail with the failure at its end; verify.log keeps
 // it all.
 func TestRepairRoundWithAMegabyteVerify(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newRoundsFixture(t)
 	j := f.roundsJob("loud", rounds(1))
 	j.Verify = "i=0; while [ $i -lt 40000 ]; do echo \"=== RUN   TestNoise/$i ok padding padding padding\"; i=$((i+1)); done; sh check.sh"
@@ -300,6 +304,7 @@ func TestRepairRoundWithAMegabyteVerify(t *testing.T) {
 // --resume <its id>, no --session-id — told only the failure; when the
 // session is gone by then, the round runs fresh with the whole prompt.
 func TestRepairRoundContinuesClaudesSession(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, gone := range []bool{false, true} {
 		name := map[bool]string{false: "resumed", true: "session_gone"}[gone]
 		t.Run(name, func(t *testing.T) {
@@ -368,6 +373,7 @@ func argAfter(args []string, flag string) string {
 // the worktree holds its checkpoint; with no record, a generic note when it
 // resumes from a checkpoint; nothing on a first attempt.
 func TestRetryPromptSaysHowThePreviousAttemptEnded(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newRoundsFixture(t)
 	j := f.roundsJob("retried", rounds(0))
 	first := f.run(context.Background(), j, runner.Options{Attempt: 1})
@@ -424,6 +430,7 @@ func (s *recShipper) Ship(_ context.Context, req runner.ShipRequest) (string, er
 // account — the rounds it took, each run's session, spending and what
 // verify said after it — after the engine's own description or aq's.
 func TestPullRequestSaysWhatTheRoundsDid(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, engineBody := range []bool{false, true} {
 		t.Run(map[bool]string{false: "aq_body", true: "engine_body"}[engineBody], func(t *testing.T) {
 			t.Parallel()

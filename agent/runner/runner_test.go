@@ -21,6 +21,7 @@ import (
 // on aq/job/<id> (on main, without .aq_pr.md, whose text is kept as
 // logs/<id>/pr.md) and every file the engine wrote in aq/wip/<id>.
 func TestSuccessCommitsResultAndCheckpoint(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	f.r.Cfg.PoolSize = 0 // the worktree stays, to be looked at
 	j := f.job("ok", writeAll+"printf 'Fixes the thing\\n' > .aq_pr.md\n::aq-usage tokens_in=10 tokens_out=5 cost_usd=0.01 turns=2\n")
@@ -76,6 +77,7 @@ func TestSuccessCommitsResultAndCheckpoint(t *testing.T) {
 // every file the engine wrote (tracked changes, deletions, untracked files;
 // not ignored ones), and no process of the job survives it.
 func TestCheckpointOnEveryExitPath(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	waitForever := "touch \"$MARK/wrote\"\nsleep 300\n"
 	cases := []struct {
 		name   string
@@ -143,6 +145,7 @@ func TestCheckpointOnEveryExitPath(t *testing.T) {
 // TestPanicCheckpoints: a panic inside aq while a job runs is recovered: the
 // worktree is checkpointed, the run fails with crash.
 func TestPanicCheckpoints(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	panicky := &funcEngine{name: "panicky", run: func(ctx context.Context, spec engines.Spec) (engines.Result, error) {
 		write := func(p, c string) {
 			if err := os.MkdirAll(filepath.Dir(filepath.Join(spec.Dir, p)), 0o755); err != nil {
@@ -182,6 +185,7 @@ func TestPanicCheckpoints(t *testing.T) {
 // TestTimeoutKillsTheWholeGroup: on timeout the ladder reaches a grandchild
 // that ignores SIGINT; nothing of the job survives the run.
 func TestTimeoutKillsTheWholeGroup(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	// The grandchild ignores SIGINT (kept across exec) and writes its pid;
 	// the engine waits for it. A background loop keeps writing a file.
@@ -215,6 +219,7 @@ wait
 // TestFailureReasons: each way a run can fail is reported with its reason,
 // and pre-flight failures happen before any worktree is made.
 func TestFailureReasons(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	cases := []struct {
 		name       string
 		script     string
@@ -282,6 +287,7 @@ func TestFailureReasons(t *testing.T) {
 // TestNoChangeSucceeds: an engine that exits 0 without changing anything
 // succeeds with nothing to ship: no result commit, no branch reported, no push.
 func TestNoChangeSucceeds(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
 	j := f.job("noop", "echo looked around; echo junk > skip.log")
@@ -309,6 +315,7 @@ func TestNoChangeSucceeds(t *testing.T) {
 // ref to origin; ship: none keeps the job branch local (the WIP ref still
 // goes to origin, so another host could resume).
 func TestShipBranchPushesToOrigin(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, ship := range []string{"branch", "none"} {
 		t.Run(ship, func(t *testing.T) {
 			t.Parallel()
@@ -348,6 +355,7 @@ func TestShipBranchPushesToOrigin(t *testing.T) {
 // TestResumeFromCheckpoint: a second attempt starts from the first one's
 // checkpoint, and the result holds both attempts' work as one commit on base.
 func TestResumeFromCheckpoint(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	script := `if [ -f first.txt ]; then echo resumed > "$MARK/resumed"; echo second > second.txt; exit 0; fi
 echo first > first.txt
@@ -390,6 +398,7 @@ exit 5
 // repository's own checkout, with uncommitted, staged and untracked changes,
 // stays byte for byte as it was, and so do its index and HEAD.
 func TestDirtyMainCheckoutUntouched(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	testenv.WriteFile(t, filepath.Join(f.repo, "keep.txt"), "someone's uncommitted edit\n")
 	testenv.WriteFile(t, filepath.Join(f.repo, "scratch.txt"), "untracked\n")
@@ -435,6 +444,7 @@ func TestDirtyMainCheckoutUntouched(t *testing.T) {
 // own secrets and the credentials aq ships with (GITHUB_TOKEN) are not in
 // the engine's or verify's environment at all (issue #26, finding 4).
 func TestSecretsStayOutOfLogsAndEngine(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	const gh, fleet, svc = "ghp_0123456789abcdefSECRET", "fleet-token-0123456789", "svc-password-0123456789"
 	f.r.Env = append(f.r.Env, "GITHUB_TOKEN="+gh, "AQ_FLEET_TOKEN="+fleet, "MY_SERVICE_PASSWORD="+svc)
@@ -482,6 +492,7 @@ env > "$MARK/engine-env"
 // leftover processes are killed first, then everything is checkpointed, so
 // nothing they wrote is lost and nothing writes into the new worktree.
 func TestStaleWorktreeOfADeadRun(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	j := f.job("stale", `if [ -f progress ]; then cp progress "$MARK/seen"; exit 0; fi; exit 9`)
 	// A first attempt makes the worktree (and fails); as aq died, it stays
@@ -519,6 +530,7 @@ func TestStaleWorktreeOfADeadRun(t *testing.T) {
 // TestOriginCheckpointFromAnotherHost: a job handed to this host resumes from
 // the WIP ref another host pushed to origin.
 func TestOriginCheckpointFromAnotherHost(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
 	// "Another host": a clone that checkpoints work for the job and pushes it.
@@ -545,6 +557,7 @@ func TestOriginCheckpointFromAnotherHost(t *testing.T) {
 // with git meanwhile; it is made from the checkpoint (the job branch's reflog
 // says so) and the worktree's index follows it.
 func TestResultCommit(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	const commit = "git -c user.name=Engine -c user.email=engine@example.com commit -q"
 	cases := []struct {
 		name    string
@@ -616,6 +629,7 @@ func TestResultCommit(t *testing.T) {
 // does not get its worktree committed on base (that would revert base's
 // newer commits): the run fails and the work stays in the checkpoint.
 func TestResultRefusesToRevertBase(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	testenv.WriteFile(t, filepath.Join(f.repo, "second.txt"), "second\n")
 	testenv.Git(t, f.repo, "add", "second.txt")
@@ -639,6 +653,7 @@ func TestResultRefusesToRevertBase(t *testing.T) {
 // machine-readable outcome that exits 0 having changed nothing fails with
 // engine_failed rather than succeeding with nothing to ship.
 func TestEngineResultFlags(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	cases := []struct {
 		name   string
 		res    engines.Result
@@ -683,6 +698,7 @@ const lockWIP = `touch "$(git rev-parse --git-common-dir)/refs/heads/aq/wip/$AQ_
 // TestStaleWorktreeKeptWhenItCannotBeCheckpointed: the worktree a dead run
 // left is never removed unless its files were recorded first.
 func TestStaleWorktreeKeptWhenItCannotBeCheckpointed(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	j := f.job("keepme", "exit 9")
 	f.r.Cfg.PoolSize = 0 // aq dies: the worktree stays where it ran
@@ -707,6 +723,7 @@ func TestStaleWorktreeKeptWhenItCannotBeCheckpointed(t *testing.T) {
 // fails still commits what its engine did (not the checkpoint it started
 // from).
 func TestResultWhenTheLastCheckpointFails(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	j := f.job("cpfail", "if [ -f first.txt ]; then echo second > second.txt; "+lockWIP+"; exit 0; fi\necho first > first.txt; exit 5")
 	first := f.run(context.Background(), j, runner.Options{Attempt: 1})
@@ -738,6 +755,7 @@ func (l *fakeLease) Held(time.Duration) bool { return l.held }
 // only while it holds the lease; a factory that may have lost the job keeps
 // its checkpoint locally and never moves origin's (the new owner's).
 func TestWIPPushNeedsTheLease(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, held := range []bool{true, false} {
 		t.Run(fmt.Sprint("held=", held), func(t *testing.T) {
 			f := newFixture(t)
@@ -760,6 +778,7 @@ func TestWIPPushNeedsTheLease(t *testing.T) {
 // looked at it (another factory checkpointed the job), the push is refused
 // and origin keeps the other factory's checkpoint.
 func TestWIPPushIsCompareAndSwap(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	origin := testenv.AddOrigin(t, f.repo)
 	j := f.job("cas", `echo mine > mine.txt; touch "$MARK/started"; while [ ! -f "$MARK/go" ]; do sleep 0.01; done`)

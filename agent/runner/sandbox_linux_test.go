@@ -35,6 +35,7 @@ func sandboxed(t *testing.T, f *fixture, mode sandbox.Mode) {
 // worktree) out of reach, $AQ_HOME hidden — the job's work is committed,
 // and the job's own directory is gone after the run.
 func TestSandboxedRun(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	sandboxed(t, f, sandbox.ModeAuto)
 	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
@@ -111,6 +112,7 @@ func (e hiddenEngine) Run(ctx context.Context, spec engines.Spec) (engines.Resul
 // job sandbox_unavailable, with its worktree and its checkpoint left as
 // they are and nothing running.
 func TestSandboxStartFails(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	bin := filepath.Join(f.home.Dir, "bin", "hidden-engine")
 	testenv.WriteFile(t, bin, "#!/bin/sh\necho ran > ran.txt\n")
@@ -168,6 +170,7 @@ func (e *fakeEgress) Close() error                  { e.closed = true; return e.
 // engine finds it through its proxy variables (the bridge inside its
 // network namespace) and nothing else; the proxy ends with the run.
 func TestSandboxedRunReachesItsProxy(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	sandboxed(t, f, sandbox.ModeAuto)
 	if lvl := f.r.Sandbox.Level(); lvl != sandbox.LevelFull {
@@ -196,6 +199,7 @@ bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128 && printf "GET http://registry.example/
 // engine sees none of it, and the link's target is untouched. Before
 // sandbox.FreshJobDir the directory was reused as it was.
 func TestJobDirMadeAfreshForEveryRun(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	f := newFixture(t)
 	sandboxed(t, f, sandbox.ModeAuto)
 	if lvl := f.r.Sandbox.Level(); lvl == sandbox.LevelNone {
@@ -239,6 +243,7 @@ echo work > work.txt`)
 // names the path, why it is hidden and the fix, instead of reading as a
 // missing command or a failed check.
 func TestSandboxHiddenPathSaysSo(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	const why = " (/tmp is the job's own inside the sandbox): put it in the repository, name its folder in AQ_SANDBOX_WRITABLE, or set AQ_SANDBOX=off"
 	for _, tc := range []struct {
 		name   string

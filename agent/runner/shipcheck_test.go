@@ -24,6 +24,7 @@ const heldKey = "sk-ant-api03-runnerShipcheckKEY0123456789abcdef"
 // this host. Without the check, the periodic and the final checkpoint
 // and the job branch carried the key to origin.
 func TestSecretInChangeIsNeverPushed(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, tc := range []struct{ name, script, where string }{
 		{"plain", "printf 'key: %s\\n' " + heldKey + " > config.txt\n", "config.txt:1"},
 		{"base64", "printf 'a\\n' > b64.txt; printf 'x-%s-y' " + heldKey + " | base64 -w0 >> b64.txt\n", "b64.txt:2"},
@@ -70,6 +71,7 @@ func TestSecretInChangeIsNeverPushed(t *testing.T) {
 // opens the PR without auto-merge and says why, ship: branch says so in
 // the job's record. AQ_PROTECTED_PATHS replaces the default list.
 func TestProtectedChange(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	const wf = ".github/workflows/ci.yml"
 	script := "mkdir -p .github/workflows && echo 'on: push' > " + wf + "\necho x > x.txt\n"
 	for _, tc := range []struct {

@@ -29,6 +29,7 @@ func fakeClaudeEnv(t *testing.T, envFile string) *engines.Claude {
 // none of the factory's OTEL_* settings reach claude (its environment is
 // built: issue #26).
 func TestClaudeTelemetryEnv(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprint(on), func(t *testing.T) {
 			envFile := filepath.Join(t.TempDir(), "env")

@@ -21,6 +21,7 @@ import (
 // aq makes from the manifest, and the refusal is in its insights. Before
 // internal/safefs the link was followed: the host file became logs/pr.md.
 func TestPRBodyThatIsNotAFileIsRefused(t *testing.T) {
+	testenv.Slow(t, "runs whole jobs with real git, processes and waits")
 	for _, c := range []struct{ name, script, why string }{
 		{"link", `ln -s "$MARK/hosts.yml" .aq_pr.md`, "a symbolic link"},
 		{"big", `head -c 70000 /dev/zero | tr '\0' x > .aq_pr.md`, "larger than the 64 KiB cap"},

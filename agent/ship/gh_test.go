@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aqfleet/aq/agent/runner"
+	"github.com/aqfleet/aq/internal/testenv"
 	"github.com/aqfleet/aq/worktree"
 )
 
@@ -120,6 +121,7 @@ func req(f *fake, merge bool) runner.ShipRequest {
 }
 
 func TestReady(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	f := newFake(t, "git@github.com:acme/widgets.git")
@@ -152,6 +154,7 @@ func TestReady(t *testing.T) {
 // TestToken: gh's token for origin's host is a secret the change scan
 // looks for (runner.GHToken); none when gh is logged out or missing.
 func TestToken(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	ctx := ctxT(t)
 	f := newFake(t, "git@github.com:acme/widgets.git")
@@ -171,6 +174,7 @@ func TestToken(t *testing.T) {
 }
 
 func TestReadyWithoutGitHubOrigin(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "/srv/git/widgets.git")
 	if err := f.gh().Ready(ctxT(t), f.repo); err != nil {
@@ -184,6 +188,7 @@ func TestReadyWithoutGitHubOrigin(t *testing.T) {
 // ship: pr — the PR is opened against base with the body in a file, never
 // in argv; gh runs in the repository without aq's secrets.
 func TestShipPR(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "https://github.com/acme/widgets.git")
 	r := req(f, false)
@@ -229,6 +234,7 @@ func TestShipPR(t *testing.T) {
 // default, pinned to the commit aq pushed; --repo keeps gh from deleting the
 // local branch a worktree holds.
 func TestShipMerge(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "https://github.com/acme/widgets.git")
 	url, err := f.gh().Ship(ctxT(t), req(f, true))
@@ -263,6 +269,7 @@ func TestShipMerge(t *testing.T) {
 
 // A retried job: its PR is already open; Ship finds and returns it.
 func TestShipPRAlreadyExists(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "https://github.com/acme/widgets.git")
 	savePRs(f.state, []fakePR{
@@ -288,6 +295,7 @@ func TestShipPRAlreadyExists(t *testing.T) {
 // GitHub refuses auto-merge for a PR that is already mergeable: it is
 // merged at once instead.
 func TestShipMergeWhenAutoMergeRefused(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "https://github.com/acme/widgets.git")
 	f.touch("auto-refused")
@@ -306,6 +314,7 @@ func TestShipMergeWhenAutoMergeRefused(t *testing.T) {
 // Auto-merge impossible and the PR not mergeable now: the error says so and
 // names the PR, which stays open.
 func TestShipMergeFails(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "https://github.com/acme/widgets.git")
 	f.touch("merge-fails")
@@ -322,6 +331,7 @@ func TestShipMergeFails(t *testing.T) {
 
 // A PR that cannot be opened (and none is open) fails with gh's reason.
 func TestShipCreateFails(t *testing.T) {
+	testenv.Slow(t, "ships through real repositories and pushes")
 	t.Parallel()
 	f := newFake(t, "https://github.com/acme/widgets.git")
 	f.touch("create-fails")

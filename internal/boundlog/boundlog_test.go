@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // numbered is n lines "%09d\n" from first: 10 bytes each, so where a byte
@@ -35,6 +37,7 @@ func segmentsBeside(t *testing.T, path string) int {
 // written, in order); on disk there are never more than the kept tail
 // segments beside the file, and none after Close.
 func TestBoundedBurst(t *testing.T) {
+	testenv.Slow(t, "writes a burst to a real file")
 	for _, tc := range []struct {
 		name  string
 		max   int64

@@ -380,6 +380,7 @@ func TestProxyBadRequests(t *testing.T) {
 // TestProxyIdleTunnelEnds: a tunnel that moves nothing for IdleTimeout is
 // closed; one whose other direction is busy is not.
 func TestProxyIdleTunnelEnds(t *testing.T) {
+	testenv.Slow(t, "waits out the proxy's idle timeout")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // limitsHost opens a full sandbox with limits, and fails where the limits
@@ -52,6 +53,7 @@ func python(t *testing.T) string {
 // (what it would have taken: the whole 256 MiB), which is what the limit
 // stops.
 func TestMemoryLimitHolds(t *testing.T) {
+	testenv.Slow(t, "starts real sandboxes under a cgroup limit or many escapes")
 	py := python(t)
 	script := py + ` -c 'b = b"\x01" * (256 << 20); print("ALLOCATED", len(b) >> 20)'`
 	for _, tc := range []struct {
@@ -94,6 +96,7 @@ func TestMemoryLimitHolds(t *testing.T) {
 // limited to 64 processes gets fewer than 64 (the rest of its forks fail);
 // unlimited it gets all 200.
 func TestPidsLimitHolds(t *testing.T) {
+	testenv.Slow(t, "starts real sandboxes under a cgroup limit or many escapes")
 	py := python(t)
 	script := py + ` -c '
 import os, time

@@ -20,6 +20,7 @@ import (
 
 	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/sandbox"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 func openFull(t *testing.T) *sandbox.Host {
@@ -71,6 +72,7 @@ func TestOffAndNoInit(t *testing.T) {
 // escape fails, the honest work succeeds, nothing reaches the host, and
 // the straggler dies with the sandbox.
 func TestEscapesFull(t *testing.T) {
+	testenv.Slow(t, "starts real sandboxes under a cgroup limit or many escapes")
 	h := openFull(t)
 	l := makeLayout(t, t.TempDir())
 	port, accepted := listener(t)
@@ -102,6 +104,7 @@ func TestEscapesFull(t *testing.T) {
 // TestEscapesControl is the same probes without a sandbox: each escape
 // works, so the tests above can tell.
 func TestEscapesControl(t *testing.T) {
+	testenv.Slow(t, "starts real sandboxes under a cgroup limit or many escapes")
 	l := makeLayout(t, t.TempDir())
 	port, accepted := listener(t)
 	n := nonce(t)

@@ -66,6 +66,7 @@ func setup(t *testing.T) (repo string, have []string) {
 }
 
 func TestCheckFindsSecretsInEveryForm(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	b64 := base64.StdEncoding.EncodeToString([]byte("token=" + key + "\n"))
 	cases := []struct {
 		name  string
@@ -125,6 +126,7 @@ func TestCheckFindsSecretsInEveryForm(t *testing.T) {
 // TestCheckURLEncodedForm: a key with characters URL-encoding changes
 // is found in its encoded form.
 func TestCheckURLEncodedForm(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	weird := "tok/with+slash=and?0123456789"
 	repo, have := setup(t)
 	tip := commitAll(t, repo, map[string]string{"u.txt": "GET /cb?token=" + url.QueryEscape(weird) + "&x=1\n"})
@@ -138,6 +140,7 @@ func TestCheckURLEncodedForm(t *testing.T) {
 // TestCheckEveryCommitNotOnOrigin: a secret written in one checkpoint and
 // removed in the next is still in what the push sends.
 func TestCheckEveryCommitNotOnOrigin(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	repo, have := setup(t)
 	commitAll(t, repo, map[string]string{"leak.txt": key + "\n"})
 	tip := commitAll(t, repo, map[string]string{"leak.txt": ""})
@@ -155,6 +158,7 @@ func TestCheckEveryCommitNotOnOrigin(t *testing.T) {
 }
 
 func TestCheckProtectedPaths(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	cases := []struct {
 		name      string
 		files     map[string]string
@@ -200,6 +204,7 @@ func TestCheckProtectedPaths(t *testing.T) {
 // TestCheckRangeRemoteTracking: origin's remote-tracking branches count as
 // had without asking origin.
 func TestCheckRangeRemoteTracking(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	repo, _ := setup(t)
 	tip := commitAll(t, repo, map[string]string{".github/workflows/ci.yml": "changed\n", "x.txt": key + "\n"})
 	res, err := shipcheck.CheckRange(context.Background(), worktree.Git{}, repo, shipcheck.Range{Tip: tip, Remote: "origin"}, policy)
@@ -211,6 +216,7 @@ func TestCheckRangeRemoteTracking(t *testing.T) {
 // TestCheckMergeBringsOnlyItsOwn: merging origin's newer main (which
 // changed a workflow) into the job's work is not the job's change.
 func TestCheckMergeBringsOnlyItsOwn(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	repo, _ := setup(t)
 	base := testenv.Git(t, repo, "rev-parse", "HEAD")
 	upstream := commitAll(t, repo, map[string]string{".github/workflows/ci.yml": "on: [push]\n"})
@@ -229,6 +235,7 @@ func TestCheckMergeBringsOnlyItsOwn(t *testing.T) {
 // TestScanLargeBlobAcrossChunks: a secret straddling the scanner's chunk
 // boundary in a file larger than a chunk is found once, at its line.
 func TestScanLargeBlobAcrossChunks(t *testing.T) {
+	testenv.Slow(t, "scans many real repositories")
 	repo, have := setup(t)
 	var b bytes.Buffer
 	line := strings.Repeat("x", 99) + "\n"

@@ -37,6 +37,7 @@ func eachRouteSet(t *testing.T, fn func(t *testing.T, routes string)) {
 }
 
 func TestFleetSubmitRunOnceStatus(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		s, dir, _ := clitest.FleetEnvRoutes(t, routes)
 		m := clitest.WriteManifest(t, dir, idCLIJob, "script: echo hi > hi.txt\nship: branch")
@@ -79,6 +80,7 @@ func TestFleetSubmitRunOnceStatus(t *testing.T) {
 }
 
 func TestFleetRevokedTokenExits5(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	s, _, _ := clitest.FleetEnv(t)
 	if _, _, code := runAQ(t, "run", "--once"); code != 3 {
 		t.Fatalf("first run: %d", code)
@@ -118,6 +120,7 @@ func TestFleetConfigErrors(t *testing.T) {
 }
 
 func TestFleetShadowInLocalRun(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	s, dir, _ := clitest.FleetEnv(t)
 	t.Setenv("AQ_FLEET_SHADOW", "1")
 	cat, _ := profiles.Embedded()
@@ -203,6 +206,7 @@ func TestDemoCoordinatorCommand(t *testing.T) {
 // TestFleetFencedExits4: a job requeued by an operator while it runs is
 // fenced; `aq run --once` exits 4 and pushes nothing.
 func TestFleetFencedExits4(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		s, dir, origin := clitest.FleetEnvRoutes(t, routes)
 		started, goFile := filepath.Join(dir, "started"), filepath.Join(dir, "go")

@@ -14,6 +14,7 @@ import (
 	"github.com/aqfleet/aq/cmd/aq/clitest"
 	"github.com/aqfleet/aq/demo/coord"
 	"github.com/aqfleet/aq/demo/coord/coordtest"
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // checkEnv starts a coordinator stub with o and points AQ_FLEET_API and
@@ -31,6 +32,7 @@ func checkEnv(t *testing.T, o coord.Options) *coord.Server {
 // full and the legacy route set (missing routes have fallbacks), and this
 // host's credentials never written.
 func TestFleetCheckCommand(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	for _, routes := range coord.RouteSets {
 		t.Run(routes, func(t *testing.T) {
 			checkEnv(t, coord.Options{Routes: routes})

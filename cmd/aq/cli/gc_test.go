@@ -13,6 +13,7 @@ import (
 )
 
 func TestGCCommand(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	dir := clitest.CleanEnv(t)
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("git not found")
@@ -135,6 +136,7 @@ func TestGCCommand(t *testing.T) {
 // the pool, AQ_WORKTREE_POOL_MAX_AGE ages it, a bad AQ_WORKTREE_DISK_MAX is
 // one line and exit 2 — and counts pooled worktrees apart.
 func TestGCPool(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	dir := clitest.CleanEnv(t)
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	t.Setenv("GIT_CONFIG_GLOBAL", "/dev/null")

@@ -15,6 +15,7 @@ var idFleetLogs = testenv.ID("fleet-logs")
 // is followed from the coordinator: its events, then the engine output its
 // factory uploaded as an artifact, rendered for a person (or raw).
 func TestJobLogsFollowFleetFromAnotherHost(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	s, dir, _ := clitest.FleetEnv(t)
 	stream := `{"type":"system","subtype":"init","model":"claude-x","session_id":"s-1","claude_code_version":"2.1.0"}
 {"type":"assistant","message":{"id":"m1","model":"claude-x","content":[{"type":"tool_use","name":"Edit","input":{"file_path":"src/main.go"}}],"usage":{"input_tokens":100,"output_tokens":20}}}

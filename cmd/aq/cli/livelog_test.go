@@ -22,6 +22,7 @@ import (
 // said once by aq job logs -f, which then shows the job's output from its
 // artifact at the end, as before live logs.
 func TestLiveLogFollowWithoutOne(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	for _, tc := range []struct {
 		name string
 		via  func(s *coord.Served) http.Handler

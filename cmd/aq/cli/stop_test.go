@@ -6,12 +6,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aqfleet/aq/internal/testenv"
 )
 
 // TestAwaitStop: the command's own exit wins until the stop began; then
 // it has the bound, and past it it is abandoned (exit 1, one line). For
 // aq daemon the bound starts at the second signal (the first drains).
 func TestAwaitStop(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	for _, c := range []struct {
 		name    string
 		stage   int

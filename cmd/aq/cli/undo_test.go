@@ -16,6 +16,7 @@ import (
 // coordinator's reason; a coordinator without the routes (today's) refuses
 // with one line and changes nothing.
 func TestUndoAMistakeFleet(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	eachRouteSet(t, func(t *testing.T, routes string) {
 		s, dir, _ := clitest.FleetEnvRoutes(t, routes)
 		id := testenv.ID("fl-typo")

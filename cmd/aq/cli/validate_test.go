@@ -72,6 +72,7 @@ func TestValidateOK(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	_, jobs := manifestEnv(t)
 	readyHost(t)
 	good := writeFile(t, filepath.Join(jobs, "good.md"), goodManifest)
@@ -341,6 +342,7 @@ func TestValidateAndSubmitWarnHiddenPaths(t *testing.T) {
 // error (exit 2) for validate and submit alike. A good may_change adds
 // manifest:may_change.
 func TestValidateMayChangeAndProtectedPaths(t *testing.T) {
+	testenv.Slow(t, "runs commands end to end with real git and a coordinator")
 	home, jobs := manifestEnv(t)
 	readyHost(t)
 	out := writeFile(t, filepath.Join(jobs, "out.md"), "---\nrepo: svc\nmay_change: [.github/workflows/ci.yml, ../ci.yml]\n---\nx\n")
