@@ -237,7 +237,7 @@ func BenchmarkSandboxJobSteps(b *testing.B) {
 		}
 		return err
 	}
-	steps := []string{"jobdir", "proxy", "jail", "engine", "verify", "close"}
+	steps := []string{"jobdir", "proxy", "jail", "engine", "verify", "proxy-close", "remove"}
 	times := map[string][]time.Duration{}
 	var mounts []time.Duration
 	sandboxed := func() error {
@@ -280,10 +280,11 @@ func BenchmarkSandboxJobSteps(b *testing.B) {
 		if err := proxy.Close(); err != nil {
 			return err
 		}
+		lap("proxy-close")
 		if err := j.Remove(); err != nil {
 			return err
 		}
-		lap("close")
+		lap("remove")
 		times["sandboxed"] = append(times["sandboxed"], time.Since(t0))
 		return nil
 	}
