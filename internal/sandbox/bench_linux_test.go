@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/internal/egress"
 	"github.com/aqfleet/aq/internal/process"
 )
 
@@ -184,4 +186,136 @@ func traceStep(note, from, to string) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration((b - a) * float64(time.Millisecond)), true
+}
+
+// BenchmarkSandboxJobSteps takes a sandboxed job's sandbox apart (#35 item
+// 2; docs/BENCHMARKS.md): one op does what the runner does for one job's
+// sandbox — the job's directory made afresh, the egress proxy started, the
+// jail made (its plan, passwd and group), the engine (`sh -c 'echo x > f'`)
+// and verify (`sh -c 'test -f f'`) started in it and waited for, the
+// proxy closed and the job's directory removed — timing each step, and,
+// interleaved, the same engine and verify unsandboxed (each beside a
+// supervisor, aq re-executed, as an unsandboxed job starts them). The
+// policy is this host's: $HOME's caches (HOME, else the user's home) are
+// the overlays they are for a job. BENCH_ROOT=/dev/shm puts the job's
+// directory on tmpfs.
+func BenchmarkSandboxJobSteps(b *testing.B) {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := b.TempDir()
+	if d := os.Getenv("BENCH_ROOT"); d != "" {
+		root, _ = os.MkdirTemp(d, "aq-bench-")
+		defer os.RemoveAll(root)
+	}
+	home := os.Getenv("HOME")
+	if home == "" {
+		home, _ = os.UserHomeDir()
+	}
+	aqHome := filepath.Join(root, "aq")
+	wt := filepath.Join(aqHome, "worktrees", "app", "j")
+	if err := os.MkdirAll(wt, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	p := NewPolicy(Paths{Worktree: wt, JobDir: filepath.Join(aqHome, "sandbox", "j"), Home: home,
+		Hide: []string{aqHome}, Env: os.Environ()})
+	h := &Host{opts: Options{Init: exe, Mode: ModeAuto}, report: Report{Level: LevelFull}}
+	h.once.Do(func() {})
+	env := []string{"PATH=/usr/bin:/bin", "HOME=" + home}
+	run := func(script string, jail process.Jail) error {
+		spec := process.Spec{Path: "/bin/sh", Args: []string{"-c", script}, Dir: wt, Env: env,
+			Tag: "bench-" + strconv.Itoa(os.Getpid()), Grace: time.Second}
+		if jail != nil {
+			spec.Jail = jail
+		} else {
+			spec.Supervisor = exe
+		}
+		res, err := process.Run(context.Background(), spec)
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("%s: exit %d", script, res.ExitCode)
+		}
+		return err
+	}
+	steps := []string{"jobdir", "proxy", "jail", "engine", "verify", "proxy-close", "remove"}
+	times := map[string][]time.Duration{}
+	var mounts []time.Duration
+	sandboxed := func() error {
+		t := time.Now()
+		lap := func(name string) {
+			times[name] = append(times[name], time.Since(t))
+			t = time.Now()
+		}
+		t0 := t
+		if err := FreshJobDir(p.JobDir); err != nil {
+			return err
+		}
+		lap("jobdir")
+		pp := p
+		pp.Net.ProxySocket = filepath.Join(p.JobDir, "proxy.sock")
+		proxy, err := egress.Start(context.Background(), egress.Options{UnixSocket: pp.Net.ProxySocket})
+		if err != nil {
+			return err
+		}
+		lap("proxy")
+		j, err := h.Jail(pp)
+		if err != nil {
+			return err
+		}
+		j.trace = true
+		lap("jail")
+		if err := run("echo x > f", j); err != nil {
+			return err
+		}
+		lap("engine")
+		if err := run("test -f f", j); err != nil {
+			return err
+		}
+		lap("verify")
+		for _, n := range j.Notes() {
+			if d, ok := traceStep(n, "orders", "mounts"); ok {
+				mounts = append(mounts, d)
+			}
+		}
+		if err := proxy.Close(); err != nil {
+			return err
+		}
+		lap("proxy-close")
+		if err := j.Remove(); err != nil {
+			return err
+		}
+		lap("remove")
+		times["sandboxed"] = append(times["sandboxed"], time.Since(t0))
+		return nil
+	}
+	bare := func() error {
+		t0 := time.Now()
+		if err := run("echo x > f", nil); err != nil {
+			return err
+		}
+		if err := run("test -f f", nil); err != nil {
+			return err
+		}
+		times["bare"] = append(times["bare"], time.Since(t0))
+		return nil
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		order := []func() error{sandboxed, bare}
+		if i%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, f := range order {
+			if err := f(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, s := range append(steps, "sandboxed", "bare") {
+		b.ReportMetric(ms(pct(times[s], 50)), s+"-p50-ms")
+	}
+	b.ReportMetric(ms(pct(mounts, 50)), "mounts-p50-ms")
+	b.ReportMetric(ms(pct(times["sandboxed"], 50)-pct(times["bare"], 50)), "added-p50-ms")
 }

@@ -29,6 +29,9 @@ type hostPlatform struct {
 // jailPlatform is one jail's Linux plan.
 type jailPlatform struct {
 	view view
+	// cacheTmpfs: the caches' layers live on a tmpfs of the job's own
+	// (cachelayer_linux.go), not on disk.
+	cacheTmpfs bool
 }
 
 // insideIDs are the user and group the sandbox runs as: the factory's
@@ -83,8 +86,26 @@ func (j *Jail) prepare() error {
 		if err := writeIdentity(j.p, j.plat.view.Home); err != nil {
 			return &StartError{Step: "write the sandbox's /etc/passwd", Err: err}
 		}
+		if hasCacheLayers(j.plat.view, filepath.Join(j.p.JobDir, "cache")) {
+			ok, err := mountCacheLayer(filepath.Join(j.p.JobDir, "cache"), cacheLayerSize(j.p))
+			if err != nil {
+				j.note(err.Error() + "; the caches' layers stay on disk")
+			}
+			j.plat.cacheTmpfs = ok
+		}
 	}
 	return nil
+}
+
+// hasCacheLayers reports whether v mounts a cache's layer of the job's
+// own, kept in dir (an overlay, or an empty cache's own directory).
+func hasCacheLayers(v view, dir string) bool {
+	for _, op := range v.Mounts {
+		if op.Kind == mOverlay || op.Kind == mBind && within(op.Src, dir) {
+			return true
+		}
+	}
+	return false
 }
 
 func hostStat(path string) (exists, dir, empty bool) {

@@ -181,3 +181,53 @@ func TestCgroupOnHost(t *testing.T) {
 		t.Error("the cgroup was not removed")
 	}
 }
+
+func TestCacheLayerSize(t *testing.T) {
+	host := cacheLayerSize(Policy{})
+	if host <= 0 {
+		t.Fatalf("no limit: size %d, want a quarter of the host's memory", host)
+	}
+	for _, tc := range []struct {
+		name string
+		p    Policy
+		want int64
+	}{
+		{"its own bound", Policy{CacheLayerMax: 5 << 20, Limits: Limits{MemoryBytes: 1 << 30}}, 5 << 20},
+		{"half the memory limit", Policy{Limits: Limits{MemoryBytes: 1 << 30}}, 512 << 20},
+		{"the host's quarter", Policy{}, host},
+	} {
+		if got := cacheLayerSize(tc.p); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestFreshJobDirUnmountsACrashedRunsLayers: a run that crashed left its
+// caches' tmpfs mounted in its job's directory; the next run's fresh
+// directory (and aq gc) unmounts it before removing the tree.
+func TestFreshJobDirUnmountsACrashedRunsLayers(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := filepath.Join(t.TempDir(), "job")
+	layers := filepath.Join(dir, "cache")
+	if err := os.MkdirAll(layers, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := mountCacheLayer(layers, 1<<20)
+	if !ok || err != nil {
+		t.Fatalf("mount: %v %v", ok, err)
+	}
+	if err := os.WriteFile(filepath.Join(layers, "left"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := FreshJobDir(dir); err != nil {
+		t.Fatalf("FreshJobDir over a crashed run's layers: %v", err)
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), layers) {
+		t.Errorf("the crashed run's tmpfs at %s is still mounted", layers)
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+		t.Errorf("the fresh job directory holds %v (%v)", ents, err)
+	}
+}

@@ -15,7 +15,8 @@ import (
 // The job's own directory (Policy.JobDir) holds, for as long as the run:
 // home/ (the engine's $HOME, with copies of its login files), tmp/ (its
 // $TMPDIR), state/ (files aq and the engine exchange), cache/<n>/ (the
-// writable layers of the shared caches), etc/ (the sandbox's passwd and
+// writable layers of the shared caches; on Linux, where aq may mount, a
+// tmpfs of the job's own: cachelayer_linux.go), etc/ (the sandbox's passwd and
 // group, an empty file that hides files) and root/ (the empty directory a
 // full sandbox's / is built on).
 
@@ -76,6 +77,9 @@ func (j *Jail) Remove() error { return removeTree(j.p.JobDir) }
 func RemoveJobDir(dir string) error { return removeTree(dir) }
 
 func removeTree(dir string) error {
+	// The caches' layers' tmpfs first (Linux, where aq mounted one): its
+	// pages go with it, and the tree below can then be removed.
+	unmountCacheLayer(filepath.Join(dir, "cache"))
 	if err := os.RemoveAll(dir); err == nil {
 		return nil
 	}

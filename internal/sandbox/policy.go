@@ -65,6 +65,10 @@ type Policy struct {
 	Net Net `json:"net"`
 	// Limits are the job's cgroup limits (zero: none).
 	Limits Limits `json:"limits"`
+	// CacheLayerMax bounds the tmpfs the caches' writable layers live on
+	// where aq can mount one (Linux, full level): 0 is half the job's
+	// memory limit, or a quarter of the host's memory without one.
+	CacheLayerMax int64 `json:"cacheLayerMax,omitempty"`
 }
 
 // Net says how the engine reaches the network: only through the job's

@@ -347,6 +347,13 @@ func TestAQKilledEndsTheSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { killStragglers(n) })
+	// What aq gc (or the job's next run) does with the directory of a
+	// killed aq: the caches' tmpfs it left mounted there goes first.
+	t.Cleanup(func() {
+		if err := sandbox.RemoveJobDir(l.policy.JobDir); err != nil {
+			t.Errorf("the killed aq's job directory: %v", err)
+		}
+	})
 	r := bufio.NewReader(stdout)
 	for {
 		line, err := r.ReadString('\n')
