@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 // Checkpoint records everything in the worktree at wtPath — tracked changes,
@@ -45,34 +47,68 @@ import (
 // without a commit), the rest is still recorded and the error is a
 // *PartialError carrying the sha.
 func Checkpoint(ctx context.Context, g Git, wtPath, ref, message string) (string, error) {
+	sha, _, err := CheckpointSeen(ctx, g, wtPath, ref, message)
+	return sha, err
+}
+
+// Seen is what a checkpoint read of its worktree, for a caller that acts
+// on the worktree right after it (the result commit: #35, no second git to
+// read again what the checkpoint's own read just said): HEAD's commit, the
+// checkpoint's tree, and the object each name asked for resolves to (""
+// for one that does not exist). Only as true as nothing moved since.
+type Seen struct {
+	Head, Tree string
+	Names      map[string]string
+	// Parents are the parents of the checkpoint commit when it made one
+	// (nil when the checkpoint is HEAD or the ref as it was).
+	Parents []string
+}
+
+// CheckpointSeen is Checkpoint, also resolving names (refs, or hashes with
+// a suffix such as ^{tree}; aq's own, one line each) in the same git that
+// reads HEAD and ref.
+func CheckpointSeen(ctx context.Context, g Git, wtPath, ref, message string, names ...string) (string, Seen, error) {
+	for _, n := range names {
+		if n == "" || strings.ContainsAny(n, "\n\r") {
+			return "", Seen{}, fmt.Errorf("checkpoint: cannot resolve %q", n)
+		}
+	}
 	ref = fullBranchRef(ref)
 	wg := g.at(wtPath)
 	indexPath, err := indexOf(ctx, wg, wtPath)
 	if err != nil {
-		return "", notRepo(ctx, wtPath, err)
+		return "", Seen{}, notRepo(ctx, wtPath, err)
 	}
-	r, err := resolveRefs(ctx, wg, wtPath, ref)
+	r, err := resolveRefs(ctx, wg, wtPath, ref, names...)
 	if err != nil {
-		return "", err
+		return "", Seen{}, err
 	}
-	return checkpointScan(ctx, g, wtPath, indexPath, ref, message, r)
+	sha, tree, made, err := checkpointScanTree(ctx, g, wtPath, indexPath, ref, message, r)
+	return sha, Seen{Head: r.head, Tree: tree, Names: r.extra, Parents: made}, err
 }
 
 // checkpointScan is Checkpoint once the index and refs are known.
 func checkpointScan(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (string, error) {
+	sha, _, _, err := checkpointScanTree(ctx, g, wtPath, indexPath, ref, message, r)
+	return sha, err
+}
+
+// checkpointScanTree is checkpointScan, with the checkpoint's tree and the
+// parents of the commit it made (nil for none).
+func checkpointScanTree(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (sha, tree string, made []string, err error) {
 	wg := g.at(wtPath)
 	tree, partial, err := snapshotTree(ctx, wg, wtPath, indexPath, r.head != "")
 	if err != nil {
-		return "", err
+		return "", "", nil, err
 	}
-	sha, err := recordCheckpoint(ctx, g, wtPath, ref, message, tree, r, nil)
+	sha, made, err = recordCheckpointMade(ctx, g, wtPath, ref, message, tree, r, nil)
 	if err != nil {
-		return "", err
+		return "", tree, nil, err
 	}
 	if partial != nil && sha != "" {
-		return sha, &PartialError{SHA: sha, Err: partial}
+		return sha, tree, made, &PartialError{SHA: sha, Err: partial}
 	}
-	return sha, nil
+	return sha, tree, made, nil
 }
 
 // indexOf is the index file of the worktree at wtPath: read from a linked
@@ -96,17 +132,24 @@ func indexOf(ctx context.Context, wg Git, wtPath string) (string, error) {
 // ("" for what does not exist).
 type refState struct {
 	head, headTree, prev, prevTree, prevParent string
+	// extra are the further names asked for (CheckpointSeen), each the
+	// object it names ("" for none).
+	extra map[string]string
 }
 
-// resolveRefs reads refState with one `git cat-file --batch-check`.
-func resolveRefs(ctx context.Context, wg Git, wtPath, ref string) (refState, error) {
+// resolveRefs reads refState, and names, with one `git cat-file
+// --batch-check`.
+func resolveRefs(ctx context.Context, wg Git, wtPath, ref string, names ...string) (refState, error) {
 	in := "HEAD\nHEAD^{tree}\n" + ref + "\n" + ref + "^{tree}\n" + ref + "^\n"
+	for _, n := range names {
+		in += n + "\n"
+	}
 	out, err := wg.runStdin(ctx, wtPath, strings.NewReader(in), "cat-file", "--batch-check=%(objectname) %(objecttype)")
 	if err != nil {
 		return refState{}, notRepo(ctx, wtPath, err)
 	}
 	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
-	if len(lines) != 5 {
+	if len(lines) != 5+len(names) {
 		return refState{}, fmt.Errorf("checkpoint: git cat-file answered %q", out)
 	}
 	val := func(i int, typ string) string {
@@ -122,6 +165,16 @@ func resolveRefs(ctx context.Context, wg Git, wtPath, ref string) (refState, err
 	}
 	if r.prev == "" {
 		r.prevTree, r.prevParent = "", ""
+	}
+	if len(names) > 0 {
+		r.extra = map[string]string{}
+		for i, n := range names {
+			if f := strings.Fields(lines[5+i]); len(f) == 2 && f[1] != "missing" {
+				r.extra[n] = f[0]
+			} else {
+				r.extra[n] = ""
+			}
+		}
 	}
 	return r, nil
 }
@@ -198,6 +251,13 @@ func resetIndex(ctx context.Context, ig Git, wtPath, tmpIndex string, hasHead bo
 // recordCheckpoint applies Checkpoint's parent rule and moves ref. ident,
 // when set, supplies the identity arguments (else they are looked up).
 func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree string, r refState, ident func() ([]string, error)) (string, error) {
+	sha, _, err := recordCheckpointMade(ctx, g, wtPath, ref, message, tree, r, ident)
+	return sha, err
+}
+
+// recordCheckpointMade is recordCheckpoint, with the parents of the commit
+// it made (nil when it made none: the checkpoint is HEAD or ref as it was).
+func recordCheckpointMade(ctx context.Context, g Git, wtPath, ref, message, tree string, r refState, ident func() ([]string, error)) (sha string, made []string, err error) {
 	wg := g.at(wtPath)
 	head, prev := r.head, r.prev
 	// Nothing new since the last checkpoint?
@@ -206,11 +266,11 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree str
 		if !onHead {
 			var err error
 			if onHead, err = IsAncestor(ctx, g, wtPath, head, prev); err != nil {
-				return "", err
+				return "", nil, err
 			}
 		}
 		if onHead {
-			return prev, nil
+			return prev, nil, nil
 		}
 	}
 	var parents []string
@@ -222,7 +282,7 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree str
 		if head != "" && r.prevParent != head { // a child of HEAD is not in it
 			inHead, err := IsAncestor(ctx, g, wtPath, prev, head)
 			if err != nil {
-				return "", err
+				return "", nil, err
 			}
 			keep = !inHead
 		}
@@ -231,10 +291,9 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree str
 		}
 	}
 
-	var sha string
 	switch {
 	case len(parents) == 0 && isEmptyTree(tree):
-		return "", nil // unborn and empty: nothing to record
+		return "", nil, nil // unborn and empty: nothing to record
 	case len(parents) == 1 && parents[0] == head && r.headTree == tree:
 		sha = head // clean worktree: the checkpoint is HEAD itself
 	default:
@@ -243,7 +302,7 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree str
 		}
 		id, err := ident()
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		if strings.TrimSpace(message) == "" {
 			message = "aq checkpoint"
@@ -254,17 +313,18 @@ func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree str
 		}
 		args = append(args, tree)
 		if sha, err = wg.Run(ctx, wtPath, args...); err != nil {
-			return "", err
+			return "", nil, err
 		}
+		made = parents
 	}
 	if sha == prev {
-		return sha, nil
+		return sha, nil, nil
 	}
 	// Compare-and-swap: "" as the old value means "must not exist yet".
 	if _, err := wg.Run(ctx, wtPath, "update-ref", "-m", "aq checkpoint", ref, sha, prev); err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return sha, nil
+	return sha, made, nil
 }
 
 // isEmptyTree reports whether tree is the empty tree (SHA-1 or SHA-256).
@@ -317,4 +377,36 @@ func copyFile(src, dst string) (ok bool, err error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// HeadBranch reads which branch the linked worktree at wtPath has checked
+// out from its HEAD file, without a git: branch is the full ref HEAD
+// names ("" when HEAD is detached). ok is false when the file does not
+// say it plainly — not a linked worktree, not a regular file of at most
+// 4 KiB (an engine can write there: never followed, never a FIFO), not
+// "ref: <ref>" nor a commit hash, or the reftable backend's placeholder —
+// and the caller asks git.
+func HeadBranch(wtPath string) (branch string, ok bool) {
+	admin, err := linkedGitDir(wtPath)
+	if err != nil {
+		return "", false
+	}
+	b, err := safefs.ReadFile("git directory", admin, "HEAD", 4096)
+	if err != nil {
+		return "", false
+	}
+	line, rest, _ := strings.Cut(string(b), "\n")
+	if rest != "" {
+		return "", false
+	}
+	if target, sym := strings.CutPrefix(line, "ref: "); sym {
+		if !strings.HasPrefix(target, "refs/heads/") || target == "refs/heads/.invalid" || strings.ContainsAny(target, " \t\r") {
+			return "", false
+		}
+		return target, true
+	}
+	if isFullSHA(line) {
+		return "", true
+	}
+	return "", false
 }

@@ -379,3 +379,36 @@ func TestCheckpointRacilyCleanFile(t *testing.T) {
 		t.Errorf("checkpoint recorded %q, the staged content, not the file's", got)
 	}
 }
+
+// CheckpointSeen answers, from the checkpoint's own git, what a caller
+// reads right after it (#35): HEAD, the checkpoint's tree, and each name
+// asked for ("" for one that is not there) — each as git itself says.
+func TestCheckpointSeen(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	repo := newRepo(t)
+	wt := addWorktree(t, repo, "seen", "main")
+	base := testenv.Git(t, repo, "rev-parse", "main")
+	engineEdits(t, wt)
+	names := []string{"refs/heads/aq/job/seen", base + "^{tree}", "refs/heads/aq/job/none"}
+	sha, seen, err := CheckpointSeen(ctx, Git{}, wt, "aq/wip/seen", "aq: checkpoint", names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		names[0]: testenv.Git(t, repo, "rev-parse", names[0]),
+		names[1]: testenv.Git(t, repo, "rev-parse", names[1]),
+		names[2]: "",
+	}
+	if seen.Head != testenv.Git(t, wt, "rev-parse", "HEAD") || seen.Tree != testenv.Git(t, repo, "rev-parse", sha+"^{tree}") || !reflect.DeepEqual(seen.Names, want) {
+		t.Errorf("seen = %+v\nwant HEAD %s, tree of %s, names %v", seen, base, sha, want)
+	}
+	// Unchanged since: the same checkpoint, the same tree.
+	again, seen2, err := CheckpointSeen(ctx, Git{}, wt, "aq/wip/seen", "aq: checkpoint", names...)
+	if err != nil || again != sha || seen2.Tree != seen.Tree {
+		t.Errorf("again: %s %+v %v; want %s with tree %s", again, seen2, err, sha, seen.Tree)
+	}
+	if _, _, err := CheckpointSeen(ctx, Git{}, wt, "aq/wip/seen", "m", "HEAD\nrefs/heads/main"); err == nil {
+		t.Error("a name of two lines was taken")
+	}
+}

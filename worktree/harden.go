@@ -53,6 +53,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -561,6 +562,19 @@ func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEnt
 	if ok && old.unchanged() {
 		return old, h, nil
 	}
+	if !ok && isWorktree && gitDir != "" && commonDir != "" && gitDir != commonDir {
+		// A linked worktree reads what its repository reads (#35: the
+		// pooled worktree's git was the job's second `git config --list`).
+		if shared := sharedWithRepo(commonDir, env); shared != nil {
+			hardenCache.Lock()
+			if len(hardenCache.m) >= maxHardenCache {
+				hardenCache.m = map[string]*hardenEntry{}
+			}
+			hardenCache.m[key] = shared
+			hardenCache.Unlock()
+			return shared, h, nil
+		}
+	}
 
 	// The files the result depends on are looked at before git reads
 	// them (a change while git reads shows at the next command): the
@@ -623,6 +637,35 @@ func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEnt
 		hardenCache.Unlock()
 	}
 	return entry, h, nil
+}
+
+// sharedWithRepo is the cached configuration of the repository whose
+// common git directory is commonDir, read under env, as a new entry for
+// one of its linked worktrees — when git reads exactly the same there: no
+// extensions.worktreeConfig (so no config.worktree is read), and no include
+// of any scope (an includeIf's gitdir: and onbranch: conditions are the
+// worktree's own). nil when there is no such entry, or it is stale.
+func sharedWithRepo(commonDir string, env []string) *hardenEntry {
+	var repo *hardenEntry
+	hardenCache.Lock()
+	for _, checkout := range []bool{true, false} { // a checkout's .git, or a bare repository
+		k := commonDir + "\x00" + commonDir + "\x00" + strconv.FormatBool(checkout) + "false\x00" + relevantEnv(env, true)
+		if e, ok := hardenCache.m[k]; ok {
+			repo = e
+			break
+		}
+	}
+	hardenCache.Unlock()
+	if repo == nil || !repo.unchanged() {
+		return nil
+	}
+	for _, e := range repo.entries {
+		sec, _, v := splitKey(e.key)
+		if sec == "include" || sec == "includeif" || e.scope == "worktree" || (sec == "extensions" && v == "worktreeconfig") {
+			return nil
+		}
+	}
+	return &hardenEntry{stamps: maps.Clone(repo.stamps), racy: maps.Clone(repo.racy), entries: repo.entries, listed: repo.listed, env: map[string][]string{}}
 }
 
 // unchanged reports whether every file e was worked out from is as it was.

@@ -276,8 +276,8 @@ func TestHardenCacheOnePerGitDir(t *testing.T) {
 	if got := pins(moved); !strings.Contains(got, "GIT_WORK_TREE="+moved) || strings.Contains(got, "GIT_WORK_TREE="+wt+"\n") {
 		t.Fatalf("the moved worktree's pins do not name its new path:\n%s", got)
 	}
-	if n := configReads.Load() - reads; n != 1 {
-		t.Fatalf("the worktree's configuration was read %d times before and after a move, want 1", n)
+	if n := configReads.Load() - reads; n != 0 {
+		t.Fatalf("the worktree's configuration was read %d times before and after a move, want 0 (the repository's, read above, is the same)", n)
 	}
 
 	testenv.Git(t, repo, "config", "user.name", "Ada")
@@ -287,5 +287,70 @@ func TestHardenCacheOnePerGitDir(t *testing.T) {
 	testenv.Git(t, repo, "config", "user.name", "Grace")
 	if got, _ := g.ConfigGet(ctx, moved, "user.name"); !strings.HasSuffix(got, "user.name Grace") { // the last value wins
 		t.Fatalf("ConfigGet after a second change = %q, want user.name Grace", got)
+	}
+}
+
+// TestHardenCacheWorktreeSharesRepo: a linked worktree takes its
+// repository's cached configuration, read under the same environment, when
+// git reads the same there (#35) — and reads its own when it may not: with
+// an include of any kind (an includeIf's gitdir: and onbranch: are the
+// worktree's own) or extensions.worktreeConfig (its config.worktree).
+func TestHardenCacheWorktreeSharesRepo(t *testing.T) {
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name   string
+		config [][]string // git config arguments, in the repository
+		reads  int64      // the worktree's own reads
+		pinned string     // what must be in the worktree's pins
+	}{
+		{"plain", nil, 0, ""},
+		{"includeIf", [][]string{{"includeIf.gitdir:**/worktrees/**.path", "wt.cfg"}}, 1, ""},
+		{"include", [][]string{{"include.path", "more.cfg"}}, 1, ""},
+		{"worktreeConfig", [][]string{{"extensions.worktreeConfig", "true"}}, 1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := newRepo(t)
+			for _, c := range tc.config {
+				testenv.Git(t, repo, append([]string{"config"}, c...)...)
+			}
+			wt := addWorktree(t, repo, "share", "main")
+			if tc.name == "worktreeConfig" {
+				testenv.Git(t, wt, "config", "--worktree", "filter.wtonly.clean", "/evil")
+			}
+			if tc.name == "includeIf" {
+				testenv.Git(t, "", "config", "-f", filepath.Join(repo, ".git", "wt.cfg"), "filter.wtonly.clean", "/evil")
+			}
+			g := Git{ConfigDir: t.TempDir()}
+			if _, err := g.at(repo).hardenEnv(ctx, repo, g.at(repo).environ(nil)); err != nil {
+				t.Fatal(err)
+			}
+			reads := configReads.Load()
+			out, err := g.at(wt).hardenEnv(ctx, wt, g.at(wt).environ(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := configReads.Load() - reads; n != tc.reads {
+				t.Errorf("the worktree's configuration was read %d times after its repository's, want %d", n, tc.reads)
+			}
+			pins := strings.Join(out, "\n")
+			if !strings.Contains(pins, "GIT_WORK_TREE="+wt) {
+				t.Errorf("the worktree's pins do not name it:\n%s", pins)
+			}
+			if tc.name == "worktreeConfig" || tc.name == "includeIf" {
+				if !strings.Contains(pins, "=filter.wtonly.clean") {
+					t.Errorf("the driver only the worktree reads is not pinned:\n%s", pins)
+				}
+			}
+			// A change to the repository's configuration is the worktree's
+			// too.
+			testenv.Git(t, repo, "config", "filter.later.clean", "/evil")
+			out, err = g.at(wt).hardenEnv(ctx, wt, g.at(wt).environ(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pins := strings.Join(out, "\n"); !strings.Contains(pins, "=filter.later.clean") {
+				t.Errorf("a driver planted after the worktree's first read is not pinned:\n%s", pins)
+			}
+		})
 	}
 }

@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/aqfleet/aq/internal/safefs"
 )
 
 // Reset brings the linked worktree at path to what `git worktree add -B
@@ -29,9 +32,10 @@ import (
 //     refs (refs/worktree, refs/bisect, refs/rewritten), HEAD's reflog,
 //     ORIG_HEAD, FETCH_HEAD and aq's own checkpoint index.
 //  3. It clears the assume-unchanged and skip-worktree bits a job may have
-//     set on index entries (`git ls-files -v`, then `git update-index
-//     --no-assume-unchanged` / `--no-skip-worktree` on those paths only):
-//     with them git would not look at, or restore, those files.
+//     set on index entries (read from the index file, else `git ls-files
+//     -v`; then `git update-index --no-assume-unchanged` /
+//     `--no-skip-worktree` on those paths only): with them git would not
+//     look at, or restore, those files.
 //  4. `git checkout -f -B branch start`: the branch is created or reset,
 //     HEAD is attached to it, unmerged entries are dropped, and every
 //     tracked file that differs from start — modified, deleted, staged,
@@ -69,7 +73,7 @@ func Reset(ctx context.Context, g Git, path, branch, start string) error {
 	if err != nil {
 		return unclean("cannot clear its git directory", err)
 	}
-	if err := clearIndexFlags(ctx, wg, path); err != nil {
+	if err := clearIndexFlags(ctx, wg, path, admin, len(start)/2, split); err != nil {
 		return unclean("cannot clear the index's assume-unchanged and skip-worktree bits", err)
 	}
 	if _, err := wg.Run(ctx, path, "checkout", "-f", "-q", "--no-recurse-submodules", "-B", branch, start, "--"); err != nil {
@@ -159,9 +163,22 @@ func clearGitDir(admin string) (split bool, err error) {
 }
 
 // clearIndexFlags clears the assume-unchanged and skip-worktree bits of the
-// index entries that have them (one `git ls-files -v`; update-index runs
-// only when some entry has one).
-func clearIndexFlags(ctx context.Context, wg Git, path string) error {
+// index entries that have them: read from the index file in admin (the
+// worktree's git directory; hashLen the object names' length in bytes),
+// else — a split index, or one this reader does not take — with `git
+// ls-files -v`; update-index runs only when some entry has one.
+func clearIndexFlags(ctx context.Context, wg Git, path, admin string, hashLen int, split bool) error {
+	if !split {
+		data, err := safefs.ReadFile("git directory", admin, "index", maxIndexRead)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // no index: no entry, no bit
+		}
+		if err == nil {
+			if v, s, err := indexFlags(data, hashLen); err == nil {
+				return updateIndexFlags(ctx, wg, path, bytes.NewBuffer(v), bytes.NewBuffer(s))
+			}
+		}
+	}
 	out, err := wg.run(ctx, path, nil, []string{"ls-files", "-v", "-z"})
 	if err != nil {
 		return err
@@ -181,10 +198,16 @@ func clearIndexFlags(ctx context.Context, wg Git, path string) error {
 			skip.WriteByte(0)
 		}
 	}
+	return updateIndexFlags(ctx, wg, path, &valid, &skip)
+}
+
+// updateIndexFlags clears the assume-unchanged bit of the paths in valid
+// and the skip-worktree bit of those in skip (NUL-terminated each).
+func updateIndexFlags(ctx context.Context, wg Git, path string, valid, skip *bytes.Buffer) error {
 	for _, u := range []struct {
 		flag  string
 		paths *bytes.Buffer
-	}{{"--no-assume-unchanged", &valid}, {"--no-skip-worktree", &skip}} {
+	}{{"--no-assume-unchanged", valid}, {"--no-skip-worktree", skip}} {
 		if u.paths.Len() == 0 {
 			continue
 		}

@@ -99,6 +99,21 @@ func TestResultAndCheckpointGoInOneAtomicPush(t *testing.T) {
 			if out.Stage != tc.stage || out.Reason != tc.reason || !strings.Contains(out.Detail, tc.detail) {
 				t.Fatalf("stage %s reason %q detail %q; want %s %q containing %q", out.Stage, out.Reason, out.Detail, tc.stage, tc.reason, tc.detail)
 			}
+			// The change's size, whichever git counted it: the atomic push's
+			// change check (no rev-list: the two commits sit on base; no git
+			// diff), else git diff; and the result commit reads what the checkpoint
+			// read (no rev-parse HEAD ...).
+			if in := out.Insights; in.FilesChanged != 1 || in.LinesAdded != 1 || in.LinesDeleted != 0 {
+				t.Errorf("change insights: files %d +%d -%d, want 1 +1 -0", in.FilesChanged, in.LinesAdded, in.LinesDeleted)
+			}
+			if tc.name == "together" {
+				b, _ := os.ReadFile(log)
+				for _, l := range strings.Split(string(b), "\n") {
+					if strings.HasPrefix(l, "rev-list ") || strings.HasPrefix(l, "diff ") || strings.HasPrefix(l, "rev-parse HEAD ") {
+						t.Errorf("a git the lean path has no need of (#35): %s", l)
+					}
+				}
+			}
 			refs := testenv.RemoteRefs(t, origin, "refs/heads/aq/")
 			wip, jb := refs["refs/heads/aq/wip/"+j.ID], refs["refs/heads/aq/job/"+j.ID]
 			if out.Checkpoint == "" || (wip == out.Checkpoint) != tc.wipMine || out.WIPPushed != tc.wipMine {

@@ -47,7 +47,7 @@ func (ru *run) checkpoint(parent context.Context) {
 	if !done {
 		// This run's: until it is taken, no checkpoint stands for the
 		// worktree (the result is then squashed from the worktree itself).
-		ru.cpRound, ru.cpAfter, ru.cpPartial = ru.round, "", false
+		ru.cpRound, ru.cpAfter, ru.cpPartial, ru.cpSeen = ru.round, "", false, worktree.Seen{}
 	}
 	ru.cpMu.Unlock()
 	if done {
@@ -68,10 +68,11 @@ func (ru *run) checkpoint(parent context.Context) {
 	ru.cpMu.Lock()
 	defer ru.cpMu.Unlock()
 	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-	sha, partial, err := ru.snapshot(ctx, wip, "after the engine", nil)
+	sha, seen, partial, err := ru.snapshot(ctx, wip, "after the engine", nil)
 	if partial {
 		ru.cpPartial = true
 	}
+	ru.cpSeen = seen
 	if err != nil || sha == "" {
 		ru.log.Error("checkpoint failed: the worktree is kept as it is", "worktree", ru.wtPath, "err", err)
 		if ru.lastPeriodic != "" { // the last periodic one is what there is
@@ -81,6 +82,9 @@ func (ru *run) checkpoint(parent context.Context) {
 		return
 	}
 	ru.out.Checkpoint, ru.cpAfter, taken = sha, sha, sha
+	if sha != seen.Head {
+		ru.madeCommit(sha, seen.Parents)
+	}
 	ru.out.WIPPushed = false // an earlier run's push is not this one's
 	ru.log.Info("checkpointed", "checkpoint", sha, "ref", job.WIPBranch(ru.j.ID))
 	ru.event(Checkpointed{Checkpoint: sha})
@@ -205,7 +209,7 @@ func (ru *run) periodicCheckpoint(ctx context.Context) {
 	ru.cpMu.Lock()
 	defer ru.cpMu.Unlock()
 	wip := "refs/heads/" + job.WIPBranch(ru.j.ID)
-	sha, _, err := ru.snapshot(ctx, wip, "periodic", ru.cpr)
+	sha, _, _, err := ru.snapshot(ctx, wip, "periodic", ru.cpr)
 	if err != nil || sha == "" {
 		ok = ctx.Err() != nil
 		if ctx.Err() == nil {
@@ -306,19 +310,30 @@ func (ru *run) leaseForPush(ctx context.Context) bool {
 
 // snapshot checkpoints the worktree on wip, with cpr's incremental way when
 // given (periodic checkpoints), else worktree.Checkpoint's exact scan (the
-// checkpoint after the engine, which must not trust a watcher). A partial
-// checkpoint (files git could not read were left out) is a checkpoint, with
-// partial set.
-func (ru *run) snapshot(ctx context.Context, wip, why string, cpr *worktree.Checkpointer) (sha string, partial bool, err error) {
+// checkpoint after the engine, which must not trust a watcher: what that
+// scan read of HEAD, the job branch and base's tree comes back in seen,
+// for the result commit right after it). A partial checkpoint (files git
+// could not read were left out) is a checkpoint, with partial set.
+func (ru *run) snapshot(ctx context.Context, wip, why string, cpr *worktree.Checkpointer) (sha string, seen worktree.Seen, partial bool, err error) {
 	if cpr != nil {
 		sha, err = cpr.Checkpoint(ctx, wip, ru.checkpointMessage(why))
 	} else {
-		sha, err = worktree.Checkpoint(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage(why))
+		sha, seen, err = worktree.CheckpointSeen(ctx, ru.r.Git, ru.wtPath, wip, ru.checkpointMessage(why), ru.seenNames()...)
 	}
 	var pe *worktree.PartialError
 	if errors.As(err, &pe) {
 		ru.log.Warn("checkpoint is partial: some paths could not be recorded", "why", why, "err", err)
-		return pe.SHA, true, nil
+		return pe.SHA, seen, true, nil
 	}
-	return sha, false, err
+	return sha, seen, false, err
+}
+
+// seenNames are what the result commit reads of the repository besides
+// HEAD and the checkpoint's tree (commitFromCheckpoint): the job branch and
+// base's tree, asked in the checkpoint's own git.
+func (ru *run) seenNames() []string {
+	if ru.baseSHA == "" {
+		return nil
+	}
+	return []string{"refs/heads/" + job.JobBranch(ru.j.ID), ru.baseSHA + "^{tree}"}
 }

@@ -128,6 +128,7 @@ func (ru *run) openPR(ctx context.Context, prBody string) {
 		return
 	}
 	merge := j.Ship == "merge"
+	ru.settleStat(ctx) // the body says the change's size
 	body := ru.prBody(prBody)
 	if allowed := ru.protectedAllowed(); len(allowed) > 0 {
 		// may_change let the change touch protected paths: a person looks

@@ -281,6 +281,15 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 // the worktree keeps it out of the pool (Linux; elsewhere the tag sweep is
 // the only guard).
 func (ru *run) release(parent context.Context) {
+	// A worktree that stays where it ran has its index brought to the
+	// result (commitFromCheckpoint left it for here); a pooled one is
+	// reset by the next job's checkout.
+	pooled := false
+	defer func() {
+		if !pooled {
+			ru.syncIndex(parent)
+		}
+	}()
 	pool := ru.r.Cfg.pool(ru.j.Repo)
 	if pool.Size <= 0 || ru.cpAfter == "" || ru.cpPartial {
 		return
@@ -302,10 +311,10 @@ func (ru *run) release(parent context.Context) {
 		ru.log.Info("the worktree stays where it is: git cannot move it to the pool", "err", err)
 	case err != nil:
 		ru.log.Warn("pooled the worktree", "worktree", dest, "err", err)
-		ru.out.Pooled = true
+		ru.out.Pooled, pooled = true, true
 	case dest != "":
 		ru.log.Debug("pooled the worktree", "worktree", dest)
-		ru.out.Pooled = true
+		ru.out.Pooled, pooled = true, true
 	}
 }
 

@@ -65,6 +65,14 @@ func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
 		return prBody, true
 	}
 	ru.out.Commit, ru.out.Branch = sha, job.JobBranch(j.ID)
+	if ru.pushWithResult && ru.madeResult(sha) {
+		// Its push's change check counts it in its own git (#35);
+		// settleStat counts it when no check does.
+		ru.gate.mu.Lock()
+		ru.gate.statFor = sha
+		ru.gate.mu.Unlock()
+		return prBody, true
+	}
 	files, added, deleted, err := worktree.DiffStat(ctx, g, ru.wtPath, ru.baseSHA, sha)
 	if err == nil {
 		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = files, added, deleted
@@ -122,15 +130,21 @@ func (ru *run) commitFromCheckpoint(ctx context.Context, msg string, dropPR bool
 	}
 	wg := ru.r.Git
 	branch := "refs/heads/" + job.JobBranch(ru.j.ID)
-	// One git for HEAD, the checkpoint's tree, base's tree, the job branch
-	// and the branch HEAD is on (cp and baseSHA are hashes aq resolved: no
-	// option can hide in them).
-	out, err := wg.Run(ctx, ru.wtPath, "rev-parse", "HEAD", cp+"^{tree}", ru.baseSHA+"^{tree}", branch, "--symbolic-full-name", "HEAD", "--")
-	lines := strings.Split(out, "\n")
-	if err != nil || len(lines) != 6 {
+	head, tree, baseTree, old, onBranch, ok := ru.seenByCheckpoint(branch)
+	if !ok {
+		// One git for HEAD, the checkpoint's tree, base's tree, the job
+		// branch and the branch HEAD is on (cp and baseSHA are hashes aq
+		// resolved: no option can hide in them).
+		out, err := wg.Run(ctx, ru.wtPath, "rev-parse", "HEAD", cp+"^{tree}", ru.baseSHA+"^{tree}", branch, "--symbolic-full-name", "HEAD", "--")
+		lines := strings.Split(out, "\n")
+		if err != nil || len(lines) != 6 {
+			return "", false, false, nil // no HEAD, or no job branch: squash what is there
+		}
+		head, tree, baseTree, old, onBranch = lines[0], lines[1], lines[2], lines[3], lines[4] == branch
+	}
+	if head == "" || old == "" {
 		return "", false, false, nil // no HEAD, or no job branch: squash what is there
 	}
-	head, tree, baseTree, old, onBranch := lines[0], lines[1], lines[2], lines[3], lines[4] == branch
 	if head != ru.start {
 		// The engine committed, or moved HEAD (even to another branch): the
 		// worktree's content must still sit on base, or committing it on
@@ -160,6 +174,7 @@ func (ru *run) commitFromCheckpoint(ctx context.Context, msg string, dropPR bool
 		if result, err = wg.Run(ctx, ru.wtPath, args...); err != nil {
 			return "", false, true, err
 		}
+		ru.madeCommit(result, []string{ru.baseSHA})
 	}
 	if result != old {
 		// Compare-and-swap: nobody moved the branch meanwhile.
@@ -171,11 +186,65 @@ func (ru *run) commitFromCheckpoint(ctx context.Context, msg string, dropPR bool
 		// The index follows the branch; entries that did not change keep
 		// their stat data, so the worktree reads clean at once. (An engine
 		// that switched HEAD to a branch of its own keeps it.)
-		if _, err := wg.Run(ctx, ru.wtPath, "read-tree", "--reset", result); err != nil {
-			ru.log.Warn("the job branch holds the result, but the worktree's index could not be updated to it", "err", err)
+		//
+		// Not yet when nothing runs in the worktree before it is released
+		// (no verify: pushWithResult): a worktree that goes to the pool is
+		// reset there by the next job's checkout, and the git would only
+		// have been for nobody to see (#35); one that stays has its index
+		// brought to the result then (syncIndex).
+		ru.indexTo = result
+		if !ru.pushWithResult {
+			ru.syncIndex(ctx)
 		}
 	}
 	return result, tree != baseTree, true, nil
+}
+
+// syncIndex brings the worktree's index to the result commit (indexTo)
+// when commitFromCheckpoint left it for later.
+func (ru *run) syncIndex(ctx context.Context) {
+	to := ru.indexTo
+	if to == "" {
+		return
+	}
+	ru.indexTo = ""
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if _, err := ru.r.Git.Run(ctx, ru.wtPath, "read-tree", "--reset", to); err != nil {
+		ru.log.Warn("the job branch holds the result, but the worktree's index could not be updated to it", "err", err)
+	}
+}
+
+// madeResult reports whether the run made sha itself, on base (its
+// diffstat is then its change against its one parent).
+func (ru *run) madeResult(sha string) bool {
+	ru.gate.mu.Lock()
+	defer ru.gate.mu.Unlock()
+	ps := ru.gate.made[sha]
+	return len(ps) == 1 && ps[0] == ru.baseSHA
+}
+
+// seenByCheckpoint is what commitFromCheckpoint reads — HEAD, the
+// checkpoint's tree, base's tree, the job branch ("" for none: then head
+// or old is "") and whether HEAD is on it — from the checkpoint after the
+// engine, which read them in its own git a moment before (nothing runs in
+// the worktree between the two), and HEAD's file (worktree.HeadBranch).
+// ok is false when one of them is not known there: the caller asks git.
+func (ru *run) seenByCheckpoint(branch string) (head, tree, baseTree, old string, onBranch, ok bool) {
+	s := ru.cpSeen
+	old, okOld := s.Names[branch]
+	baseTree = s.Names[ru.baseSHA+"^{tree}"]
+	if !okOld || baseTree == "" || s.Tree == "" {
+		return "", "", "", "", false, false
+	}
+	if s.Head == "" || old == "" {
+		return s.Head, s.Tree, baseTree, old, false, true // squashed: no need to know more
+	}
+	on, known := worktree.HeadBranch(ru.wtPath)
+	if !known {
+		return "", "", "", "", false, false
+	}
+	return s.Head, s.Tree, baseTree, old, on == branch, true
 }
 
 // treeWithout is tree less the top-level entry name, built in a throw-away

@@ -307,6 +307,12 @@ type run struct {
 	cpRound   int    // the run whose checkpoint after the engine was taken (-1: none yet)
 	cpAfter   string // the checkpoint taken after the engine's last run ("" if it failed)
 	cpPartial bool   // that checkpoint left out files git could not read
+	// cpSeen is what that checkpoint's git read (HEAD, its tree, the job
+	// branch, base's tree), for the result commit right after it.
+	cpSeen worktree.Seen
+	// indexTo is the result commit the worktree's index is still to be
+	// brought to, unless the worktree goes to the pool (release).
+	indexTo string
 	// resumedFrom is the WIP checkpoint the worktree was made from ("":
 	// the base).
 	resumedFrom string
@@ -532,5 +538,6 @@ func (ru *run) do(ctx context.Context) {
 	}
 	sctx, sspan := ru.step(ctx, telemetry.SpanShip, attribute.String("aq.ship", j.Ship))
 	ru.ship(sctx, prBody)
+	ru.settleStat(ctx)
 	ru.endStep(sspan, !ru.out.Failed())
 }

@@ -11,10 +11,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aqfleet/aq/engines"
 	"github.com/aqfleet/aq/internal/mdmeta"
@@ -40,6 +42,27 @@ type shipGate struct {
 	allowed []string // protected paths may_change allowed, every push's
 	// passed are the tips that passed a check.
 	passed map[string]bool
+	// made are the commits this run made (its checkpoints after the
+	// engine, its result), each with its parents: a push of those alone,
+	// on commits origin has, needs no walk (shipcheck.Range.Parents).
+	made map[string][]string
+	// statFor is the result commit whose diffstat waits for the push's
+	// change check, which counts it in its own git (settleStat: #35).
+	statFor string
+}
+
+// madeCommit notes a commit this run made and its parents.
+func (ru *run) madeCommit(sha string, parents []string) {
+	if sha == "" || len(parents) == 0 {
+		return
+	}
+	g := &ru.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.made == nil {
+		g.made = map[string][]string{}
+	}
+	g.made[sha] = parents
 }
 
 // PushCheck checks a push outside a run: an orphan's checkpoint, pushed
@@ -175,7 +198,11 @@ func (ru *run) pushAllowedTips(ctx context.Context, what string, tips []string, 
 			have = append(have, k)
 		}
 	}
-	res, err := shipcheck.CheckRange(ctx, ru.r.Git, ru.repoDir, shipcheck.Range{Tip: tips[0], More: tips[1:], Have: have, Remote: "origin"}, shipcheck.Policy{
+	rg := shipcheck.Range{Tip: tips[0], More: tips[1:], Have: have, Remote: "origin"}
+	g.mu.Lock()
+	rg.Parents, rg.Numstat = maps.Clone(g.made), g.statFor
+	g.mu.Unlock()
+	res, err := shipcheck.CheckRange(ctx, ru.r.Git, ru.repoDir, rg, shipcheck.Policy{
 		Secrets: ru.heldSecrets(ctx), Protected: ru.r.Cfg.ProtectedPaths, MayChange: ru.j.MayChange,
 	})
 	if err != nil {
@@ -184,6 +211,10 @@ func (ru *run) pushAllowedTips(ctx context.Context, what string, tips []string, 
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if n := res.Numstat; n != nil && rg.Numstat != "" && g.statFor == rg.Numstat {
+		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = n.Files, n.Added, n.Deleted
+		g.statFor = ""
+	}
 	for _, p := range res.Allowed {
 		if !slices.Contains(g.allowed, p) {
 			g.allowed = append(g.allowed, p)
@@ -214,6 +245,27 @@ func (ru *run) pushAllowedTips(ctx context.Context, what string, tips []string, 
 	}
 	ru.log.Error("not pushing "+what+": "+g.line, "reason", g.refused, "commit", strings.Join(tips, " "))
 	return false
+}
+
+// settleStat records the result's diffstat when the push's change check did
+// not count it (commitResult left it to the check: the result was not
+// pushed, or not checked again).
+func (ru *run) settleStat(ctx context.Context) {
+	g := &ru.gate
+	g.mu.Lock()
+	sha := g.statFor
+	g.statFor = ""
+	g.mu.Unlock()
+	if sha == "" || sha != ru.out.Commit {
+		return
+	}
+	// As when the result was committed: a stop since does not cost the
+	// report its size.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if files, added, deleted, err := worktree.DiffStat(ctx, ru.r.Git, ru.wtPath, ru.baseSHA, sha); err == nil {
+		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = files, added, deleted
+	}
 }
 
 // shipRefused is the refusal of the run's pushes ("" for none) and its line.

@@ -25,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,6 +88,16 @@ type Result struct {
 	// does not name; Allowed those it names.
 	Protected []string
 	Allowed   []string
+	// Numstat is Range.Numstat's change against its first parent, as
+	// `git diff --numstat` counts it; nil when that commit was not in the
+	// range (or none was asked for).
+	Numstat *Numstat
+}
+
+// Numstat counts a commit's change: files, and lines added and deleted
+// (a binary file counts as a file, without lines).
+type Numstat struct {
+	Files, Added, Deleted int
 }
 
 // Refused reports whether the change may not be pushed.
@@ -149,6 +160,15 @@ type Range struct {
 	More   []string
 	Have   []string
 	Remote string
+	// Parents are the parents of tips the caller made itself (a
+	// checkpoint, a result commit: aq's commit-tree named them). When
+	// every tip's parents are known and in Have, the range is the tips
+	// themselves and no walk is needed (#35: one git fewer per push).
+	Parents map[string][]string
+	// Numstat names a commit (one of the tips) whose change against its
+	// first parent Result.Numstat counts, in the same git that lists
+	// what the commits change (#35: the job's diffstat).
+	Numstat string
 }
 
 // CheckRange is Check over a Range.
@@ -158,10 +178,11 @@ func CheckRange(ctx context.Context, g Git, repoDir string, r Range, p Policy) (
 		return nil, err
 	}
 	res := &Result{Commits: len(commits)}
-	entries, err := changes(ctx, g, repoDir, commits)
+	entries, stat, err := changes(ctx, g, repoDir, commits, r.Numstat)
 	if err != nil {
 		return nil, err
 	}
+	res.Numstat = stat
 	prot, allowed := map[string]bool{}, map[string]bool{}
 	for _, e := range entries {
 		if Match(p.protected(), e.path) {
@@ -262,6 +283,9 @@ type commit struct {
 // newCommits lists the commits reachable from tip and not from have,
 // oldest first, each with its parents.
 func newCommits(ctx context.Context, g Git, repoDir string, r Range) ([]commit, error) {
+	if cs, ok := knownCommits(r); ok {
+		return cs, nil
+	}
 	var in bytes.Buffer
 	for _, t := range append([]string{r.Tip}, r.More...) {
 		if t != "" {
@@ -291,13 +315,45 @@ func newCommits(ctx context.Context, g Git, repoDir string, r Range) ([]commit, 
 	return cs, nil
 }
 
+// knownCommits is the range without a walk, when it is the tips alone:
+// every tip's parents known (Range.Parents) and in Have. A tip in Have is
+// left out, as the walk leaves it out. ok is false when a walk is needed.
+func knownCommits(r Range) ([]commit, bool) {
+	if len(r.Parents) == 0 {
+		return nil, false
+	}
+	have := map[string]bool{}
+	for _, h := range r.Have {
+		have[h] = true
+	}
+	var cs []commit
+	for _, t := range append([]string{r.Tip}, r.More...) {
+		if t == "" || have[t] || slices.ContainsFunc(cs, func(c commit) bool { return c.sha == t }) {
+			continue
+		}
+		ps, ok := r.Parents[t]
+		if !ok || len(ps) == 0 { // a root commit: the walk finds what it is
+			return nil, false
+		}
+		for _, p := range ps {
+			if !have[p] {
+				return nil, false
+			}
+		}
+		cs = append(cs, commit{sha: t, parents: ps})
+	}
+	return cs, true
+}
+
 // changes are the paths each commit changes: against its parent,
 // against nothing for a root commit, and for a merge the paths that differ
 // from every parent (what the merge itself brings, not what a side
-// already had). One `git diff-tree --stdin` for all of them.
-func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]entry, error) {
+// already had). One `git diff-tree --stdin` for all of them; with
+// numstat naming one of them, the same git also counts its change against
+// its first parent (--numstat).
+func changes(ctx context.Context, g Git, repoDir string, commits []commit, numstat string) ([]entry, *Numstat, error) {
 	if len(commits) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	// One input line per (commit, parent) pair, or the commit alone for a
 	// root; --always prints each line's header even when its diff is
@@ -315,9 +371,15 @@ func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]en
 			pairs = append(pairs, pair{i, n})
 		}
 	}
+	args := []string{"diff-tree", "--stdin", "--always", "--root", "-r", "-z", "--no-renames", "--no-ext-diff", "--no-textconv"}
+	var stat *Numstat
+	if numstat != "" && slices.ContainsFunc(commits, func(c commit) bool { return c.sha == numstat && len(c.parents) > 0 }) {
+		args = append(args, "--raw", "--numstat")
+		stat = &Numstat{}
+	}
 	var out bytes.Buffer
-	if err := g.Stream(ctx, repoDir, &in, &out, "diff-tree", "--stdin", "--always", "--root", "-r", "-z", "--no-renames", "--no-ext-diff", "--no-textconv"); err != nil {
-		return nil, fmt.Errorf("cannot list what the commits to push change: %w", err)
+	if err := g.Stream(ctx, repoDir, &in, &out, args...); err != nil {
+		return nil, nil, fmt.Errorf("cannot list what the commits to push change: %w", err)
 	}
 	perParent := make([][]map[string]entry, len(commits))
 	for i, c := range commits {
@@ -329,10 +391,24 @@ func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]en
 		if f[i] == "" {
 			continue
 		}
+		if stat != nil && !strings.HasPrefix(f[i], ":") && strings.Contains(f[i], "\t") {
+			// --numstat's "added<TAB>deleted<TAB>path" (a header is a
+			// hash alone, a path follows its raw line).
+			a, d, err := numstatLine(f[i])
+			if err != nil || k < 0 {
+				return nil, nil, fmt.Errorf("cannot read git diff-tree's line %q", f[i])
+			}
+			if pp := pairs[k]; commits[pp.c].sha == numstat && pp.n == 0 {
+				stat.Files++
+				stat.Added += a
+				stat.Deleted += d
+			}
+			continue
+		}
 		if !strings.HasPrefix(f[i], ":") { // a header: the next input line's
 			k++
 			if k >= len(pairs) {
-				return nil, fmt.Errorf("git diff-tree printed more than it was asked")
+				return nil, nil, fmt.Errorf("git diff-tree printed more than it was asked")
 			}
 			pp := pairs[k]
 			perParent[pp.c][pp.n] = map[string]entry{}
@@ -340,7 +416,7 @@ func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]en
 		}
 		meta := strings.Fields(f[i][1:])
 		if len(meta) < 5 || i+1 >= len(f) || k < 0 {
-			return nil, fmt.Errorf("cannot read git diff-tree's line %q", f[i])
+			return nil, nil, fmt.Errorf("cannot read git diff-tree's line %q", f[i])
 		}
 		i++
 		pp := pairs[k]
@@ -354,7 +430,7 @@ func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]en
 		perParent[pp.c][pp.n][e.path] = e
 	}
 	if k != len(pairs)-1 {
-		return nil, fmt.Errorf("git diff-tree printed %d of %d diffs", k+1, len(pairs))
+		return nil, nil, fmt.Errorf("git diff-tree printed %d of %d diffs", k+1, len(pairs))
 	}
 	var es []entry
 	for i := range commits {
@@ -380,7 +456,25 @@ func changes(ctx context.Context, g Git, repoDir string, commits []commit) ([]en
 			}
 		}
 	}
-	return es, nil
+	return es, stat, nil
+}
+
+// numstatLine reads one --numstat -z record: "added<TAB>deleted<TAB>path",
+// "-" for both counts of a binary file (0 lines).
+func numstatLine(rec string) (added, deleted int, err error) {
+	f := strings.SplitN(rec, "\t", 3)
+	if len(f) != 3 {
+		return 0, 0, fmt.Errorf("not a numstat record")
+	}
+	if f[0] == "-" && f[1] == "-" {
+		return 0, 0, nil
+	}
+	a, err1 := strconv.Atoi(f[0])
+	d, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || a < 0 || d < 0 {
+		return 0, 0, fmt.Errorf("not a numstat record")
+	}
+	return a, d, nil
 }
 
 // scanBlobs scans each blob once (`git cat-file --batch`, streamed: a

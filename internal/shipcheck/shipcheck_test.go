@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,6 +98,25 @@ func TestCheckFindsSecretsInEveryForm(t *testing.T) {
 			}
 			if res.Commits != 1 {
 				t.Errorf("looked at %d commits, want 1 (only the new one)", res.Commits)
+			}
+			// The same found without a walk, when the tip's parent is known
+			// and on origin (#35), with the diffstat counted by the same git.
+			cg := &countGit{}
+			parent := testenv.Git(t, repo, "rev-parse", tip+"^")
+			known, err := shipcheck.CheckRange(context.Background(), cg, repo, shipcheck.Range{
+				Tip: tip, Have: have, Parents: map[string][]string{tip: {parent}}, Numstat: tip,
+			}, policy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cg.ran("rev-list") {
+				t.Errorf("the tip's parent is known and on origin, yet the commits were walked: %v", cg.kinds)
+			}
+			if !slices.EqualFunc(known.Secrets, res.Secrets, func(a, b shipcheck.Hit) bool { return a == b }) || known.Commits != res.Commits {
+				t.Errorf("with a known parent: %+v; walked: %+v", known, res)
+			}
+			if want := numstat(t, repo, parent, tip); known.Numstat == nil || *known.Numstat != want {
+				t.Errorf("Numstat = %+v, want %+v (git diff --numstat)", known.Numstat, want)
 			}
 			if tc.where == "" {
 				if len(res.Secrets) != 0 {
@@ -301,5 +322,72 @@ func TestLoginValues(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: LoginValues = %q, want %q", name, got, tc.want)
 		}
+	}
+}
+
+// countGit is worktree.Git, noting the subcommand of every git it runs.
+type countGit struct {
+	g     worktree.Git
+	kinds []string
+}
+
+func (c *countGit) Run(ctx context.Context, dir string, args ...string) (string, error) {
+	c.kinds = append(c.kinds, args[0])
+	return c.g.Run(ctx, dir, args...)
+}
+
+func (c *countGit) Stream(ctx context.Context, dir string, stdin io.Reader, out io.Writer, args ...string) error {
+	c.kinds = append(c.kinds, args[0])
+	return c.g.Stream(ctx, dir, stdin, out, args...)
+}
+
+func (c *countGit) ran(kind string) bool { return slices.Contains(c.kinds, kind) }
+
+// numstat is `git diff --numstat from to`, summed.
+func numstat(t *testing.T, repo, from, to string) shipcheck.Numstat {
+	t.Helper()
+	var n shipcheck.Numstat
+	for _, line := range strings.Split(testenv.Git(t, repo, "diff", "--numstat", "--no-renames", from, to), "\n") {
+		f := strings.SplitN(line, "\t", 3)
+		if len(f) != 3 {
+			continue
+		}
+		n.Files++
+		a, _ := strconv.Atoi(f[0])
+		d, _ := strconv.Atoi(f[1])
+		n.Added += a
+		n.Deleted += d
+	}
+	return n
+}
+
+// TestCheckRangeKnownParentsNotOnOrigin: a tip whose known parent is not
+// on origin is walked as before — the secret of a commit under it is
+// found — and a tip whose parent is on origin beside it is not walked
+// again; the diffstat is the tip's alone.
+func TestCheckRangeKnownParentsNotOnOrigin(t *testing.T) {
+	repo, have := setup(t)
+	first := commitAll(t, repo, map[string]string{"leak.txt": key + "\n"})
+	tip := commitAll(t, repo, map[string]string{"leak.txt": "", "a.txt": "one\ntwo\n"})
+	cg := &countGit{}
+	res, err := shipcheck.CheckRange(context.Background(), cg, repo, shipcheck.Range{
+		Tip: tip, Have: have, Parents: map[string][]string{tip: {first}}, Numstat: tip,
+	}, policy)
+	if err != nil || res.Commits != 2 || len(res.Secrets) != 1 || res.Secrets[0].Path != "leak.txt" {
+		t.Fatalf("CheckRange = %+v, %v; want the secret of the first of 2 commits", res, err)
+	}
+	if !cg.ran("rev-list") {
+		t.Errorf("a known parent not on origin was not walked: %v", cg.kinds)
+	}
+	if want := numstat(t, repo, first, tip); res.Numstat == nil || *res.Numstat != want {
+		t.Errorf("Numstat = %+v, want %+v", res.Numstat, want)
+	}
+	// A tip already on origin: nothing to look at, no walk either.
+	cg = &countGit{}
+	res, err = shipcheck.CheckRange(context.Background(), cg, repo, shipcheck.Range{
+		Tip: tip, Have: append(slices.Clone(have), first, tip), Parents: map[string][]string{tip: {first}}, Numstat: tip,
+	}, policy)
+	if err != nil || res.Commits != 0 || res.Numstat != nil || len(cg.kinds) != 0 {
+		t.Fatalf("CheckRange of a tip origin has = %+v, %v (gits %v); want nothing looked at", res, err, cg.kinds)
 	}
 }
