@@ -102,4 +102,15 @@ var bugsFound = []Bug{
 		Fix:        "a cancelled git is sent SIGTERM, on which git removes its lock files; SIGKILL only after a grace",
 		Regression: "worktree TestCancelledGitLeavesNoLock",
 	},
+	{
+		Title: "A ref lock left by a git that died stopped the job's checkpoints and aq gc",
+		Where: "agent/runner/checkpoint.go, worktree/reflock.go, worktree/gcgit.go",
+		Cause: "a periodic checkpoint's update-ref, stopped as the engine ended, left refs/heads/aq/wip/<id>.lock with no " +
+			"fault on its host (git makes the lock before it sets the handler that removes it on a signal; a host " +
+			"killed mid-update leaves one too): the final checkpoint failed on it, the job shipped without its last " +
+			"checkpoint, and aq gc could never delete the ref (the gc invariant, seed 140406565973930)",
+		Fix: "the job's runner, which holds the job's lock, removes a lock on its own refs before the worktree is prepared " +
+			"and after its periodic checkpoints stop; aq gc removes one older than a minute before it deletes the ref",
+		Regression: "agent/runner TestADeadGitsRefLockStopsNothing, worktree TestDeleteRefsTakesADeadGitsLock",
+	},
 }

@@ -638,7 +638,12 @@ func deleteOneRef(ctx context.Context, gd Git, dir string, r Ref) RefResult {
 	case now != r.SHA:
 		res.Outcome, res.Now = RefChanged, now
 	default:
-		if _, err := gd.Run(ctx, dir, "update-ref", "-m", "aq gc", "-d", r.Name, r.SHA); err != nil {
+		_, err := gd.Run(ctx, dir, "update-ref", "-m", "aq gc", "-d", r.Name, r.SHA)
+		if err != nil && len(clearRefLocks(dir, staleRefLock, []string{r.Name})) > 0 {
+			// A dead git's lock on the ref (ClearRefLocks): once more.
+			_, err = gd.Run(ctx, dir, "update-ref", "-m", "aq gc", "-d", r.Name, r.SHA)
+		}
+		if err != nil {
 			// It may have moved between the look and the delete.
 			if now2, ok2, _ := ResolveRef(ctx, gd, dir, r.Name); !ok2 {
 				res.Outcome = RefGone

@@ -337,3 +337,18 @@ func (ru *run) seenNames() []string {
 	}
 	return []string{"refs/heads/" + job.JobBranch(ru.j.ID), ru.baseSHA + "^{tree}"}
 }
+
+// clearRefLocks removes the locks a dead git left on this job's own refs
+// (worktree.ClearRefLocks), which would fail every checkpoint and the
+// result: this run holds the job's lock, so no other aq updates them, and
+// it calls this only while no checkpoint of its own runs — before the
+// worktree is prepared, and after the periodic checkpoints stopped.
+func (ru *run) clearRefLocks() {
+	if ru.repoDir == "" {
+		return
+	}
+	for _, ref := range worktree.ClearRefLocks(ru.repoDir, "refs/heads/"+job.WIPBranch(ru.j.ID), "refs/heads/"+job.JobBranch(ru.j.ID)) {
+		ru.log.Warn("removed the lock a stopped git left on the job's ref", "ref", ref)
+	}
+}
+

@@ -158,6 +158,7 @@ func (ru *run) runEngine(ctx context.Context) (res engines.Result, err error) {
 	ru.engineTime += ru.runTime
 	stopDisk()
 	stopPeriodic()
+	ru.clearRefLocks()
 	for _, ref := range res.Refused {
 		ru.untrusted(ref)
 	}

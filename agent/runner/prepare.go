@@ -150,6 +150,7 @@ func (ru *run) prepareWorktree(ctx context.Context) bool {
 	j, g := ru.j, ru.r.Git
 	ru.wtPath = filepath.Join(ru.r.Cfg.worktreesDir(), j.Repo, j.ID)
 	wip := "refs/heads/" + job.WIPBranch(j.ID)
+	ru.clearRefLocks()
 
 	remoteWIP := "refs/remotes/origin/" + job.WIPBranch(j.ID)
 	forgetRemoteWIP := false
