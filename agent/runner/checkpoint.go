@@ -351,4 +351,3 @@ func (ru *run) clearRefLocks() {
 		ru.log.Warn("removed the lock a stopped git left on the job's ref", "ref", ref)
 	}
 }
-
