@@ -124,6 +124,13 @@ func NewPolicy(in Paths) Policy {
 			if d := filepath.Dir(bin); bin != "" && covered(d) {
 				p.ReadOnly = append(p.ReadOnly, d)
 			}
+			// An npm-installed engine finds its platform binary in a
+			// package beside its own (codex: @openai/codex-linux-x64
+			// next to @openai/codex): the whole node_modules tree it was
+			// installed into stays readable, not only its bin folder.
+			if nm := nodeModules(bin); nm != "" && covered(nm) {
+				p.ReadOnly = append(p.ReadOnly, nm)
+			}
 		}
 	}
 	// A toolchain or cache that holds another is shared as the outer one.
@@ -148,6 +155,16 @@ func dropNested(ro, caches []string) []string {
 		}
 	}
 	return out
+}
+
+// nodeModules is the outermost node_modules folder path lies in ("" for
+// none): the tree an npm install put a package and its dependencies in.
+func nodeModules(path string) string {
+	const nm = string(filepath.Separator) + "node_modules" + string(filepath.Separator)
+	if i := strings.Index(path, nm); i >= 0 {
+		return path[:i+len(nm)-1]
+	}
+	return ""
 }
 
 func resolved(path string) string {

@@ -87,3 +87,35 @@ func TestNewPolicy(t *testing.T) {
 		t.Errorf("aq runs as root, yet /etc/shadow is not hidden: %v", p.HiddenFiles)
 	}
 }
+
+// TestPolicyShowsAnNpmEnginesInstall: an engine installed by npm below a
+// tree the sandbox does not show as the host has it (/tmp or the home, the
+// job's own inside; here the home) is run through node_modules/.bin/<name>, a link into its
+// package, and finds its native binary in another package of the same
+// node_modules (codex's @openai/codex-linux-x64): the whole node_modules
+// stays readable. Without it the sandboxed codex of a clone under /tmp
+// failed "Missing optional dependency @openai/codex-linux-x64".
+func TestPolicyShowsAnNpmEnginesInstall(t *testing.T) {
+	root := t.TempDir() // the home below
+	nm := filepath.Join(root, "realcli", "node_modules")
+	js := filepath.Join(nm, "@openai", "codex", "bin", "codex.js")
+	for _, d := range []string{filepath.Dir(js), filepath.Join(nm, ".bin"), filepath.Join(nm, "@openai", "codex-linux-x64", "vendor")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(js, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(nm, ".bin", "codex")
+	if err := os.Symlink("../@openai/codex/bin/codex.js", link); err != nil {
+		t.Fatal(err)
+	}
+	p := NewPolicy(Paths{Worktree: filepath.Join(root, "wt"), JobDir: filepath.Join(root, "job"), Home: root, Engine: link})
+	if !slices.Contains(p.ReadOnly, nm) {
+		t.Errorf("read-only %v lacks the engine's node_modules %s", p.ReadOnly, nm)
+	}
+	if got := nodeModules("/usr/local/bin/codex"); got != "" {
+		t.Errorf("nodeModules of a path in none = %q", got)
+	}
+}
