@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aqfleet/aq/agent/runner"
 	"github.com/aqfleet/aq/internal/fakellm"
+	"github.com/aqfleet/aq/internal/process"
 	"github.com/aqfleet/aq/internal/testenv"
 )
 
@@ -236,14 +238,17 @@ func (r *rig) noSecrets() {
 }
 
 // noneLeft fails the test if a process of the job is still running: its
-// tag AQ_JOB_ID=<id> in the environment of any process.
-func noneLeft(t *testing.T, id string) {
+// tag and this rig's aq home's scope in its environment (tests of both
+// engines run at once in this binary, and ids repeat across them: "repair",
+// "crash"; aq's own sweep is scoped the same way).
+func (r *rig) noneLeft(t *testing.T, id string) {
 	t.Helper()
 	tag := []byte("AQ_JOB_ID=" + id + "\x00")
+	scope := []byte(process.ScopeEnv + "=" + runner.Scope(r.h.Dir) + "\x00")
 	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, tag) {
+		if err != nil || !bytes.Contains(b, tag) || !bytes.Contains(b, scope) {
 			continue
 		}
 		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))

@@ -54,7 +54,7 @@ func sum(ts []fakellm.Turn) fakellm.Usage {
 // the manifest's model, and none of aq's secrets.
 func TestClaudeShips(t *testing.T) {
 	t.Parallel()
-	shipCase(t, newRig(t))
+	shipCase(t, newRig(t), "ships")
 }
 
 // TestClaudeShipsSandboxed: the ship case with claude in aq's sandbox, as
@@ -63,16 +63,18 @@ func TestClaudeShips(t *testing.T) {
 // loopback is reached at the same URL through the sandbox's bridge.
 func TestClaudeShipsSandboxed(t *testing.T) {
 	t.Parallel()
-	shipCase(t, newSandboxedRig(t))
+	shipCase(t, newSandboxedRig(t), "ships-sandboxed")
 }
 
-func shipCase(t *testing.T, r *rig) {
+// shipCase runs the ship case as job name: each case its own, since both
+// run at once and each checks that no process of its job is left.
+func shipCase(t *testing.T, r *rig, name string) {
 	r.h.Repo(t, "app", map[string]string{"greet.txt": "hello\n"})
 	origin := testenv.AddOrigin(t, filepath.Join(r.h.RepoBase, "app"))
-	id := testenv.ID("ships")
+	id := testenv.ID(name)
 	turns := editTurns(r.h.Worktree("app", id))
 	r.serve(fakellm.Script{Turns: turns})
-	r.submit("ships", "repo: app\nengine: claude\nmodel: "+model+"\nprofile: backend-dev\nship: branch\nverify: grep -q 'hello, world' greet.txt && test -f out/copy.txt\nretry: {max: 0}",
+	r.submit(name, "repo: app\nengine: claude\nmodel: "+model+"\nprofile: backend-dev\nship: branch\nverify: grep -q 'hello, world' greet.txt && test -f out/copy.txt\nretry: {max: 0}",
 		"# Greet the world\n\nChange the greeting in greet.txt to say hello to the world. TASK-MARKER-3141.")
 
 	res := r.run("run", "--once")
@@ -130,7 +132,7 @@ func shipCase(t *testing.T, r *rig) {
 		}
 	}
 	r.noSecrets()
-	noneLeft(t, id)
+	r.noneLeft(t, id)
 }
 
 // TestClaudeRepairRoundResumes: a failed verify sends the job back to the
@@ -191,7 +193,7 @@ func TestClaudeRepairRoundResumes(t *testing.T) {
 		t.Errorf("the runs' output tokens %d + %d do not add up to the attempt's %d", in.Runs[0].TokensOut, in.Runs[1].TokensOut, in.TokensOut)
 	}
 	r.noSecrets()
-	noneLeft(t, id)
+	r.noneLeft(t, id)
 }
 
 // TestClaudeRetryAfterCrash: aq is killed (-9) while the real claude waits
@@ -244,7 +246,7 @@ func TestClaudeRetryAfterCrash(t *testing.T) {
 	if !strings.Contains(prompt, "TASK-MARKER-1618") || !strings.Contains(prompt, "This job ran before") || !strings.Contains(prompt, "crash") {
 		t.Errorf("the retry's prompt does not say how attempt 1 ended:\n%.3000s", prompt)
 	}
-	noneLeft(t, id)
+	r.noneLeft(t, id)
 }
 
 // budgetCase is a job stopped by one of its budgets.
@@ -294,7 +296,7 @@ func TestClaudeBudgets(t *testing.T) {
 			if refs := testenv.RemoteRefs(t, origin, "refs/heads/aq/job/"); len(refs) != 0 {
 				t.Errorf("a job stopped by its budget shipped: %v", refs)
 			}
-			noneLeft(t, id)
+			r.noneLeft(t, id)
 		})
 	}
 }
@@ -363,7 +365,7 @@ func TestClaudeAPIErrors(t *testing.T) {
 				t.Errorf("a failed job shipped: %v", refs)
 			}
 			r.noSecrets()
-			noneLeft(t, id)
+			r.noneLeft(t, id)
 		})
 	}
 }
@@ -430,5 +432,5 @@ func TestClaudeShipsFleet(t *testing.T) {
 		}
 	}
 	r.noSecrets()
-	noneLeft(t, id)
+	r.noneLeft(t, id)
 }
