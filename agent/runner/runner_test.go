@@ -692,8 +692,10 @@ func TestEngineResultFlags(t *testing.T) {
 }
 
 // lockWIP is a script fragment that makes the next update of the job's WIP
-// ref fail, as a full disk or a stuck ref lock would.
-const lockWIP = `touch "$(git rev-parse --git-common-dir)/refs/heads/aq/wip/$AQ_JOB_ID.lock"`
+// ref fail, as a full disk would: a directory where git makes the ref's
+// lock ("File exists"), which aq does not take for a lock a dead git left
+// (worktree.ClearRefLocks removes only a file).
+const lockWIP = `mkdir -p "$(git rev-parse --git-common-dir)/refs/heads/aq/wip/$AQ_JOB_ID.lock"`
 
 // TestStaleWorktreeKeptWhenItCannotBeCheckpointed: the worktree a dead run
 // left is never removed unless its files were recorded first.
@@ -708,7 +710,9 @@ func TestStaleWorktreeKeptWhenItCannotBeCheckpointed(t *testing.T) {
 	f.r.Cfg.PoolSize = 1
 	// Work written after the last checkpoint (aq died before taking one).
 	testenv.WriteFile(t, filepath.Join(f.wt("keepme"), "unrecorded.txt"), "only copy\n")
-	testenv.WriteFile(t, filepath.Join(f.repo, ".git", "refs", "heads", "aq", "wip", j.ID+".lock"), "")
+	if err := os.MkdirAll(filepath.Join(f.repo, ".git", "refs", "heads", "aq", "wip", j.ID+".lock"), 0o755); err != nil { // as lockWIP
+		t.Fatal(err)
+	}
 
 	out := f.run(context.Background(), j, runner.Options{Attempt: 2})
 	if out.Reason != job.ReasonCrash || !strings.Contains(out.Detail, "kept") {
