@@ -81,16 +81,9 @@ tidycheck:
 ## GORACE: a race-enabled process sleeps a second at exit by default; the
 ## test binaries, and every aq and helper they start, need not.
 RACE_AQ := $(CURDIR)/bin/race/aq
-## RACE_FIRST: the longest packages (docs/BENCHMARKS.md, "#35 item 5"),
-## named first so they start first: go test runs packages in the order it
-## is given them (in import-path order for ./...), two at a time on two
-## cores, and a long package that starts last is the suite's tail.
-RACE_FIRST := ./realcli ./worktree ./chaos ./agent/gc ./agent/runner \
-              ./cmd/aq/clitest/fleet ./cmd/aq/clitest/demoacts ./selftest \
-              ./demo/fleetdemo ./agent/fleet ./cmd/aq/termtest
 race: sbpeer realcli
 	$(GO) build -race -o $(RACE_AQ) ./cmd/aq
-	TESTENV_AQ_RACE_BINARY=$(RACE_AQ) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m $(RACE_FIRST) ./...
+	TESTENV_AQ_RACE_BINARY=$(RACE_AQ) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
 selftest: build sbpeer
