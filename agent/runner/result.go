@@ -73,10 +73,7 @@ func (ru *run) commitResult(ctx context.Context) (prBody string, ok bool) {
 		ru.gate.mu.Unlock()
 		return prBody, true
 	}
-	files, added, deleted, err := worktree.DiffStat(ctx, g, ru.wtPath, ru.baseSHA, sha)
-	if err == nil {
-		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = files, added, deleted
-	}
+	ru.countStat(ctx, sha)
 	return prBody, true
 }
 

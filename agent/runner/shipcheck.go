@@ -263,6 +263,12 @@ func (ru *run) settleStat(ctx context.Context) {
 	// report its size.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
+	ru.countStat(ctx, sha)
+}
+
+// countStat records the result sha's diffstat against base, as git diff
+// counts it (the insights' files, lines added and deleted).
+func (ru *run) countStat(ctx context.Context, sha string) {
 	if files, added, deleted, err := worktree.DiffStat(ctx, ru.r.Git, ru.wtPath, ru.baseSHA, sha); err == nil {
 		ru.out.Insights.FilesChanged, ru.out.Insights.LinesAdded, ru.out.Insights.LinesDeleted = files, added, deleted
 	}
