@@ -83,25 +83,19 @@ func CheckpointSeen(ctx context.Context, g Git, wtPath, ref, message string, nam
 	if err != nil {
 		return "", Seen{}, err
 	}
-	sha, tree, made, err := checkpointScanTree(ctx, g, wtPath, indexPath, ref, message, r)
+	sha, tree, made, err := checkpointScan(ctx, g, wtPath, indexPath, ref, message, r)
 	return sha, Seen{Head: r.head, Tree: tree, Names: r.extra, Parents: made}, err
 }
 
-// checkpointScan is Checkpoint once the index and refs are known.
-func checkpointScan(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (string, error) {
-	sha, _, _, err := checkpointScanTree(ctx, g, wtPath, indexPath, ref, message, r)
-	return sha, err
-}
-
-// checkpointScanTree is checkpointScan, with the checkpoint's tree and the
-// parents of the commit it made (nil for none).
-func checkpointScanTree(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (sha, tree string, made []string, err error) {
+// checkpointScan is Checkpoint once the index and refs are known, with the
+// checkpoint's tree and the parents of the commit it made (nil for none).
+func checkpointScan(ctx context.Context, g Git, wtPath, indexPath, ref, message string, r refState) (sha, tree string, made []string, err error) {
 	wg := g.at(wtPath)
 	tree, partial, err := snapshotTree(ctx, wg, wtPath, indexPath, r.head != "")
 	if err != nil {
 		return "", "", nil, err
 	}
-	sha, made, err = recordCheckpointMade(ctx, g, wtPath, ref, message, tree, r, nil)
+	sha, made, err = recordCheckpoint(ctx, g, wtPath, ref, message, tree, r, nil)
 	if err != nil {
 		return "", tree, nil, err
 	}
@@ -248,16 +242,11 @@ func resetIndex(ctx context.Context, ig Git, wtPath, tmpIndex string, hasHead bo
 	return err
 }
 
-// recordCheckpoint applies Checkpoint's parent rule and moves ref. ident,
-// when set, supplies the identity arguments (else they are looked up).
-func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree string, r refState, ident func() ([]string, error)) (string, error) {
-	sha, _, err := recordCheckpointMade(ctx, g, wtPath, ref, message, tree, r, ident)
-	return sha, err
-}
-
-// recordCheckpointMade is recordCheckpoint, with the parents of the commit
-// it made (nil when it made none: the checkpoint is HEAD or ref as it was).
-func recordCheckpointMade(ctx context.Context, g Git, wtPath, ref, message, tree string, r refState, ident func() ([]string, error)) (sha string, made []string, err error) {
+// recordCheckpoint applies Checkpoint's parent rule and moves ref, and
+// returns the parents of the commit it made (nil when it made none: the
+// checkpoint is HEAD or ref as it was). ident, when set, supplies the
+// identity arguments (else they are looked up).
+func recordCheckpoint(ctx context.Context, g Git, wtPath, ref, message, tree string, r refState, ident func() ([]string, error)) (sha string, made []string, err error) {
 	wg := g.at(wtPath)
 	head, prev := r.head, r.prev
 	// Nothing new since the last checkpoint?

@@ -163,7 +163,8 @@ func (c *Checkpointer) Checkpoint(ctx context.Context, ref, message string) (str
 	}
 	if fi, err := os.Stat(filepath.Join(c.admin, "index")); err != nil || fi.Size() < small {
 		c.Stats.Small++
-		return record(checkpointScan(ctx, c.Git, c.Path, filepath.Join(c.admin, "index"), ref, message, r))
+		sha, _, _, err := checkpointScan(ctx, c.Git, c.Path, filepath.Join(c.admin, "index"), ref, message, r)
+		return record(sha, err)
 	}
 
 	if !c.seeded || stamp != c.seed || !fileExists(cpIndex) {
@@ -213,7 +214,8 @@ func (c *Checkpointer) Checkpoint(ctx context.Context, ref, message string) (str
 		}
 		c.cpTree = tree
 	}
-	return record(recordCheckpoint(ctx, c.Git, c.Path, ref, message, tree, r, c.identity(ctx)))
+	sha, _, err := recordCheckpoint(ctx, c.Git, c.Path, ref, message, tree, r, c.identity(ctx))
+	return record(sha, err)
 }
 
 // defaultSmallIndex is Checkpointer.SmallIndex's default.
