@@ -552,7 +552,7 @@ func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEnt
 	// The configuration git reads depends on the git directories and the
 	// environment, not on where the worktree sits; where no repository is
 	// found at dir itself, git searches upwards from it: then dir counts.
-	key := gitDir + "\x00" + commonDir + "\x00" + strconv.FormatBool(isWorktree) + strconv.FormatBool(pinned) + "\x00" + relevantEnv(env, gitDir != "")
+	key := hardenKey(gitDir, commonDir, isWorktree, pinned, env)
 	if gitDir == "" {
 		key = abs + "\x00" + key
 	}
@@ -566,12 +566,7 @@ func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEnt
 		// A linked worktree reads what its repository reads (#35: the
 		// pooled worktree's git was the job's second `git config --list`).
 		if shared := sharedWithRepo(commonDir, env); shared != nil {
-			hardenCache.Lock()
-			if len(hardenCache.m) >= maxHardenCache {
-				hardenCache.m = map[string]*hardenEntry{}
-			}
-			hardenCache.m[key] = shared
-			hardenCache.Unlock()
+			storeHarden(key, shared)
 			return shared, h, nil
 		}
 	}
@@ -629,14 +624,25 @@ func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEnt
 	}
 	entry.entries, entry.listed, entry.env = entries, listed, map[string][]string{}
 	if cacheable {
-		hardenCache.Lock()
-		if len(hardenCache.m) >= maxHardenCache {
-			hardenCache.m = map[string]*hardenEntry{}
-		}
-		hardenCache.m[key] = entry
-		hardenCache.Unlock()
+		storeHarden(key, entry)
 	}
 	return entry, h, nil
+}
+
+// hardenKey is the configuration cache's key: what git reads depends on the
+// git directories and the environment, not on where the worktree sits.
+func hardenKey(gitDir, commonDir string, isWorktree, pinned bool, env []string) string {
+	return gitDir + "\x00" + commonDir + "\x00" + strconv.FormatBool(isWorktree) + strconv.FormatBool(pinned) + "\x00" + relevantEnv(env, gitDir != "")
+}
+
+// storeHarden caches e under key (the cache starts afresh when full).
+func storeHarden(key string, e *hardenEntry) {
+	hardenCache.Lock()
+	defer hardenCache.Unlock()
+	if len(hardenCache.m) >= maxHardenCache {
+		hardenCache.m = map[string]*hardenEntry{}
+	}
+	hardenCache.m[key] = e
 }
 
 // sharedWithRepo is the cached configuration of the repository whose
@@ -649,8 +655,7 @@ func sharedWithRepo(commonDir string, env []string) *hardenEntry {
 	var repo *hardenEntry
 	hardenCache.Lock()
 	for _, checkout := range []bool{true, false} { // a checkout's .git, or a bare repository
-		k := commonDir + "\x00" + commonDir + "\x00" + strconv.FormatBool(checkout) + "false\x00" + relevantEnv(env, true)
-		if e, ok := hardenCache.m[k]; ok {
+		if e, ok := hardenCache.m[hardenKey(commonDir, commonDir, checkout, false, env)]; ok {
 			repo = e
 			break
 		}
