@@ -29,14 +29,18 @@ func liveHome(t *testing.T, script string) (h *testenv.Home, origin string, env 
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
-	// Beside the fake: its folder stays readable in the sandbox.
+	// The recording is copied beside the fake: the fake's folder stays
+	// readable in the sandbox, the source tree need not (a clone under
+	// /tmp is hidden, and every note was lost).
+	notes := filepath.Join(bin, "notes.jsonl")
+	testenv.WriteFile(t, notes, strings.Join(lines[:len(lines)-1], "\n")+"\n")
 	last := filepath.Join(bin, "result.jsonl")
 	testenv.WriteFile(t, last, lines[len(lines)-1]+"\n")
 	steps := []string{"echo started > started.txt"} // work to checkpoint
 	for i := range lines[:len(lines)-1] {
 		// Each note stays 3 s: on a loaded machine the race-built aq's
 		// board and tmux's capture took longer than 1.5 s to show one.
-		steps = append(steps, "sed -n "+strconv.Itoa(i+1)+"p "+shellQuote(rec), "sleep 3")
+		steps = append(steps, "sed -n "+strconv.Itoa(i+1)+"p "+shellQuote(notes)+" || exit 97", "sleep 3")
 	}
 	testenv.FakeClaude{Script: strings.Join(append(steps, script), "\n"), Stream: last}.Write(t, bin)
 	// A key the fake never uses: claude's login check wants one.
