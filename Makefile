@@ -34,9 +34,11 @@ test: fmtcheck vet lint tidycheck crossbuild race selftest
 ## skip and say why; `make test` runs them), no race detector. Four
 ## packages at once: much of a package's time is waiting (on intervals,
 ## processes, git), so two at a time left the two cores half idle (70 s
-## against 54-58 s on a quiet 2-core machine, 2026-11-27).
+## against 54-58 s on a quiet 2-core machine, 2026-11-27). No vet (`make
+## vet` and `make lint` run it) and no symbol table or DWARF in the test
+## binaries (a smaller link; a panic's trace needs neither): docs/BENCHMARKS.md.
 unit:
-	$(GO) test -short -p 4 ./...
+	$(GO) test -short -p 4 -vet=off -ldflags='-s -w' ./...
 
 ## lint: golangci-lint (.golangci.yml): vet, staticcheck, errcheck, revive,
 ## misspell, and depguard's layering rule

@@ -74,10 +74,9 @@ func Main(m *testing.M) int {
 		}
 	}
 	// A race-enabled process sleeps a second at exit by default (GORACE
-	// atexit_sleep_ms), so a test that runs the race-built aq, or this
-	// binary again as a helper or a sandbox's init, waits a second for each
-	// one that ends. The children inherit this; Home.Environ keeps 50 ms for
-	// aq itself.
+	// atexit_sleep_ms), so a test that runs this binary again, as a helper
+	// or a sandbox's init, would wait a second for each one that ends. The
+	// children inherit this.
 	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
 		os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
 	}
@@ -250,9 +249,12 @@ func Slow(tb testing.TB, why string) {
 	}
 }
 
-// BuildAQ builds the aq binary once per test binary (with -race when the
-// tests run with it) and returns its path. A test that runs the binary is
-// slow (a build, then whole processes): it skips under -short.
+// BuildAQ builds the aq binary once per test binary and returns its path:
+// the binary as `make build` ships it (CGO_ENABLED=0, no race detector,
+// even when the tests run with -race: the race detector covers aq's code
+// in the in-process tests; a test that runs the binary tests what users
+// run, docs/architecture.md "Tests"). A test that runs the binary is slow
+// (a build, then whole processes): it skips under -short.
 func BuildAQ(tb testing.TB) string {
 	tb.Helper()
 	Slow(tb, "builds and runs the aq binary")
@@ -267,35 +269,27 @@ func BuildAQ(tb testing.TB) string {
 	return aqBin
 }
 
-// PrebuiltEnv names an aq binary that `make race` built once, with -race,
-// for every test package: BuildAQ takes it instead of building its own when
-// the test binary is race-enabled too. A package run alone (go test ./pkg)
-// has no such variable and builds its own, as before.
-const PrebuiltEnv = "TESTENV_AQ_RACE_BINARY"
+// PrebuiltEnv names an aq binary that `make race` built once for every
+// test package: BuildAQ takes it instead of building its own. A package run
+// alone (go test ./pkg) has no such variable and builds its own.
+const PrebuiltEnv = "TESTENV_AQ_BINARY"
 
 func build() (string, error) {
 	if scratch == "" {
 		return "", errors.New("testenv.Main was not called from TestMain")
 	}
-	if bin := os.Getenv(PrebuiltEnv); bin != "" && Race {
+	if bin := os.Getenv(PrebuiltEnv); bin != "" {
 		if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
 			return "", fmt.Errorf("%s=%s: not a built aq binary (%v): unset it or run make race", PrebuiltEnv, bin, err)
 		}
 		return bin, nil
 	}
 	bin := filepath.Join(scratch, "aq")
-	args := []string{"build", "-o", bin}
-	if Race {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/aqfleet/aq/cmd/aq")
+	args := []string{"build", "-o", bin, "github.com/aqfleet/aq/cmd/aq"}
 	cmd := exec.Command("go", args...)
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if goCache != "" {
 		cmd.Env = append(cmd.Env, "GOCACHE="+goCache)
-	}
-	if !Race {
-		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -331,11 +325,6 @@ func (h *Home) Environ() []string {
 		"AQ_HOME="+h.Dir, "AQ_REPO_BASE="+h.RepoBase,
 		"AQ_KILL_GRACE=200ms", "AQ_POLL_SECONDS=1", "AQ_LOG_LEVEL=debug",
 	)
-	if Race {
-		// A race-enabled binary sleeps 1s at exit by default, to let late
-		// races be reported; keep a little of that.
-		env = append(env, "GORACE=atexit_sleep_ms=50")
-	}
 	return append(env, h.Env...)
 }
 

@@ -9,13 +9,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
 
-// make race builds aq once and names it in PrebuiltEnv: a race-enabled test
-// binary takes it instead of building its own, and a wrong name is an error
-// that says so rather than a silent build.
+// make race builds aq once and names it in PrebuiltEnv: a test binary
+// takes it instead of building its own, and a wrong name is an error that
+// says so rather than a silent build.
 func TestBuildTakesThePrebuiltBinary(t *testing.T) {
-	if !Race {
-		t.Skip("the prebuilt binary is race-enabled: only a -race test binary takes it (make race)")
-	}
 	bin := filepath.Join(t.TempDir(), "aq")
 	WriteFile(t, bin, "#!/bin/sh\n")
 	for _, tc := range []struct {

@@ -65,9 +65,6 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 	env = append(env, "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"), "HOME="+home, "TMPDIR="+tmp)
 	env = append(env, testenv.Identity...)
-	if testenv.Race {
-		env = append(env, "GORACE=atexit_sleep_ms=50")
-	}
 
 	cmd := exec.Command(sh, "-e", script)
 	cmd.Env, cmd.Dir = env, tmp
