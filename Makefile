@@ -77,15 +77,17 @@ tidycheck:
 ## machine a package's race run can come near go test's default 10m (it was
 ## cmd/aq/cli's, before its binary tests moved to cmd/aq/clitest/...: #35,
 ## docs/BENCHMARKS.md)
-## aq is built once, with -race, for every test package that runs the binary
-## (internal/testenv.PrebuiltEnv); a package run alone builds its own. Its own
-## folder: a test puts the binary's folder on PATH to run `aq` by name.
+## aq is built once for every test package that runs the binary
+## (internal/testenv.PrebuiltEnv), as `make build` ships it: CGO_ENABLED=0,
+## no race detector (the tests themselves run with it; docs/architecture.md
+## "Tests"). A package run alone builds its own. Its own folder: a test puts
+## the binary's folder on PATH to run `aq` by name.
 ## GORACE: a race-enabled process sleeps a second at exit by default; the
-## test binaries, and every aq and helper they start, need not.
-RACE_AQ := $(CURDIR)/bin/race/aq
+## test binaries, and the helpers they start, need not.
+TEST_AQ := $(CURDIR)/bin/test/aq
 race: sbpeer realcli
-	$(GO) build -race -o $(RACE_AQ) ./cmd/aq
-	TESTENV_AQ_RACE_BINARY=$(RACE_AQ) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m ./...
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(TEST_AQ) ./cmd/aq
+	TESTENV_AQ_BINARY=$(TEST_AQ) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
 selftest: build sbpeer
