@@ -3,10 +3,12 @@ package gc
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -235,19 +237,31 @@ func randomHistory(t *testing.T, seed uint64) {
 
 	// Before: every commit each ref and worktree holds.
 	before := map[holder][]string{}
-	for name, sha := range testenv.RemoteRefs(t, repo, "refs/") {
-		before[holder{"local", name}] = revList(t, repo, sha)
-	}
-	for name, sha := range testenv.RemoteRefs(t, f.originDir("r"), "refs/") {
-		before[holder{"origin", name}] = revList(t, f.originDir("r"), sha)
-	}
 	wipBefore := testenv.RemoteRefs(t, repo, "refs/")
+	originRefs := testenv.RemoteRefs(t, f.originDir("r"), "refs/")
+	var detached []worktree.Entry // one on a branch holds what its branch holds
+	localTips := []string{}
+	for _, sha := range wipBefore {
+		localTips = append(localTips, sha)
+	}
 	for _, w := range listWorktrees(t, repo) {
-		if w.HEAD != "" && w.Detached { // one on a branch holds what its branch holds
-			before[holder{"worktree", w.Path}] = revList(t, repo, w.HEAD)
+		if w.HEAD != "" && w.Detached {
+			detached = append(detached, w)
+			localTips = append(localTips, w.HEAD)
 		}
 	}
-	originMain := testenv.Git(t, f.originDir("r"), "rev-parse", "main")
+	local := ancestryOf(t, repo, localTips)
+	for name, sha := range wipBefore {
+		before[holder{"local", name}] = local.reach(sha)
+	}
+	for _, w := range detached {
+		before[holder{"worktree", w.Path}] = local.reach(w.HEAD)
+	}
+	origin := ancestryOf(t, f.originDir("r"), slices.Collect(maps.Values(originRefs)))
+	for name, sha := range originRefs {
+		before[holder{"origin", name}] = origin.reach(sha)
+	}
+	originMain := originRefs["refs/heads/main"]
 
 	g := f.gc(func(g *GC) { g.Records = recs })
 	rep, err := g.Run(ctx, false)
@@ -273,12 +287,14 @@ func randomHistory(t *testing.T, seed uint64) {
 			reach[c] = true
 		}
 	}
+	var heads []string
 	for _, w := range listWorktrees(t, repo) {
 		if w.HEAD != "" {
-			for _, c := range revList(t, repo, w.HEAD) {
-				reach[c] = true
-			}
+			heads = append(heads, w.HEAD)
 		}
+	}
+	for c := range ancestryOf(t, repo, heads) {
+		reach[c] = true
 	}
 	holders := map[string][]holder{}
 	for h, commits := range before {
@@ -348,13 +364,44 @@ func randomHistory(t *testing.T, seed uint64) {
 	}
 }
 
-func revList(tb testing.TB, dir, sha string) []string {
+// ancestry is the commits reachable from some tips in a repository, each
+// with its parents: one git rev-list for all the tips (the test's checks
+// were a rev-list per ref, a seventh of its git processes).
+type ancestry map[string][]string
+
+func ancestryOf(tb testing.TB, dir string, tips []string) ancestry {
 	tb.Helper()
-	out, err := testenv.GitErr(dir, "rev-list", sha)
-	if err != nil { // a tag or something else that is not a commit
+	a := ancestry{}
+	if len(tips) == 0 {
+		return a
+	}
+	for _, line := range strings.Split(testenv.Git(tb, dir, append([]string{"rev-list", "--parents"}, tips...)...), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			a[f[0]] = f[1:]
+		}
+	}
+	return a
+}
+
+// reach is what git rev-list tip lists: tip and its ancestors.
+func (a ancestry) reach(tip string) []string {
+	if _, ok := a[tip]; !ok {
 		return nil
 	}
-	return strings.Fields(out)
+	seen, todo := map[string]bool{tip: true}, []string{tip}
+	var out []string
+	for len(todo) > 0 {
+		c := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		out = append(out, c)
+		for _, p := range a[c] {
+			if !seen[p] {
+				seen[p] = true
+				todo = append(todo, p)
+			}
+		}
+	}
+	return out
 }
 
 func listWorktrees(tb testing.TB, repo string) []worktree.Entry {
