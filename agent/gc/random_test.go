@@ -240,10 +240,7 @@ func randomHistory(t *testing.T, seed uint64) {
 	wipBefore := testenv.RemoteRefs(t, repo, "refs/")
 	originRefs := testenv.RemoteRefs(t, f.originDir("r"), "refs/")
 	var detached []worktree.Entry // one on a branch holds what its branch holds
-	localTips := []string{}
-	for _, sha := range wipBefore {
-		localTips = append(localTips, sha)
-	}
+	localTips := slices.Collect(maps.Values(wipBefore))
 	for _, w := range listWorktrees(t, repo) {
 		if w.HEAD != "" && w.Detached {
 			detached = append(detached, w)
@@ -366,7 +363,7 @@ func randomHistory(t *testing.T, seed uint64) {
 
 // ancestry is the commits reachable from some tips in a repository, each
 // with its parents: one git rev-list for all the tips (the test's checks
-// were a rev-list per ref, a seventh of its git processes).
+// were a rev-list per ref, about an eighth of its git processes).
 type ancestry map[string][]string
 
 func ancestryOf(tb testing.TB, dir string, tips []string) ancestry {

@@ -38,8 +38,8 @@ func liveHome(t *testing.T, script string) (h *testenv.Home, origin string, env 
 	testenv.WriteFile(t, last, lines[len(lines)-1]+"\n")
 	steps := []string{"echo started > started.txt"} // work to checkpoint
 	for i := range lines[:len(lines)-1] {
-		// Each note stays 3 s: a margin for a loaded machine, where the
-		// race-built aq's redraw and tmux's capture are slow.
+		// Each note stays 3 s: a margin for a loaded machine, where aq's
+		// redraw and tmux's capture are slow.
 		steps = append(steps, "sed -n "+strconv.Itoa(i+1)+"p "+shellQuote(notes)+" || exit 97", "sleep 3")
 	}
 	testenv.FakeClaude{Script: strings.Join(append(steps, script), "\n"), Stream: last}.Write(t, bin)
