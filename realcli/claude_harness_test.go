@@ -243,16 +243,13 @@ func (r *rig) noSecrets() {
 // "crash"; aq's own sweep is scoped the same way).
 func (r *rig) noneLeft(t *testing.T, id string) {
 	t.Helper()
-	tag := []byte("AQ_JOB_ID=" + id + "\x00")
-	scope := []byte(process.ScopeEnv + "=" + runner.Scope(r.h.Dir) + "\x00")
-	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, tag) || !bytes.Contains(b, scope) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
-		t.Errorf("a process of job %s is still running: %s %s", id, filepath.Dir(p), bytes.ReplaceAll(cmdline, []byte{0}, []byte(" ")))
+	pids, err := process.FindScoped(id, runner.Scope(r.h.Dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		t.Errorf("a process of job %s is still running: %d %s", id, pid, bytes.ReplaceAll(cmdline, []byte{0}, []byte(" ")))
 	}
 }
 
