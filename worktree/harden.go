@@ -549,9 +549,8 @@ func (g Git) configOf(ctx context.Context, dir string, env []string) (*hardenEnt
 	lookup := envLookup(env)
 	h := gitWhere{abs: abs, gitDir: gitDir, commonDir: commonDir, isWorktree: isWorktree, pinned: pinned, lookup: lookup}
 	h.globals = globalConfigFiles(lookup)
-	// The configuration git reads depends on the git directories and the
-	// environment, not on where the worktree sits; where no repository is
-	// found at dir itself, git searches upwards from it: then dir counts.
+	// Where no repository is found at dir itself, git searches upwards
+	// from it: then dir counts too.
 	key := hardenKey(gitDir, commonDir, isWorktree, pinned, env)
 	if gitDir == "" {
 		key = abs + "\x00" + key
