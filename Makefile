@@ -86,7 +86,7 @@ tidycheck:
 ## test binaries, and the helpers they start, need not.
 TEST_AQ := $(CURDIR)/bin/test/aq
 race: sbpeer realcli
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(TEST_AQ) ./cmd/aq
+	@$(MAKE) --no-print-directory build BIN=$(TEST_AQ)
 	TESTENV_AQ_BINARY=$(TEST_AQ) GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 20m ./...
 
 ## selftest: the built binary's self-checks (host readiness + offline pipeline)
