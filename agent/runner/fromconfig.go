@@ -88,14 +88,17 @@ func FromConfig(cfg *config.Config, p Parts) (*Runner, error) {
 
 // OpenSandbox is this aq's sandbox (AQ_SANDBOX; the aq binary is the
 // sandbox's init). It probes the host when the first job needs it —
-// commands that run no job never pay for the probe — and then says once,
+// commands that run no job never pay for the probe, and a trial sandbox
+// that started is remembered for the boot in $AQ_HOME/state/sandbox-trial
+// (sandbox.Options.TrialCache) — and then says once,
 // in log, how engines run: what is missing under auto, that they are
 // unsandboxed under off, that jobs are refused under on where the host
 // cannot sandbox fully.
 func OpenSandbox(cfg *config.Config, log *slog.Logger) *sandbox.Host {
 	return sandbox.OpenLazy(sandbox.Options{
 		Init: cfg.Supervisor, Mode: cfg.Sandbox,
-		Limits: sandbox.Limits{MemoryBytes: cfg.SandboxMemory, Pids: cfg.SandboxPids},
+		Limits:     sandbox.Limits{MemoryBytes: cfg.SandboxMemory, Pids: cfg.SandboxPids},
+		TrialCache: filepath.Join(cfg.StateDir(), "sandbox-trial"),
 	}, func(sb *sandbox.Host) {
 		if log == nil {
 			return

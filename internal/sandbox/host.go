@@ -20,6 +20,13 @@ type Options struct {
 	// Limits are AQ_SANDBOX_MEMORY and AQ_SANDBOX_PIDS: every job's, unless
 	// its Policy sets its own.
 	Limits Limits
+	// TrialCache is a file that remembers, for this boot, that a trial
+	// sandbox started ("": every probe runs the trial). On Linux the
+	// trial is skipped while the file names the same boot, user, init
+	// binary and user-namespace sysctls (trialKey); a failed trial is
+	// never remembered, and a full sandbox that then fails to start
+	// forgets it.
+	TrialCache string
 }
 
 // Host is this aq process's view of sandboxing: what Probe found, and the

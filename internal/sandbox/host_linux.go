@@ -131,7 +131,11 @@ func (j *Jail) Start(cmd *exec.Cmd) (process.Jailed, error) {
 		return nil, cmd.Err
 	}
 	if j.level == LevelFull {
-		return j.startFull(cmd, false)
+		run, err := j.startFull(cmd, false)
+		if err != nil {
+			forgetTrial(j.h.opts) // the next probe tries again
+		}
+		return run, err
 	}
 	return j.startPartial(cmd)
 }
