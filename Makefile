@@ -37,8 +37,12 @@ test: fmtcheck vet lint tidycheck crossbuild race selftest
 ## against 54-58 s on a quiet 2-core machine, 2026-11-27). No vet (`make
 ## vet` and `make lint` run it) and no symbol table or DWARF in the test
 ## binaries (a smaller link; a panic's trace needs neither): docs/BENCHMARKS.md.
+## -tags unit: a package whose every test is slow (the ones that run the aq
+## binary: cmd/aq/clitest/*, termtest, the demo acts) marks its test files
+## `//go:build !unit`, so that it is not linked only to skip: the links were
+## most of the loop's time.
 unit:
-	$(GO) test -short -p 4 -vet=off -ldflags='-s -w' ./...
+	$(GO) test -short -tags unit -p 4 -vet=off -ldflags='-s -w' ./...
 
 ## lint: golangci-lint (.golangci.yml): vet, staticcheck, errcheck, revive,
 ## misspell, and depguard's layering rule

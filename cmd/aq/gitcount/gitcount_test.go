@@ -1,3 +1,5 @@
+//go:build !unit
+
 // Package gitcount counts the git processes of a trivial job (#35 item 1):
 // the aq binary runs one job through `aq run --once` with a `git` on PATH
 // that logs its arguments and executes the real git, and the test asserts
