@@ -1,9 +1,13 @@
+//go:build !unit
+
 package gitcount
 
 import (
+	"maps"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,9 +18,12 @@ import (
 // (docs/BENCHMARKS.md, "#35 A lean git path"), unsandboxed and sandboxed,
 // and counts its git processes. With BENCH_AQ_OLD naming another aq binary
 // (built from main: `go build -o /tmp/aq-main ./cmd/aq` there), both
-// binaries run alternately in one run, each job of one followed by one of
-// the other, and the ratio of their medians is reported (new over old):
-// the machine's load falls on both alike. One op is one job of each.
+// binaries run too. Every side — each binary, unsandboxed and sandboxed —
+// runs one job per op, in an order that turns each op, so that the
+// machine's load falls on all alike; it reports each side's median, new
+// over old for each mode, and what the sandbox adds to a binary's whole
+// job (sandboxed minus unsandboxed median: #35 item 2, the probe and the
+// sandbox's start included).
 //
 //	BENCH_AQ_OLD=/tmp/aq-main go test -run '^$' -bench TrivialJob -benchtime 20x ./cmd/aq/gitcount/
 //
@@ -27,59 +34,60 @@ func BenchmarkTrivialJob(b *testing.B) {
 	if old := os.Getenv("BENCH_AQ_OLD"); old != "" {
 		bins["old"] = old
 	}
-	for _, sb := range []string{"off", "auto"} {
-		b.Run("sandbox="+sb, func(b *testing.B) {
-			names := slices.Sorted(func(yield func(string) bool) {
-				for n := range bins {
-					if !yield(n) {
-						return
-					}
-				}
-			})
-			envs := map[string]*trivial{}
-			times := map[string][]time.Duration{}
-			gits := map[string]int{}
-			for _, n := range names {
-				tr := newTrivial(b, bins[n], sb, benchFiles())
-				tr.job(b) // the pooled worktree
-				// Counted once, with the logging git; timed without it.
-				gits[n] = len(tr.job(b))
-				tr.h.Env = slices.DeleteFunc(tr.h.Env, func(kv string) bool { return len(kv) > 5 && kv[:5] == "PATH=" })
-				envs[n] = tr
-			}
-			b.ResetTimer()
-			for i := range b.N {
-				order := slices.Clone(names)
-				if i%2 == 1 {
-					slices.Reverse(order)
-				}
-				for _, n := range order {
-					b.StopTimer()
-					tr := envs[n]
-					tr.n++
-					id := "bench-" + strconv.Itoa(tr.n)
-					path := testenv.Manifest(b, b.TempDir(), id, "repo: tiny\nengine: script\nship: branch\nscript: \"echo x > f\"")
-					if r := tr.h.Run(b, "submit", path); r.Code != 0 {
-						b.Fatalf("aq submit: %s", r)
-					}
-					b.StartTimer()
-					t0 := time.Now()
-					r := tr.h.Run(b, "run", "--once")
-					times[n] = append(times[n], time.Since(t0))
-					if r.Code != 0 {
-						b.Fatalf("%s aq run --once: %s", n, r)
-					}
-				}
-			}
+	modes := []string{"off", "auto"}
+	type side struct {
+		bin, mode string
+		tr        *trivial
+		times     []time.Duration
+		gits      int
+	}
+	var sides []*side
+	for _, n := range slices.Sorted(maps.Keys(bins)) {
+		for _, m := range modes {
+			tr := newTrivial(b, bins[n], m, benchFiles())
+			tr.job(b) // the pooled worktree
+			// Counted once, with the logging git; timed without it.
+			s := &side{bin: n, mode: m, tr: tr, gits: len(tr.job(b))}
+			tr.h.Env = slices.DeleteFunc(tr.h.Env, func(kv string) bool { return strings.HasPrefix(kv, "PATH=") })
+			sides = append(sides, s)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range sides {
+			s := sides[(i+k)%len(sides)]
 			b.StopTimer()
-			for _, n := range names {
-				b.ReportMetric(ms(median(times[n])), n+"-ms")
-				b.ReportMetric(float64(gits[n]), "git-"+n)
+			s.tr.n++
+			id := "bench-" + strconv.Itoa(s.tr.n)
+			path := testenv.Manifest(b, b.TempDir(), id, "repo: tiny\nengine: script\nship: branch\nscript: \"echo x > f\"")
+			if r := s.tr.h.Run(b, "submit", path); r.Code != 0 {
+				b.Fatalf("aq submit: %s", r)
 			}
-			if _, ok := bins["old"]; ok {
-				b.ReportMetric(float64(median(times["new"]))/float64(median(times["old"])), "new/old")
+			b.StartTimer()
+			t0 := time.Now()
+			r := s.tr.h.Run(b, "run", "--once")
+			s.times = append(s.times, time.Since(t0))
+			if r.Code != 0 {
+				b.Fatalf("%s %s aq run --once: %s", s.bin, s.mode, r)
 			}
-		})
+		}
+	}
+	b.StopTimer()
+	med := map[string]time.Duration{}
+	for _, s := range sides {
+		med[s.bin+"/"+s.mode] = median(s.times)
+		b.ReportMetric(ms(median(s.times)), s.bin+"-"+s.mode+"-ms")
+		if s.mode == "off" {
+			b.ReportMetric(float64(s.gits), "git-"+s.bin)
+		}
+	}
+	for n := range bins {
+		b.ReportMetric(ms(med[n+"/auto"]-med[n+"/off"]), n+"-sandbox-added-ms")
+	}
+	if _, ok := bins["old"]; ok {
+		for _, m := range modes {
+			b.ReportMetric(float64(med["new/"+m])/float64(med["old/"+m]), "new/old-"+m)
+		}
 	}
 }
 
