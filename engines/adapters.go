@@ -220,7 +220,7 @@ func probeVersion(ctx context.Context, name, path string, spec Spec, timeout tim
 // install -g @openai/codex@latest"), else the first line.
 func versionFailure(out string) string {
 	for line := range strings.Lines(out) {
-		if line = strings.TrimSpace(line); errorLine.MatchString(line) {
+		if line = strings.TrimSpace(line); errorLine().MatchString(line) {
 			return brief.Clip(line, 200)
 		}
 	}
@@ -228,7 +228,7 @@ func versionFailure(out string) string {
 }
 
 // errorLine is an error's own line in a trace: "Error: …", "TypeError: …".
-var errorLine = regexp.MustCompile(`^(?:[A-Z][A-Za-z]*)?Error: \S`)
+var errorLine = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:[A-Z][A-Za-z]*)?Error: \S`) })
 
 // exitText is how an engine's process ended: "exit 1", or "killed by
 // SIGKILL" (its exit status is then -1, which says nothing).
@@ -337,34 +337,39 @@ func engineSpec(spec Spec) Spec {
 // expired or missing credentials, usage and rate limits, exhausted credit,
 // an overloaded API. They are only ever applied to text an engine gave as
 // the reason it failed, never to a successful run's output.
-var unavailablePatterns = []struct {
+var unavailablePatterns = sync.OnceValue(func() []unavailablePattern {
+	return []unavailablePattern{
+		{regexp.MustCompile(`(?i)oauth token (has )?expired|token (has )?expired|token_expired|could not be refreshed|refresh_token|re-?authenticate|log ?in again|sign in again`), "auth expired"},
+		{regexp.MustCompile(`(?i)authentication_error|authentication_failed|failed to authenticate|invalid api key|invalid x-api-key|invalid bearer|please run /login|not logged in|not authenticated|login required|missing bearer|\bunauthori[sz]ed\b|\b401\b`), "auth failed"},
+		{regexp.MustCompile(`(?i)out of credits|out of (usage|extra) (credits|usage)|credit balance is too low|insufficient_quota|billing_error|payment required|\b402\b|spend (cap|limit)|credits_required`), LimitCredits},
+		{regexp.MustCompile(`(?i)usage limit|usage_limit|hit your ([\w']+ ){0,3}limit|limit reached|quota exceeded|exceeded your current quota`), LimitUsage},
+		{regexp.MustCompile(`(?i)rate limit|rate_limit|too many requests|\b429\b`), LimitRate},
+		{regexp.MustCompile(`(?i)overloaded|\b529\b`), "overloaded"},
+		// The API out of reach (offline, DNS, a proxy): claude retries ten
+		// times then says "API Error: Unable to connect to API
+		// (ConnectionRefused)"; codex says "Reconnecting... waiting for
+		// network (Connection failed: error sending request)" (both recorded).
+		{regexp.MustCompile(`(?i)unable to connect to api|connection ?refused|econnrefused|enotfound|getaddrinfo|failed to lookup address|waiting for network|error sending request`), "API unreachable"},
+		// Something between the engine and the API answered instead of it (an
+		// HTML page, a cut body): claude 2.1.332 says "API Error: API returned
+		// an empty or malformed response (HTTP 200) — check for a proxy or
+		// gateway intercepting the request." (recorded against
+		// internal/fakellm). Not the task's fault: another factory's way out
+		// may be fine.
+		{regexp.MustCompile(`(?i)empty or malformed response|malformed response from (the )?api`), "API answered garbage"},
+	}
+})
+
+// unavailablePattern is one of them: the words, and the kind they name.
+type unavailablePattern struct {
 	re   *regexp.Regexp
 	kind string
-}{
-	{regexp.MustCompile(`(?i)oauth token (has )?expired|token (has )?expired|token_expired|could not be refreshed|refresh_token|re-?authenticate|log ?in again|sign in again`), "auth expired"},
-	{regexp.MustCompile(`(?i)authentication_error|authentication_failed|failed to authenticate|invalid api key|invalid x-api-key|invalid bearer|please run /login|not logged in|not authenticated|login required|missing bearer|\bunauthori[sz]ed\b|\b401\b`), "auth failed"},
-	{regexp.MustCompile(`(?i)out of credits|out of (usage|extra) (credits|usage)|credit balance is too low|insufficient_quota|billing_error|payment required|\b402\b|spend (cap|limit)|credits_required`), LimitCredits},
-	{regexp.MustCompile(`(?i)usage limit|usage_limit|hit your ([\w']+ ){0,3}limit|limit reached|quota exceeded|exceeded your current quota`), LimitUsage},
-	{regexp.MustCompile(`(?i)rate limit|rate_limit|too many requests|\b429\b`), LimitRate},
-	{regexp.MustCompile(`(?i)overloaded|\b529\b`), "overloaded"},
-	// The API out of reach (offline, DNS, a proxy): claude retries ten
-	// times then says "API Error: Unable to connect to API
-	// (ConnectionRefused)"; codex says "Reconnecting... waiting for
-	// network (Connection failed: error sending request)" (both recorded).
-	{regexp.MustCompile(`(?i)unable to connect to api|connection ?refused|econnrefused|enotfound|getaddrinfo|failed to lookup address|waiting for network|error sending request`), "API unreachable"},
-	// Something between the engine and the API answered instead of it (an
-	// HTML page, a cut body): claude 2.1.332 says "API Error: API returned
-	// an empty or malformed response (HTTP 200) — check for a proxy or
-	// gateway intercepting the request." (recorded against
-	// internal/fakellm). Not the task's fault: another factory's way out
-	// may be fine.
-	{regexp.MustCompile(`(?i)empty or malformed response|malformed response from (the )?api`), "API answered garbage"},
 }
 
 // unavailableReason reports whether any of texts says the engine cannot work
 // now for a reason that is not the task's (→ engine_unavailable), and what.
 func unavailableReason(texts ...string) (kind, excerpt string, ok bool) {
-	for _, p := range unavailablePatterns {
+	for _, p := range unavailablePatterns() {
 		for _, t := range texts {
 			if loc := p.re.FindStringIndex(t); loc != nil {
 				return p.kind, excerptAround(t, loc[0]), true
@@ -402,7 +407,9 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+var uuidPattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+})
 
 // graceAfterFinal stops a run whose engine outlives grace after its final
 // event: it returns a context for the run and a function to call when that

@@ -153,7 +153,7 @@ func (c *Claude) Args(spec Spec) ([]string, string, error) {
 		sid = spec.Resume.SessionID
 	case sid == "":
 		sid = newUUID()
-	case !uuidPattern.MatchString(sid):
+	case !uuidPattern().MatchString(sid):
 		return nil, "", fmt.Errorf("claude: session id %q is not a UUID", sid)
 	}
 	has := spec.Flags.Has
@@ -192,7 +192,7 @@ func (c *Claude) canResume(spec Spec) string {
 		return "no resume asked"
 	case !spec.Flags.Has("--resume"):
 		return "this claude has no --resume"
-	case !uuidPattern.MatchString(r.SessionID):
+	case !uuidPattern().MatchString(r.SessionID):
 		return fmt.Sprintf("the session id %q is not a UUID", brief.OneLine(r.SessionID, 60))
 	}
 	return ""

@@ -35,7 +35,7 @@ func TestClaudeArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = []string{"-p", "--output-format", "stream-json", "--verbose", "--permission-mode", "acceptEdits", "--session-id", got}
-	if !slices.Equal(args, want) || !uuidPattern.MatchString(got) {
+	if !slices.Equal(args, want) || !uuidPattern().MatchString(got) {
 		t.Errorf("minimal Args = %q, want %q with a fresh UUID", args, want)
 	}
 	if _, _, err := c.Args(Spec{SessionID: "job-42"}); err == nil {
@@ -227,7 +227,7 @@ func TestClaudeRunCommandLine(t *testing.T) {
 	sid := argAfter(rec.Args, "--session-id")
 	want := []string{"-p", "--output-format", "stream-json", "--verbose", "--max-turns", "30", "--max-budget-usd", "1",
 		"--model", "claude-sonnet-4-5", "--permission-mode", "acceptEdits", "--session-id", sid, "--append-system-prompt", "You are terse."}
-	if !slices.Equal(rec.Args, want) || !uuidPattern.MatchString(sid) {
+	if !slices.Equal(rec.Args, want) || !uuidPattern().MatchString(sid) {
 		t.Errorf("claude got %q, want %q", rec.Args, want)
 	}
 	if rec.Stdin != r.spec.Prompt || slices.Contains(rec.Args, r.spec.Prompt) {

@@ -323,7 +323,7 @@ type codexParser struct {
 // 2/5 (stream disconnected before completion: …)", then, once it falls back
 // from WebSockets to HTTPS, "Reconnecting... waiting for network (…)"
 // without end (codex 0.171.0, recorded in testdata/codex).
-var codexReconnecting = regexp.MustCompile(`^Reconnecting\.\.\.`)
+var codexReconnecting = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^Reconnecting\.\.\.`) })
 
 // codexAnswered is a retry after the API did answer — a status (401, 429,
 // 5xx), a body that was not an event stream, a stream cut before
@@ -331,7 +331,9 @@ var codexReconnecting = regexp.MustCompile(`^Reconnecting\.\.\.`)
 // the API said, which is the job's reason; only retries that reached
 // nothing count as no progress (the real codex 0.171.0 against the fake:
 // realcli's TestCodexAPIErrors).
-var codexAnswered = regexp.MustCompile(`unexpected status|last status|response\.completed|decoding response body`)
+var codexAnswered = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`unexpected status|last status|response\.completed|decoding response body`)
+})
 
 func newCodexParser(model string, prices *PriceTable, meter Meter, final func()) *codexParser {
 	if prices == nil {
@@ -377,7 +379,7 @@ func (p *codexParser) onStdout(line []byte) {
 	case "error":
 		p.last = ev.Type
 		p.failure = ev.Message
-		if codexReconnecting.MatchString(ev.Message) && !codexAnswered.MatchString(ev.Message) {
+		if codexReconnecting().MatchString(ev.Message) && !codexAnswered().MatchString(ev.Message) {
 			stall = p.retry("codex", "\"Reconnecting...\"", brief.OneLine(ev.Message, 200))
 		}
 	case "item.completed":
@@ -466,7 +468,7 @@ func (p *codexParser) finish(pres process.Result, graceStop bool) (res Result) {
 		res.Outcome, res.Detail = Stopped, stopDetail("codex", pres)
 	default:
 		res.Subtype = "no_turn_completed"
-		if p.turns == 0 && codexNoThread.MatchString(p.errLines.String()) {
+		if p.turns == 0 && codexNoThread().MatchString(p.errLines.String()) {
 			res.resumeMissing = true
 		}
 		if kind, ex, ok := unavailableReason(p.errLines.String()); ok {
@@ -514,7 +516,9 @@ const codexLoginHint = "check codex's login: CODEX_API_KEY (or OPENAI_API_KEY) i
 // retries: "We’re currently experiencing high demand, which may cause
 // temporary errors." (recorded against fakellm answering 500; 503 reads
 // "service unavailable" where it is not reworded).
-var codexOverloaded = regexp.MustCompile(`(?i)experiencing high demand|temporary errors|service unavailable|\b50[0234] (internal|bad|service|gateway)`)
+var codexOverloaded = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?i)experiencing high demand|temporary errors|service unavailable|\b50[0234] (internal|bad|service|gateway)`)
+})
 
 // codexUnavailable is unavailableReason for codex's failure text, with the
 // overload codex words in its own way.
@@ -522,7 +526,7 @@ func codexUnavailable(text string) (kind, excerpt string, ok bool) {
 	if kind, ex, ok := unavailableReason(text); ok {
 		return kind, ex, ok
 	}
-	if loc := codexOverloaded.FindStringIndex(text); loc != nil {
+	if loc := codexOverloaded().FindStringIndex(text); loc != nil {
 		return "overloaded", excerptAround(text, loc[0]), true
 	}
 	return "", "", false
@@ -532,7 +536,9 @@ func codexUnavailable(text string) (kind, excerpt string, ok bool) {
 // there: "Error: thread/resume: thread/resume failed: no rollout found for
 // thread id <id> (code -32600)" (codex 0.132; codex-rs/thread-store's
 // read_thread.rs).
-var codexNoThread = regexp.MustCompile(`(?i)no rollout found for (thread|conversation) id|thread not found`)
+var codexNoThread = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?i)no rollout found for (thread|conversation) id|thread not found`)
+})
 
 func stderrSuffix(t tail) string {
 	if l := t.last(); l != "" {

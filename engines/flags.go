@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/brief"
@@ -270,12 +271,12 @@ func mentionsUnknown(out, flag string) bool {
 // digit, then letters, digits and dashes, starting a word (after a space,
 // comma, bracket, bar, backquote or line start) — so "non-interactive" or
 // "read-only" are not options, and "--tmux=classic" is --tmux.
-var helpFlag = regexp.MustCompile("(?:^|[\\s,\\[(|`'\"])(--?[A-Za-z0-9][A-Za-z0-9-]*)")
+var helpFlag = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("(?:^|[\\s,\\[(|`'\"])(--?[A-Za-z0-9][A-Za-z0-9-]*)") })
 
 // HelpFlags returns every option name a --help text mentions.
 func HelpFlags(help string) map[string]bool {
 	out := map[string]bool{}
-	for _, m := range helpFlag.FindAllStringSubmatch(help, -1) {
+	for _, m := range helpFlag().FindAllStringSubmatch(help, -1) {
 		f := strings.TrimRight(m[1], "-")
 		if f == "-" || f == "--" || f == "" {
 			continue

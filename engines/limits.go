@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aqfleet/aq/internal/brief"
@@ -90,14 +91,18 @@ func epochReset(raw json.RawMessage) (t time.Time, note string, ok bool) {
 // Reset-time phrases in engine messages.
 var (
 	// claude before 2.1: "Claude AI usage limit reached|1767225600".
-	legacyEpoch = regexp.MustCompile(`(?i)limit reached\|(\d{9,13})`)
+	legacyEpoch = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?i)limit reached\|(\d{9,13})`) })
 	// claude: "You've hit your limit · resets 2:10pm (Europe/Moscow)",
 	// "… resets Apr 23 at 4pm (America/Recife)", "… resets Apr 23, 4pm (UTC)".
-	claudeResets = regexp.MustCompile(`(?i)\bresets (?:at )?([^()·]+?)\s*\(([A-Za-z][A-Za-z0-9_+/-]*)\)`)
+	claudeResets = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?i)\bresets (?:at )?([^()·]+?)\s*\(([A-Za-z][A-Za-z0-9_+/-]*)\)`)
+	})
 	// codex: "… Try again at 3:04 PM." or "… or try again at Nov 26th, 2026 3:04 PM."
-	codexTryAgain = regexp.MustCompile(`(?i)\btry again at ([^.]+(?:\.\d+)?)\.?`)
+	codexTryAgain = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?i)\btry again at ([^.]+(?:\.\d+)?)\.?`) })
 
-	clockSpec = regexp.MustCompile(`(?i)^(?:(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.? (\d{1,2})(?:st|nd|rd|th)?,?(?: (\d{4}),?)?(?: at)?\s*)?(?:(\d{1,2})(?::(\d{2}))?\s*([ap])\.?m\.?)?$`)
+	clockSpec = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?i)^(?:(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.? (\d{1,2})(?:st|nd|rd|th)?,?(?: (\d{4}),?)?(?: at)?\s*)?(?:(\d{1,2})(?::(\d{2}))?\s*([ap])\.?m\.?)?$`)
+	})
 )
 
 var months = map[string]time.Month{"jan": 1, "feb": 2, "mar": 3, "apr": 4, "may": 5, "jun": 6, "jul": 7, "aug": 8, "sep": 9, "oct": 10, "nov": 11, "dec": 12}
@@ -108,17 +113,17 @@ var months = map[string]time.Month{"jan": 1, "feb": 2, "mar": 3, "apr": 4, "may"
 // without a date is its next occurrence after now. ok is false when the
 // text names no reset; note is set when it names one aq cannot read.
 func textReset(text string, now time.Time, loc *time.Location) (t time.Time, note string, ok bool) {
-	if m := legacyEpoch.FindStringSubmatch(text); m != nil {
+	if m := legacyEpoch().FindStringSubmatch(text); m != nil {
 		return epochReset(json.RawMessage(m[1]))
 	}
-	if m := claudeResets.FindStringSubmatch(text); m != nil {
+	if m := claudeResets().FindStringSubmatch(text); m != nil {
 		zone, err := time.LoadLocation(m[2])
 		if err != nil {
 			return time.Time{}, fmt.Sprintf("reset time %q names an unknown time zone %q", strings.TrimSpace(m[1]), m[2]), false
 		}
 		return clockReset(strings.TrimSpace(m[1]), now, zone)
 	}
-	if m := codexTryAgain.FindStringSubmatch(text); m != nil {
+	if m := codexTryAgain().FindStringSubmatch(text); m != nil {
 		if loc == nil {
 			loc = time.Local
 		}
@@ -130,7 +135,7 @@ func textReset(text string, now time.Time, loc *time.Location) (t time.Time, not
 // clockReset reads "3pm", "2:10pm", "3:04 PM", "Apr 23 at 4pm", "Apr 23,
 // 4pm", "Nov 26th, 2026 3:04 PM" or "Apr 23" in loc.
 func clockReset(spec string, now time.Time, loc *time.Location) (time.Time, string, bool) {
-	m := clockSpec.FindStringSubmatch(spec)
+	m := clockSpec().FindStringSubmatch(spec)
 	if m == nil || (m[1] == "" && m[4] == "") {
 		return time.Time{}, fmt.Sprintf("reset time %q is not in a form aq reads", brief.OneLine(spec, 60)), false
 	}

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // An API that does not answer — a gateway with nothing listening, a proxy
@@ -130,13 +131,15 @@ type EgressRefusal struct {
 
 // egressRefusedRE is the proxy's refusal line (internal/egress
 // writeRefusal).
-var egressRefusedRE = regexp.MustCompile(`aq egress proxy: (\S+) refused: (.*?)(?: \(docs/sandbox\.md, Network\)|$)`)
+var egressRefusedRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`aq egress proxy: (\S+) refused: (.*?)(?: \(docs/sandbox\.md, Network\)|$)`)
+})
 
 // egressRefusal finds the proxy's refusal in what an engine printed.
 func egressRefusal(texts ...string) (*EgressRefusal, bool) {
 	for _, t := range texts {
 		for _, line := range strings.Split(t, "\n") {
-			m := egressRefusedRE.FindStringSubmatch(line)
+			m := egressRefusedRE().FindStringSubmatch(line)
 			if m == nil {
 				continue
 			}

@@ -97,11 +97,13 @@ func NewTranscript(engine, model string, prices *PriceTable) *Transcript {
 // headerLine matches the line Exec writes before each run (Header): job,
 // attempt, the repair round and the rounds allowed when it is one, what
 // ran, when.
-var headerLine = regexp.MustCompile(`^=== aq job (\S+) attempt (\d+)(?: repair (\d+)/(\d+))?: (\S+) at (\S+) ===$`)
+var headerLine = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^=== aq job (\S+) attempt (\d+)(?: repair (\d+)/(\d+))?: (\S+) at (\S+) ===$`)
+})
 
 // IsHeader reports whether line is aq's own attempt header in a job log (not
 // the engine's output).
-func IsHeader(line []byte) bool { return headerLine.Match(bytes.TrimSpace(line)) }
+func IsHeader(line []byte) bool { return headerLine().Match(bytes.TrimSpace(line)) }
 
 // Line reads one line of the log and returns what it says (nothing for a
 // line that says nothing new to a person).
@@ -112,7 +114,7 @@ func (t *Transcript) Line(line []byte) []Note {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if m := headerLine.FindSubmatch(bytes.TrimSpace(line)); m != nil {
+	if m := headerLine().FindSubmatch(bytes.TrimSpace(line)); m != nil {
 		attempt, _ := strconv.Atoi(string(m[2]))
 		round, _ := strconv.Atoi(string(m[3]))
 		rounds, _ := strconv.Atoi(string(m[4]))

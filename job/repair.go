@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -98,7 +99,7 @@ func PreviousOf(attempt int, reason Reason, detail string, in *Insights) *Previo
 	return p.Bounded()
 }
 
-var reasonWord = regexp.MustCompile(`^[a-z][a-z_]{0,39}$`)
+var reasonWord = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z_]{0,39}$`) })
 
 // Bounded is p with its text cut to the bounds above and cleaned of control
 // characters, a reason that is not a word replaced by "unknown" and counts
@@ -109,7 +110,7 @@ func (p *Previous) Bounded() *Previous {
 		return nil
 	}
 	b := *p
-	if !reasonWord.MatchString(string(b.Reason)) {
+	if !reasonWord().MatchString(string(b.Reason)) {
 		b.Reason = "unknown"
 	}
 	if b.Attempt < 0 {
@@ -131,7 +132,7 @@ func (p *Previous) Bounded() *Previous {
 
 // ansi matches terminal escape sequences (colours, cursor moves) test
 // runners print.
-var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]`)
+var ansi = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]`) })
 
 // Tail is the end of out for a prompt: at most maxLines lines and maxBytes
 // bytes, whole lines only (a line longer than maxBytes keeps its end),
@@ -140,7 +141,7 @@ var ansi = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]`)
 // says something was left out.
 func Tail(out []byte, maxLines, maxBytes int) (tail string, cut bool) {
 	s := strings.ToValidUTF8(string(out), "\uFFFD")
-	s = ansi.ReplaceAllString(s, "")
+	s = ansi().ReplaceAllString(s, "")
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) == 1 && lines[0] == "" {
 		return "", false

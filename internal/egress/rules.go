@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Rules say which destinations the proxy lets through (docs/sandbox.md,
@@ -76,7 +77,7 @@ func ParseRules(list string) (Rules, error) {
 	return r, nil
 }
 
-var labelRE = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$`)
+var labelRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$`) })
 
 // add parses one entry that is not a set.
 func (r *Rules) add(e string) error {
@@ -107,7 +108,7 @@ func (r *Rules) add(e string) error {
 	}
 	labels := strings.Split(name, ".")
 	for _, l := range labels {
-		if !labelRE.MatchString(l) {
+		if !labelRE().MatchString(l) {
 			if strings.Contains(l, "*") {
 				return bad("has a * that is not a leading *. (a wildcard is *.domain, for the names below domain)")
 			}
