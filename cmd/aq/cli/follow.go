@@ -410,7 +410,19 @@ type localWatch struct {
 	q    *queue.Queue
 	id   string
 	seen int // history entries already shown
+	// behind counts the polls that saw an ended stage whose history did
+	// not reach it yet (a move in progress: landedPolls).
+	behind int
 }
+
+// landedPolls is how many polls a follower waits for a job's history to
+// reach the ended stage its manifest already shows. A move in progress
+// shows the new stage with the state from before it (queue.Get: the
+// manifest's stage wins) for as long as the new sidecar takes to land;
+// the follower ended on such a view without the job's last stage change
+// (seen beside a CPU hog). A move that was interrupted never lands: the
+// follower ends anyway after these polls (5 s at the default interval).
+const landedPolls = 20
 
 func (w *localWatch) Poll(context.Context) ([]string, bool, error) {
 	e, err := w.q.Get(w.id)
@@ -423,7 +435,12 @@ func (w *localWatch) Poll(context.Context) ([]string, bool, error) {
 		h := s.History[w.seen]
 		out = append(out, stageLine(h.At, string(h.From), string(h.To), string(h.Reason), h.Detail))
 	}
-	return out, localEnded(s.Stage), nil
+	ended := localEnded(s.Stage)
+	if n := len(s.History); ended && n > 0 && s.History[n-1].To != s.Stage && w.behind < landedPolls {
+		w.behind++
+		ended = false
+	}
+	return out, ended, nil
 }
 
 // localEnded: the job no longer runs and will not run again without a
