@@ -100,8 +100,8 @@ func forgetTrial(o Options) {
 // the sysctls that block user namespaces (explainUserNS). "" when the
 // boot cannot be told (nothing is remembered then).
 func trialKey(init string) string {
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil || init == "" {
+	boot := readProc("/proc/sys/kernel/random/boot_id")
+	if boot == "" || init == "" {
 		return ""
 	}
 	fi, err := os.Stat(init)
@@ -109,19 +109,27 @@ func trialKey(init string) string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "boot %s\nuid %d\ninit %s %d %d\n", strings.TrimSpace(string(boot)), os.Getuid(), init, fi.Size(), fi.ModTime().UnixNano())
-	for _, p := range userNSSysctls {
-		v, _ := os.ReadFile(p)
-		fmt.Fprintf(&b, "%s %s\n", p, strings.TrimSpace(string(v)))
+	fmt.Fprintf(&b, "boot %s\nuid %d\ninit %s %d %d\n", boot, os.Getuid(), init, fi.Size(), fi.ModTime().UnixNano())
+	for _, p := range []string{sysctlMaxUserNS, sysctlUnprivClone, sysctlAppArmorUserNS} {
+		fmt.Fprintf(&b, "%s %s\n", p, readProc(p))
 	}
 	return b.String()
 }
 
-// userNSSysctls may block user namespaces (explainUserNS).
-var userNSSysctls = []string{
-	"/proc/sys/user/max_user_namespaces",
-	"/proc/sys/kernel/unprivileged_userns_clone",
-	"/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+// The sysctls that may block user namespaces (explainUserNS, trialKey).
+const (
+	sysctlMaxUserNS      = "/proc/sys/user/max_user_namespaces"
+	sysctlUnprivClone    = "/proc/sys/kernel/unprivileged_userns_clone"
+	sysctlAppArmorUserNS = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+)
+
+// readProc is a /proc file's value, trimmed; "" when it cannot be read.
+func readProc(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // trialUserNS starts a trial sandbox and says why it failed ("" when it
@@ -155,21 +163,14 @@ func trialUserNS(init string) string {
 // explainUserNS names the usual cause of a trial that failed: the sysctls
 // that block user namespaces, else the error itself.
 func explainUserNS(err error) string {
-	read := func(p string) string {
-		b, rerr := os.ReadFile(p)
-		if rerr != nil {
-			return ""
-		}
-		return strings.TrimSpace(string(b))
-	}
 	var causes []string
-	if read("/proc/sys/user/max_user_namespaces") == "0" {
+	if readProc(sysctlMaxUserNS) == "0" {
 		causes = append(causes, "user.max_user_namespaces=0")
 	}
-	if os.Getuid() != 0 && read("/proc/sys/kernel/unprivileged_userns_clone") == "0" {
+	if os.Getuid() != 0 && readProc(sysctlUnprivClone) == "0" {
 		causes = append(causes, "kernel.unprivileged_userns_clone=0")
 	}
-	if os.Getuid() != 0 && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1" {
+	if os.Getuid() != 0 && readProc(sysctlAppArmorUserNS) == "1" {
 		causes = append(causes, "kernel.apparmor_restrict_unprivileged_userns=1 (Ubuntu 23.10+: allow aq in an AppArmor profile, docs/sandbox.md)")
 	}
 	msg := err.Error()
